@@ -1,0 +1,53 @@
+"""The wire between the API gateway and engine rank 0: msgspec messages in length-prefixed frames."""
+
+from ipc.connection import EngineUnavailable, connect, serve_unix
+from ipc.framing import (
+    ConnectionClosed,
+    FrameError,
+    FramedStream,
+    FrameTooLarge,
+    decode_message,
+    encode_frame,
+)
+from ipc.messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Delta,
+    Error,
+    Finish,
+    Generate,
+    Hello,
+    Info,
+    InfoRequest,
+    Message,
+    Msg,
+    SamplingParams,
+    Started,
+    Welcome,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Cancel",
+    "ConnectionClosed",
+    "Delta",
+    "EngineUnavailable",
+    "Error",
+    "Finish",
+    "FrameError",
+    "FrameTooLarge",
+    "FramedStream",
+    "Generate",
+    "Hello",
+    "Info",
+    "InfoRequest",
+    "Message",
+    "Msg",
+    "SamplingParams",
+    "Started",
+    "Welcome",
+    "connect",
+    "serve_unix",
+    "decode_message",
+    "encode_frame",
+]

@@ -1,0 +1,117 @@
+"""Client and server helpers: Unix socket connections that open with a version handshake."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from ipc.framing import DEFAULT_MAX_FRAME, ConnectionClosed, FrameError, FramedStream
+from ipc.messages import PROTOCOL_VERSION, Error, Hello, Welcome
+
+HANDSHAKE_TIMEOUT = 5.0
+
+
+class EngineUnavailable(Exception):
+    """The engine socket is absent, refuses connections, or fails the handshake."""
+
+
+def version_mismatch(theirs: int) -> Error:
+    """The error both sides send when protocol versions differ."""
+    return Error(
+        status=503,
+        error_type="engine_unavailable",
+        code="protocol_version_mismatch",
+        message=(
+            f"protocol version mismatch: peer speaks v{theirs}, this side speaks "
+            f"v{PROTOCOL_VERSION}; restart the API and the engine from the same checkout"
+        ),
+    )
+
+
+async def connect(
+    path: str | Path, *, client: str = "api", max_frame: int = DEFAULT_MAX_FRAME
+) -> FramedStream:
+    """Open a connection to the engine and complete the handshake."""
+    try:
+        stream = await anyio.connect_unix(str(path))
+    except OSError as exc:
+        raise EngineUnavailable(f"engine socket {path} is not accepting connections ({exc.strerror or exc})") from None
+    conn = FramedStream(stream, max_frame)
+    try:
+        with anyio.fail_after(HANDSHAKE_TIMEOUT):
+            await conn.send(Hello(version=PROTOCOL_VERSION, client=client))
+            reply = await conn.recv()
+    except (ConnectionClosed, FrameError, TimeoutError) as exc:
+        await conn.aclose()
+        raise EngineUnavailable(f"engine handshake failed: {exc or type(exc).__name__}") from None
+    if isinstance(reply, Error):
+        await conn.aclose()
+        raise EngineUnavailable(reply.message)
+    if not isinstance(reply, Welcome) or reply.version != PROTOCOL_VERSION:
+        await conn.aclose()
+        raise EngineUnavailable(f"engine answered the handshake with {type(reply).__name__}")
+    return conn
+
+
+async def accept_handshake(conn: FramedStream) -> bool:
+    """Server side of the handshake; on failure an Error frame is sent and False returned."""
+    try:
+        with anyio.fail_after(HANDSHAKE_TIMEOUT):
+            hello = await conn.recv()
+    except ConnectionClosed:
+        return False
+    except (FrameError, TimeoutError) as exc:
+        await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
+                                        message=f"handshake failed: {exc or 'timed out'}"))
+        return False
+    if not isinstance(hello, Hello):
+        await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
+                                        message=f"expected hello as the first frame, got {type(hello).__name__.lower()}"))
+        return False
+    if hello.version != PROTOCOL_VERSION:
+        await _send_quietly(conn, version_mismatch(hello.version))
+        return False
+    await conn.send(Welcome(version=PROTOCOL_VERSION, engine_pid=os.getpid()))
+    return True
+
+
+async def _send_quietly(conn: FramedStream, msg: Error) -> None:
+    try:
+        await conn.send(msg)
+    except ConnectionClosed:
+        pass
+
+
+async def serve_unix(
+    path: str | Path,
+    handler: Callable[[FramedStream], Awaitable[None]],
+    *,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen on a Unix socket (dir 0700, socket 0600) and run handler per handshaken connection.
+
+    Use with ``await tg.start(serve_unix, ...)`` so bind errors surface to the caller.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    old_umask = os.umask(0o177)
+    try:
+        listener = await anyio.create_unix_listener(path)
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+
+    async def _one(stream: anyio.abc.SocketStream) -> None:
+        conn = FramedStream(stream, max_frame)
+        async with stream:
+            if await accept_handshake(conn):
+                await handler(conn)
+
+    async with listener:
+        task_status.started()
+        await listener.serve(_one)

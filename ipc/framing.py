@@ -1,0 +1,84 @@
+"""Length-prefixed msgpack frames: a 4-byte big-endian length, then one encoded Message."""
+
+from __future__ import annotations
+
+import struct
+
+import anyio
+import msgspec
+from anyio.abc import ByteStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from ipc.messages import Message, Msg
+
+HEADER = struct.Struct(">I")
+DEFAULT_MAX_FRAME = 8 * 1024 * 1024
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+class FrameError(Exception):
+    """A frame that cannot be accepted: the connection must be closed."""
+
+
+class FrameTooLarge(FrameError):
+    """A frame longer than the configured maximum."""
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (cleanly or mid-frame)."""
+
+
+def encode_frame(msg: Msg) -> bytes:
+    """Encode one message with its length prefix."""
+    body = _encoder.encode(msg)
+    return HEADER.pack(len(body)) + body
+
+
+def decode_message(body: bytes) -> Msg:
+    """Decode one frame body; raises FrameError when it is not a valid Message."""
+    try:
+        return _decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise FrameError(f"malformed message: {exc}") from None
+
+
+class FramedStream:
+    """Send and receive whole Messages over a byte stream; one writer task at a time."""
+
+    def __init__(self, stream: ByteStream, max_frame: int = DEFAULT_MAX_FRAME):
+        self.stream = stream
+        self.max_frame = max_frame
+        self._reader = BufferedByteReceiveStream(stream)
+
+    async def send(self, msg: Msg) -> None:
+        """Send one message; raises ConnectionClosed when the peer is gone."""
+        frame = encode_frame(msg)
+        if len(frame) - HEADER.size > self.max_frame:
+            raise FrameTooLarge(f"outgoing frame of {len(frame)} bytes exceeds {self.max_frame}")
+        try:
+            await self.stream.send(frame)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            raise ConnectionClosed(str(exc)) from None
+
+    async def recv(self) -> Msg:
+        """Receive one message; raises ConnectionClosed at EOF, FrameError on bad input."""
+        try:
+            (length,) = HEADER.unpack(await self._reader.receive_exactly(HEADER.size))
+            if length > self.max_frame:
+                raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
+            body = await self._reader.receive_exactly(length) if length else b""
+        except (
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.BrokenResourceError,
+            anyio.ClosedResourceError,
+            OSError,
+        ) as exc:
+            raise ConnectionClosed(str(exc) or type(exc).__name__) from None
+        return decode_message(body)
+
+    async def aclose(self) -> None:
+        """Close the underlying stream."""
+        await self.stream.aclose()

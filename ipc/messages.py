@@ -1,0 +1,145 @@
+"""Message schemas of the API <-> engine socket: one tagged union, validated by msgspec."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+# Bump when a message changes incompatibly; both sides refuse a peer with another version.
+PROTOCOL_VERSION = 1
+
+
+class Msg(
+    msgspec.Struct,
+    tag_field="type",
+    tag=str.lower,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+):
+    """Base of every message on the socket."""
+
+
+class Hello(Msg):
+    """First frame a client sends: the protocol version it speaks."""
+
+    version: int
+    client: str = ""
+
+
+class Welcome(Msg):
+    """The engine's answer to a matching Hello."""
+
+    version: int
+    engine_pid: int = 0
+
+
+class InfoRequest(Msg):
+    """Asks the engine for its model, topology and live state."""
+
+
+class RankState(msgspec.Struct, frozen=True, kw_only=True):
+    """What one rank last reported about itself."""
+
+    rank: int
+    host: str = ""
+    pid: int = 0
+    step: int = 0
+    active_memory: int = 0
+    peak_memory: int = 0
+
+
+class Info(Msg):
+    """Model, topology and live state of the engine."""
+
+    model: str
+    model_path: str
+    context_length: int
+    ranks: int
+    backend: str
+    created: int
+    engine_pid: int
+    uptime: float = 0.0
+    step: int = 0
+    last_step_age: float = 0.0
+    active: int = 0
+    queued: int = 0
+    max_batch: int = 0
+    max_queue: int = 0
+    rank_states: list[RankState] = []
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How to pick tokens for one request; identical on every rank."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = []
+    logit_bias: dict[int, float] = {}
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class Generate(Msg):
+    """Start one generation; the connection then carries its events until Finish or Error."""
+
+    request_id: str
+    kind: Literal["chat", "completion"]
+    params: SamplingParams
+    # chat: OpenAI-shaped messages, rendered by the engine's chat template
+    messages: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] | None = None
+    # completion: raw prompt text, or token ids
+    prompt: str | list[int] = ""
+    echo: bool = False
+
+
+class Started(Msg):
+    """The request was admitted; prompt_tokens counts its prompt after templating."""
+
+    request_id: str
+    prompt_tokens: int
+
+
+class Delta(Msg):
+    """Newly decoded text of a running request."""
+
+    request_id: str
+    text: str
+    completion_tokens: int
+
+
+class Finish(Msg):
+    """The request ended normally; nothing follows on this connection."""
+
+    request_id: str
+    finish_reason: Literal["stop", "length", "cancelled"]
+    prompt_tokens: int
+    completion_tokens: int
+    text: str = ""
+
+
+class Cancel(Msg):
+    """Client -> engine: stop this request now (closing the connection does the same)."""
+
+    request_id: str
+
+
+class Error(Msg):
+    """A failure the API turns back into an OpenAI error object with the same status."""
+
+    status: int
+    error_type: str
+    message: str
+    code: str | None = None
+    param: str | None = None
+    request_id: str = ""
+
+
+Message = Union[Hello, Welcome, InfoRequest, Info, Generate, Started, Delta, Finish, Cancel, Error]
