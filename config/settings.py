@@ -139,7 +139,10 @@ def load_settings(
 ) -> Settings:
     """Build Settings from environ (default os.environ) over env_file (default REPO_ROOT/.env)."""
     environ = os.environ if environ is None else environ
-    env_file = Path(env_file) if env_file is not None else REPO_ROOT / ".env"
+    if env_file is None:
+        # ENV_FILE points elsewhere (tests use an empty file so a developer's .env can't leak in).
+        env_file = environ.get("ENV_FILE") or REPO_ROOT / ".env"
+    env_file = Path(env_file)
     fields = set(Settings.__struct_fields__)
     raw: dict[str, str] = {}
     if env_file.is_file():

@@ -1,0 +1,165 @@
+"""`python -m engine`: one rank of the engine (mlx.launch starts one per host; one rank may run alone)."""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import logging.handlers
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+
+
+def _detach_stdin() -> None:
+    # mlx.launch keeps forwarding our stdin in a busy select loop until its write fails;
+    # closing our end makes that write fail (EPIPE), and the launcher goes quiet.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def _rank_from_env() -> int:
+    return int(os.environ.get("MLX_RANK", "0") or 0)
+
+
+def _setup_logging(level: str, rank: int, log_dir) -> None:
+    # stderr reaches engine.log through mlx.launch; the per-rank file survives the launcher
+    # (its forwarding dies first when the process group is signalled).
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.handlers.RotatingFileHandler(
+            log_dir / f"engine.rank{rank}.log", maxBytes=20 * 1024 * 1024, backupCount=3))
+    except OSError as exc:
+        print(f"rank{rank}: cannot write a log file in {log_dir}: {exc}", file=sys.stderr)
+    for h in handlers:
+        h.setFormatter(fmt)
+    logging.basicConfig(level=level, handlers=handlers)
+
+
+def _socket_is_live(path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def main() -> int:
+    _detach_stdin()
+    from config import ConfigError, load_settings
+
+    rank = _rank_from_env()
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"rank{rank} configuration error: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(settings.LOG_LEVEL, rank, settings.log_dir)
+    # `kill -USR1 <pid>` dumps every thread's stack to the log: the first question about a hang.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    log = logging.getLogger("engine")
+
+    if rank == 0 and _socket_is_live(settings.socket_path):
+        log.error("another engine is already serving on %s; stop it first (./launch.sh stop)", settings.socket_path)
+        return 1
+
+    from engine.watchdog import Watchdog
+
+    watchdog = Watchdog(settings.ENGINE_START_TIMEOUT, rank)
+    watchdog.start()
+
+    import mlx.core as mx
+
+    from engine.batch import DesyncError, LockstepBatch
+    from engine.loop import StepLoop
+    from engine.model import ModelError, load
+    from engine.plan import PlanChannel
+
+    group = None
+    if "MLX_RANK" in os.environ:
+        watchdog.beat(f"joining the {settings.BACKEND} group")
+        group = mx.distributed.init(strict=True, backend=settings.BACKEND)
+        rank = group.rank()
+    size = group.size() if group is not None else 1
+    started = time.time()
+    watchdog.beat("loading the model")
+    try:
+        loaded = load(settings, group)
+    except ModelError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("rank %d of %d joined: model %s loaded from %s (context %d) in %.1f s, pid %d, host %s",
+             rank, size, settings.model_name, loaded.path, loaded.context_length, time.time() - started,
+             os.getpid(), socket.gethostname())
+
+    tokenizer = loaded.tokenizer
+    eos = set(tokenizer.eos_token_ids)
+    batch = LockstepBatch(loaded.model, eos, settings.PREFILL_STEP_SIZE, settings.MAX_BATCH)
+    channel = PlanChannel(group if size > 1 else None, settings.PLAN_BUFFER_BYTES)
+    watchdog.timeout = settings.WATCHDOG_TIMEOUT
+    watchdog.beat("starting the step loop")
+    idle_tick = settings.IDLE_TICK_MS / 1000.0
+
+    server = None
+    if rank == 0:
+        from engine.scheduler import Counters, Scheduler
+        from engine.server import EngineServer, Prompter
+        from ipc import Info
+
+        counters = Counters()
+        inbound: queue.SimpleQueue = queue.SimpleQueue()
+        scheduler = Scheduler(settings.MAX_BATCH, eos, counters)
+        created = int(started)
+        loop_ref: list[StepLoop] = []
+
+        def info() -> Info:
+            lp = loop_ref[0]
+            return Info(model=settings.model_name, model_path=loaded.path, context_length=loaded.context_length,
+                        ranks=size, backend=settings.BACKEND if size > 1 else "single", created=created,
+                        engine_pid=os.getpid(), uptime=time.time() - started, step=lp.step,
+                        last_step_age=watchdog.age(), active=counters.active, queued=counters.waiting,
+                        max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
+
+        server = EngineServer(settings, Prompter(tokenizer, loaded.context_length), counters, inbound, info)
+        loop = StepLoop(batch, channel, watchdog, idle_tick, scheduler, server, inbound)
+        loop_ref.append(loop)
+    else:
+        loop = StepLoop(batch, channel, watchdog, idle_tick)
+
+    def on_signal(signum, frame):  # never log in a signal handler
+        loop.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    if server is not None:
+        try:
+            server.start()
+        except OSError as exc:
+            log.error("cannot serve on %s: %s", settings.socket_path, exc)
+            return 1
+        log.info("rank 0 serving %s on %s (%d rank%s, backend %s)", settings.model_name, settings.socket_path,
+                 size, "s" if size > 1 else "", settings.BACKEND if size > 1 else "single")
+    try:
+        loop.run()
+    except DesyncError as exc:
+        log.critical("%s; ending the engine (no silent divergence)", exc)
+        return 3
+    finally:
+        if server is not None:
+            server.stop()
+    log.info("rank %d stopped cleanly", rank)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

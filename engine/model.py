@@ -1,0 +1,72 @@
+"""Resolve MODEL to a folder and load it: whole on one rank, tensor-parallel shards on several."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from config import Settings
+
+log = logging.getLogger(__name__)
+
+DEMO_PREFIX = "demo-"
+
+
+class ModelError(Exception):
+    """MODEL cannot be resolved or loaded; the message says how to fix it."""
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    path: str
+    context_length: int
+
+
+def resolve(settings: Settings) -> str | Path:
+    """A demo name becomes its generated folder; a local path must exist; anything else is a repo id."""
+    name = settings.MODEL
+    if name.startswith(DEMO_PREFIX):
+        from engine.demo_model import DEMO_MODELS, ensure_demo_model
+
+        size = name[len(DEMO_PREFIX):]
+        if size not in DEMO_MODELS:
+            raise ModelError(f"MODEL={name!r} is not a demo model: use one of "
+                             + ", ".join(DEMO_PREFIX + n for n in DEMO_MODELS))
+        return ensure_demo_model(size, settings.model_cache_dir)
+    if name.startswith(("/", ".", "~")):
+        path = Path(name).expanduser()
+        if not (path / "config.json").is_file():
+            raise ModelError(f"MODEL={name!r}: no config.json in {path}; give an MLX model folder "
+                             "(as written by mlx_lm.convert) or a Hugging Face repo id")
+        return path
+    return name
+
+
+def context_length(config: dict) -> int:
+    for key in ("max_position_embeddings", "max_seq_len", "seq_length", "n_positions"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    text = config.get("text_config") or {}
+    return context_length(text) if text else 4096
+
+
+def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
+    """Load on every rank; sharded_load with the tensor group when there are several ranks."""
+    from mlx_lm import load as mlx_load
+    from mlx_lm.utils import sharded_load
+
+    target = resolve(settings)
+    try:
+        if group is not None and group.size() > 1:
+            model, tokenizer, config = sharded_load(str(target), tensor_group=group, return_config=True)
+        else:
+            model, tokenizer, config = mlx_load(str(target), return_config=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
+    return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config))

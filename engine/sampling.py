@@ -1,0 +1,53 @@
+"""Per-request samplers and logits processors, identical on every rank.
+
+Each request carries its own seed; the key of its n-th sampled token is derived from
+(seed, n) alone, so a seeded request gives the same tokens whatever else shares the batch
+and on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+
+from engine.plan import Insert
+
+
+class SeededSampler:
+    """Temperature sampling with top_p/top_k/min_p filters and a per-request key sequence."""
+
+    def __init__(self, seed: int, temperature: float, top_p: float, top_k: int, min_p: float):
+        self.seed = seed & 0xFFFFFFFF
+        self.inv_temp = 1.0 / temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.min_p = min_p
+        self.count = 0
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        key = mx.random.key((self.seed << 20) + self.count)
+        self.count += 1
+        if 0.0 < self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p > 0.0:
+            logprobs = apply_min_p(logprobs, self.min_p)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return mx.random.categorical(logprobs * self.inv_temp, key=key)
+
+
+def make_sampler(ins: Insert) -> SeededSampler | None:
+    """None means greedy: the batch's shared argmax sampler (batched in one call)."""
+    if ins.temperature <= 0.0:
+        return None
+    return SeededSampler(ins.seed, ins.temperature, ins.top_p, ins.top_k, ins.min_p)
+
+
+def make_processors(ins: Insert) -> list:
+    """mlx-lm's logits processors for the request's bias and penalties."""
+    return make_logits_processors(
+        logit_bias=ins.logit_bias or None,
+        repetition_penalty=ins.repetition_penalty,
+        presence_penalty=ins.presence_penalty,
+        frequency_penalty=ins.frequency_penalty,
+    )

@@ -1,0 +1,264 @@
+"""Rank 0's socket: handshaken connections, tokenisation and admission, events back to clients.
+
+It runs an anyio event loop in its own thread; the step loop (main thread) receives
+submissions through a thread-safe queue and hands back each step's events in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+
+from config import Settings
+from engine.plan import Insert
+from engine.scheduler import Counters, Request
+from ipc import (
+    Cancel,
+    ConnectionClosed,
+    Error,
+    Finish,
+    FrameError,
+    FramedStream,
+    Generate,
+    Info,
+    InfoRequest,
+    Started,
+    serve_unix,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Submit:
+    request: Request
+
+
+@dataclass
+class Withdraw:
+    rid: str
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None, rid: str = "") -> Error:
+    return Error(status=400, error_type="invalid_request_error", message=message, param=param, code=code,
+                 request_id=rid)
+
+
+class Prompter:
+    """Chat template and tokenisation on rank 0, with the errors a client can cause."""
+
+    def __init__(self, tokenizer, context_length: int):
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.vocab_size = len(tokenizer)
+
+    def tokens(self, gen: Generate) -> list[int]:
+        tok = self.tokenizer
+        if gen.kind == "chat":
+            if not gen.messages:
+                raise PromptError(invalid("messages must contain at least one message", "messages"))
+            try:
+                text = tok.apply_chat_template(gen.messages, tools=gen.tools, add_generation_prompt=True,
+                                               tokenize=False)
+            except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
+                raise PromptError(invalid(f"the chat template rejected the messages: {exc}", "messages")) from None
+            return tok.encode(text, add_special_tokens=False)
+        if isinstance(gen.prompt, str):
+            if not gen.prompt:
+                raise PromptError(invalid("prompt is empty", "prompt"))
+            return tok.encode(gen.prompt)
+        if not gen.prompt:
+            raise PromptError(invalid("prompt is empty", "prompt"))
+        bad = [t for t in gen.prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise PromptError(invalid(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                                      "prompt"))
+        return list(gen.prompt)
+
+
+class PromptError(Exception):
+    def __init__(self, error: Error):
+        super().__init__(error.message)
+        self.error = error
+
+
+class EngineServer:
+    """Serves the Unix socket from a background thread on behalf of the step loop."""
+
+    def __init__(self, settings: Settings, prompter: Prompter, counters: Counters,
+                 inbound: queue.SimpleQueue, info: Callable[[], Info]):
+        self.settings = settings
+        self.prompter = prompter
+        self.counters = counters
+        self.inbound = inbound
+        self.info = info
+        self.accepting = True
+        self._live: set[str] = set()  # request ids with an open generation; touched on the event loop only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: anyio.Event | None = None
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
+
+    # -- lifecycle (called from the main thread) --------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=5)
+
+    def post(self, events: list) -> None:
+        """Deliver one step's events to their connections (one hop onto the event loop)."""
+        if events and self._loop is not None:
+            self._loop.call_soon_threadsafe(_dispatch, events)
+
+    def _run(self) -> None:
+        try:
+            anyio.run(self._main)
+        except BaseException as exc:  # surfaced to start() or logged: the thread must not die silently
+            if not self._ready.is_set():
+                self._failure = exc
+                self._ready.set()
+            else:
+                log.exception("socket server failed")
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(lambda task_status: serve_unix(
+                self.settings.socket_path, self._handle, max_frame=self.settings.MAX_FRAME_BYTES,
+                task_status=task_status))
+            self._ready.set()
+            await self._stop.wait()
+            tg.cancel_scope.cancel()
+        try:
+            os.unlink(self.settings.socket_path)
+        except FileNotFoundError:
+            pass
+
+    # -- connections -------------------------------------------------------------------
+    async def _handle(self, conn: FramedStream) -> None:
+        try:
+            msg = await conn.recv()
+        except ConnectionClosed:
+            return
+        except FrameError as exc:
+            await _send(conn, invalid(str(exc), code="bad_frame"))
+            return
+        if isinstance(msg, InfoRequest):
+            await _send(conn, self.info())
+        elif isinstance(msg, Generate):
+            await self._generate(conn, msg)
+        else:
+            await _send(conn, invalid(f"unexpected {type(msg).__name__.lower()} message; send info or generate",
+                                      code="bad_frame"))
+
+    async def _generate(self, conn: FramedStream, gen: Generate) -> None:
+        rid = gen.request_id
+        if not self.accepting:
+            await _send(conn, Error(status=503, error_type="engine_unavailable", code="shutting_down",
+                                    message="the engine is shutting down; retry shortly", request_id=rid))
+            return
+        if rid in self._live:
+            await _send(conn, invalid(f"request_id {rid!r} is already generating; use a unique id", "request_id"))
+            return
+        self._live.add(rid)
+        try:
+            await self._admit_and_stream(conn, gen)
+        finally:
+            self._live.discard(rid)
+
+    async def _admit_and_stream(self, conn: FramedStream, gen: Generate) -> None:
+        rid = gen.request_id
+        try:
+            tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen)
+        except PromptError as exc:
+            await _send(conn, exc.error)
+            return
+        ctx = self.prompter.context_length
+        if len(tokens) >= ctx:
+            await _send(conn, invalid(
+                f"This model's maximum context length is {ctx} tokens, but the prompt has {len(tokens)} tokens; "
+                "shorten the prompt", "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded", rid))
+            return
+        with self.counters.lock:
+            full = self.counters.waiting >= self.settings.MAX_QUEUE
+            if not full:
+                self.counters.waiting += 1
+        if full:
+            await _send(conn, Error(status=429, error_type="rate_limit_error", code="queue_full", request_id=rid,
+                                    message=f"the engine's queue is full ({self.settings.MAX_QUEUE} waiting "
+                                            "requests); retry after a moment"))
+            return
+        p = gen.params
+        insert = Insert(
+            rid=rid, tokens=tokens, max_tokens=min(p.max_tokens, ctx - len(tokens)),
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+            seed=p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little"),
+            logit_bias=p.logit_bias, repetition_penalty=p.repetition_penalty,
+            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+        )
+        send, receive = anyio.create_memory_object_stream(math.inf)
+        request = Request(insert=insert, outbox=send, prompt_tokens=len(tokens), stop=list(p.stop),
+                          deadline=time.monotonic() + self.settings.REQUEST_TIMEOUT,
+                          detok=self.prompter.tokenizer.detokenizer)
+        self.inbound.put(Submit(request))
+        finished = False
+        try:
+            await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope)
+                async with receive:
+                    async for event in receive:
+                        await conn.send(event)
+                        if isinstance(event, (Finish, Error)):
+                            finished = True
+                            break
+                tg.cancel_scope.cancel()
+        except ConnectionClosed:
+            pass
+        finally:
+            send.close()
+            if not finished:
+                self.inbound.put(Withdraw(rid))
+
+    async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope) -> None:
+        """The peer closing its connection, or sending Cancel, ends the request."""
+        try:
+            while True:
+                msg = await conn.recv()
+                if isinstance(msg, Cancel) and msg.request_id == rid:
+                    break
+        except (ConnectionClosed, FrameError):
+            pass
+        scope.cancel()
+
+
+def _dispatch(events: list) -> None:
+    for outbox, msg in events:
+        try:
+            outbox.send_nowait(msg)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the client left; the step loop hears of it through Withdraw
+
+
+async def _send(conn: FramedStream, msg) -> None:
+    try:
+        await conn.send(msg)
+    except ConnectionClosed:
+        pass

@@ -1,0 +1,24 @@
+"""A real engine on the demo model and a real API on a free port, shared by the module's tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import Stack
+
+
+@pytest.fixture(scope="session")
+def stack():
+    s = Stack()
+    engine = s.start_engine()
+    api = s.start_api()
+    s.procs = {"engine": engine, "api": api}
+    yield s
+    api.stop()
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def client(stack):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
