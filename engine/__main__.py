@@ -82,7 +82,7 @@ def main() -> int:
     from engine.batch import DesyncError, LockstepBatch
     from engine.loop import StepLoop
     from engine.model import ModelError, load
-    from engine.plan import PlanChannel
+    from engine.plan import PlanChannel, PlanError
 
     group = None
     if "MLX_RANK" in os.environ:
@@ -104,7 +104,7 @@ def main() -> int:
     tokenizer = loaded.tokenizer
     eos = set(tokenizer.eos_token_ids)
     batch = LockstepBatch(loaded.model, eos, settings.PREFILL_STEP_SIZE, settings.MAX_BATCH)
-    channel = PlanChannel(group if size > 1 else None, settings.PLAN_BUFFER_BYTES)
+    channel = PlanChannel(group if size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("starting the step loop")
     idle_tick = settings.IDLE_TICK_MS / 1000.0
@@ -151,9 +151,13 @@ def main() -> int:
                  size, "s" if size > 1 else "", settings.BACKEND if size > 1 else "single")
     try:
         loop.run()
-    except DesyncError as exc:
+    except (DesyncError, PlanError) as exc:
         log.critical("%s; ending the engine (no silent divergence)", exc)
         return 3
+    except RuntimeError as exc:
+        # mlx raises RuntimeError when a collective loses its peer ("[ring] connection to a peer was lost").
+        log.critical("rank %d: %s; a peer rank is gone, ending this rank", rank, exc)
+        return 4
     finally:
         if server is not None:
             server.stop()

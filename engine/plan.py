@@ -49,6 +49,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     shutdown: bool = False
 
 
+class PlanError(RuntimeError):
+    """A plan that does not decode: the ranks' collectives are out of step."""
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Plan)
 
@@ -66,7 +70,11 @@ def token_checksum(tokens: list[int]) -> int:
 class PlanChannel:
     """Broadcasts plans from rank 0 to all ranks with fixed-size all_sum buffers."""
 
-    def __init__(self, group: mx.distributed.Group | None, buffer_bytes: int):
+    def __init__(self, group: mx.distributed.Group | None, buffer_bytes: int, stream=None):
+        # The plan must travel on the model's stream: mlx-lm evaluates the next forward step
+        # asynchronously, and a collective on another stream could interleave with the
+        # model's own all_sums in a different order on each rank.
+        self.stream = stream
         self.group = group
         self.size = group.size() if group is not None else 1
         self.rank = group.rank() if group is not None else 0
@@ -75,7 +83,7 @@ class PlanChannel:
         self.collectives = 0
 
     def _all_sum(self, chunk: mx.array) -> bytes:
-        out = mx.distributed.all_sum(chunk, group=self.group, stream=mx.cpu)
+        out = mx.distributed.all_sum(chunk, group=self.group, stream=self.stream)
         mx.eval(out)
         self.collectives += 1
         return np.asarray(out).tobytes()
@@ -100,4 +108,7 @@ class PlanChannel:
         data = bytearray(first)
         while len(data) < length + _LEN.size:
             data += self._all_sum(self._zeros)
-        return _decoder.decode(bytes(data[_LEN.size : _LEN.size + length]))
+        try:
+            return _decoder.decode(bytes(data[_LEN.size : _LEN.size + length]))
+        except msgspec.DecodeError as exc:
+            raise PlanError(f"rank {self.rank}: received an undecodable plan ({exc}); the ranks are out of step") from None

@@ -21,4 +21,5 @@ def stack():
 @pytest.fixture(scope="session")
 def client(stack):
     openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        yield c

@@ -29,6 +29,8 @@ def own_stack():
     procs = {"engine": s.start_engine(), "api": s.start_api()}
     s.procs = procs
     yield s
+    for c in getattr(s, "closers", []):
+        c.close()
     for p in procs.values():
         p.stop()
 
@@ -36,6 +38,7 @@ def own_stack():
 def test_engine_down_gives_503_then_the_api_reconnects(own_stack):
     s = own_stack
     client = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=30)
+    s.closers = [client]
     assert client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=4).usage.completion_tokens
 
     s.procs["engine"].stop()
