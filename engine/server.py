@@ -117,7 +117,7 @@ class EngineServer:
             raise self._failure
 
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=5)
 
@@ -223,12 +223,7 @@ class EngineServer:
             await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope)
-                async with receive:
-                    async for event in receive:
-                        await conn.send(event)
-                        if isinstance(event, (Finish, Error)):
-                            finished = True
-                            break
+                finished = await self._relay(conn, receive)
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
             pass
@@ -236,6 +231,18 @@ class EngineServer:
             send.close()
             if not finished:
                 self.inbound.put(Withdraw(rid))
+
+    async def _relay(self, conn: FramedStream, receive) -> bool:
+        """Forward the request's events until its last one; False if the client left first."""
+        async with receive:
+            async for event in receive:
+                try:
+                    await conn.send(event)
+                except ConnectionClosed:
+                    return False
+                if isinstance(event, (Finish, Error)):
+                    return True
+        return False
 
     async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope) -> None:
         """The peer closing its connection, or sending Cancel, ends the request."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ from ipc.framing import DEFAULT_MAX_FRAME, ConnectionClosed, FrameError, FramedS
 from ipc.messages import PROTOCOL_VERSION, Error, Hello, Welcome
 
 HANDSHAKE_TIMEOUT = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class EngineUnavailable(Exception):
@@ -109,8 +112,14 @@ async def serve_unix(
     async def _one(stream: anyio.abc.SocketStream) -> None:
         conn = FramedStream(stream, max_frame)
         async with stream:
-            if await accept_handshake(conn):
-                await handler(conn)
+            try:
+                if await accept_handshake(conn):
+                    await handler(conn)
+            except ConnectionClosed:
+                pass
+            except Exception:
+                # One connection's failure must never take the listener (and every other client) down.
+                log.exception("connection handler failed")
 
     async with listener:
         task_status.started()
