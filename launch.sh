@@ -1,0 +1,684 @@
+#!/usr/bin/env bash
+# Start, stop and inspect the mlx-cluster-serve engine and API gateway (see README.md).
+#
+# Every process we start runs in its own process group (setsid) whose id is recorded in a pid
+# file, so stop can signal the whole group: mlx.launch, its forwarding threads and all local ranks.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+STOP_TIMEOUT=12      # seconds from SIGTERM to SIGKILL (the API drains streams for 10 s)
+API_START_TIMEOUT=30 # seconds for a fresh API to answer /health
+PROBE_TIMEOUT=2      # seconds per readiness probe of engine rank 0
+
+usage() {
+    cat <<'EOF'
+usage: ./launch.sh COMMAND
+
+  start             start the engine (all ranks), wait until rank 0 answers, then the API
+  stop              stop the API, then the engine (every rank); idempotent
+  status            show what runs; exit 0 all up, 1 partly up or dead, 3 all stopped
+  restart           stop + start
+  restart-api       restart only the API; the engine keeps its weights
+  restart-engine    restart only the engine; the API stays up and answers 503 meanwhile
+  logs [api|engine] follow the logs (default: both)
+  test [ARGS...]    run the test suite (python -m pytest ARGS...)
+  setup             create .venv and install the project (every command does this when needed)
+
+Settings come from the environment and .env; .env.example lists them all.
+EOF
+}
+
+log() { printf '%s\n' "$*" >&2; }
+die() {
+    local code=$1
+    shift
+    log "launch.sh: $*"
+    exit "$code"
+}
+
+# ---------------------------------------------------------------------------------------------
+# setup: .venv with the project installed (editable), marked by a hash of pyproject.toml
+# ---------------------------------------------------------------------------------------------
+
+install_marker() {
+    local sum
+    sum=$(cksum <pyproject.toml)
+    printf '%s/.installed-%s\n' "$VENV" "${sum%% *}"
+}
+
+setup() {
+    local marker base
+    marker=$(install_marker)
+    if [[ -x $PY && -f $marker ]]; then
+        return 0
+    fi
+    if [[ ! -x $PY ]]; then
+        base=${PYTHON:-python3}
+        command -v "$base" >/dev/null 2>&1 ||
+            die 1 "$base not found: install Python >= 3.10 or set PYTHON=/path/to/python3"
+        "$base" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+            die 1 "$("$base" --version 2>&1) is too old: mlx-cluster-serve needs Python >= 3.10 (set PYTHON=/path/to/python3)"
+        log "creating $VENV with $("$base" --version 2>&1)"
+        "$base" -m venv "$VENV" || die 1 "could not create $VENV"
+    fi
+    log "installing mlx-cluster-serve and its dependencies into .venv (the first time takes a few minutes)"
+    "$PY" -m pip install --quiet --disable-pip-version-check -e '.[test]' ||
+        die 1 "pip install failed (errors above); fix them and run ./launch.sh setup"
+    rm -f "$VENV"/.installed-*
+    : >"$marker"
+    log "installed; .venv is ready"
+}
+
+# ---------------------------------------------------------------------------------------------
+# settings: resolved by Python (config/), never parsed here
+# ---------------------------------------------------------------------------------------------
+
+FORWARD_ENV=()
+
+load_settings() {
+    local out key value
+    out=$("$PY" -m config) ||
+        die 2 "fix the setting above (in .env or the environment; .env.example describes every variable)"
+    # Remote ranks do not inherit our environment: forward the variables set in it (as the user
+    # wrote them, before resolution) so every rank resolves the same settings as rank 0.
+    FORWARD_ENV=()
+    for key in $(printf '%s\n' "$out" | sed -n 's/^\([A-Z][A-Z0-9_]*\)=.*/\1/p'); do
+        [[ $key == API_KEY || $key == RANKS ]] && continue
+        if value=$(printenv "$key"); then
+            FORWARD_ENV+=(--env "$key=$value")
+        fi
+    done
+    eval "$out"
+    ENGINE_PID_FILE="$RUN_DIR/engine.pid"
+    API_PID_FILE="$RUN_DIR/api.pid"
+    FIFO="$RUN_DIR/engine.stdin"
+    ENGINE_LOG="$LOG_DIR/engine.log"
+    API_LOG="$LOG_DIR/api.log"
+    API_URL="http://$(client_host "$API_HOST"):$API_PORT"
+}
+
+# The address a local client uses to reach API_HOST.
+client_host() {
+    case $1 in
+        0.0.0.0 | "") printf '127.0.0.1' ;;
+        :: | "[::]") printf '[::1]' ;;
+        \[*) printf '%s' "$1" ;;
+        *:*) printf '[%s]' "$1" ;;
+        *) printf '%s' "$1" ;;
+    esac
+}
+
+# Whole seconds (rounded up) from a settings float such as 600.0; absurd values become a day.
+ceil_seconds() {
+    local whole=${1%%.*} frac=""
+    [[ $1 == *.* ]] && frac=${1#*.}
+    [[ $whole =~ ^[0-9]+$ ]] || {
+        printf '86400'
+        return
+    }
+    [[ $frac =~ [1-9] ]] && whole=$((whole + 1))
+    printf '%s' $((whole > 0 ? whole : 1))
+}
+
+now_ms() {
+    if [[ -n ${EPOCHREALTIME:-} ]]; then
+        local t=${EPOCHREALTIME/[.,]/}
+        printf '%s' $((10#${t:0:${#t}-3}))
+    else
+        printf '%s' $(($(date +%s) * 1000))
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# pid files and process groups (like gunicorn's pidfile: atomic write, kill -0, unlink our own)
+# ---------------------------------------------------------------------------------------------
+
+recorded_pid() {
+    local pid
+    [[ -f $1 ]] || return 1
+    pid=$(<"$1") || return 1
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    printf '%s' "$pid"
+}
+
+# True while any process of the group is alive (orphaned ranks included). kill -0 alone also
+# counts zombies, which linger until their parent (init, for our detached groups) reaps them.
+group_alive() {
+    kill -0 -- "-$1" 2>/dev/null || return 1
+    command -v ps >/dev/null 2>&1 || return 0
+    ps -A -o pgid= -o stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { up = 1 } END { exit !up }'
+}
+
+running_pid() {
+    local pid
+    pid=$(recorded_pid "$1") || return 1
+    group_alive "$pid" || return 1
+    printf '%s' "$pid"
+}
+
+write_pid() {
+    local tmp="$1.tmp.$$"
+    printf '%s\n' "$2" >"$tmp"
+    mv -f "$tmp" "$1"
+}
+
+remove_own_pid_file() {
+    local pid
+    if pid=$(recorded_pid "$1") && [[ $pid == "$2" ]]; then
+        rm -f "$1"
+    fi
+}
+
+wait_group_gone() {
+    local pid=$1 tenths=$(($2 * 10))
+    while ((tenths > 0)); do
+        group_alive "$pid" || return 0
+        sleep 0.1
+        tenths=$((tenths - 1))
+    done
+    ! group_alive "$pid"
+}
+
+# stop_group NAME PID_FILE [quiet]: TERM the recorded group, wait, then KILL it; drop the pid file.
+stop_group() {
+    local name=$1 file=$2 quiet=${3:-} pid
+    pid=$(recorded_pid "$file") || {
+        rm -f "$file"
+        return 0
+    }
+    if group_alive "$pid"; then
+        log "stopping $name (process group $pid)"
+        kill -TERM -- "-$pid" 2>/dev/null || true
+        if ! wait_group_gone "$pid" "$STOP_TIMEOUT"; then
+            log "$name still running after ${STOP_TIMEOUT}s: sending SIGKILL to process group $pid"
+            kill -KILL -- "-$pid" 2>/dev/null || true
+            wait_group_gone "$pid" 5 || log "warning: process group $pid survived SIGKILL"
+        fi
+    elif [[ -z $quiet ]]; then
+        log "$name was not running (removing stale pid file $file)"
+    fi
+    remove_own_pid_file "$file" "$pid"
+}
+
+# detach LOG INPUT CMD...: run CMD in a new session with INPUT (opened read-write) as fd 0 and
+# LOG appended as stdout and stderr; DETACHED_PID is its pid, which is also its process group id.
+detach() {
+    local logfile=$1 input=$2
+    shift 2
+    if command -v setsid >/dev/null 2>&1; then
+        # shellcheck disable=SC2016  # expanded by the inner bash
+        setsid bash -c 'exec 0<>"$0"; exec "$@"' "$input" "$@" >>"$logfile" 2>&1 &
+    else
+        # macOS has no setsid(1): the same through Python's os.setsid.
+        "$PY" -c 'import os, sys
+os.setsid()
+os.dup2(os.open(sys.argv[1], os.O_RDWR), 0)
+os.execvp(sys.argv[2], sys.argv[2:])' "$input" "$@" >>"$logfile" 2>&1 &
+    fi
+    DETACHED_PID=$!
+}
+
+prepare_dirs() {
+    # RUN_DIR holds the engine socket: private when we create it (an existing dir is left as is).
+    if [[ ! -d $RUN_DIR ]]; then
+        mkdir -p "$(dirname "$RUN_DIR")"
+        mkdir -m 700 "$RUN_DIR"
+    fi
+    mkdir -p "$LOG_DIR"
+}
+
+# A lock for the commands that change state, so two of them never interleave.
+HELD_LOCK=""
+
+release_lock() {
+    if [[ -n $HELD_LOCK ]]; then
+        rm -rf "$HELD_LOCK"
+        HELD_LOCK=""
+    fi
+}
+
+acquire_lock() {
+    local dir="$RUN_DIR/launch.lock" owner
+    prepare_dirs
+    if ! mkdir "$dir" 2>/dev/null; then
+        owner=$(recorded_pid "$dir/pid" 2>/dev/null || true)
+        if [[ -n $owner ]] && kill -0 "$owner" 2>/dev/null; then
+            die 1 "another ./launch.sh (pid $owner) is changing the services; try again when it is done"
+        fi
+        rm -rf "$dir"
+        mkdir "$dir" || die 1 "cannot create the lock $dir"
+    fi
+    HELD_LOCK=$dir
+    printf '%s\n' "$$" >"$dir/pid"
+    trap release_lock EXIT
+}
+
+# ---------------------------------------------------------------------------------------------
+# engine
+# ---------------------------------------------------------------------------------------------
+
+# mlx.launch unless a single local rank can run directly.
+engine_needs_launcher() {
+    [[ -n $HOSTFILE || $RANKS -gt 1 ]] && return 0
+    case $HOSTS in
+        127.0.0.1 | localhost | ::1) return 1 ;;
+        *) return 0 ;;
+    esac
+}
+
+ENGINE_INFO=""
+
+engine_answers() {
+    local info
+    [[ -S $SOCKET_PATH ]] || return 1
+    info=$("$PY" -m ipc.probe --socket "$SOCKET_PATH" --timeout "$PROBE_TIMEOUT" 2>/dev/null) || return 1
+    ENGINE_INFO=$info
+}
+
+start_engine() {
+    local -a cmd
+    prepare_dirs
+    rm -f "$FIFO"
+    printf '\n=== %s launch.sh: starting engine: model %s, hosts %s, backend %s ===\n' \
+        "$(date '+%Y-%m-%d %H:%M:%S')" "$MODEL" "${HOSTFILE:-$HOSTS}" "$BACKEND" >>"$ENGINE_LOG"
+    export PYTHONUNBUFFERED=1
+    if engine_needs_launcher; then
+        cmd=("$VENV/bin/mlx.launch" --backend "$BACKEND" --starting-port "$RING_PORT" --cwd "$ROOT")
+        if [[ -n $HOSTFILE ]]; then
+            cmd+=(--hostfile "$HOSTFILE")
+        else
+            cmd+=(--hosts "$HOSTS")
+        fi
+        cmd+=(${FORWARD_ENV[@]+"${FORWARD_ENV[@]}"} -- "$PY" -m engine)
+        # mlx.launch spins a core polling an EOF stdin: give it a FIFO that stays open instead
+        # (released after start-up, see release_launcher_stdin).
+        mkfifo -m 600 "$FIFO"
+        detach "$ENGINE_LOG" "$FIFO" "${cmd[@]}"
+    else
+        detach "$ENGINE_LOG" /dev/null "$PY" -m engine
+    fi
+    ENGINE_PID=$DETACHED_PID
+    write_pid "$ENGINE_PID_FILE" "$ENGINE_PID"
+}
+
+# Ranks point fd 0 at /dev/null first thing; one byte through the launcher now makes each of its
+# forwarding threads hit EPIPE and drop the rank's stdin from its select loop (no more spinning).
+release_launcher_stdin() {
+    [[ -p $FIFO ]] || return 0
+    "$PY" -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK)
+os.write(fd, b"x")
+os.close(fd)' "$FIFO" 2>/dev/null || log "warning: could not write to $FIFO; mlx.launch may keep a core busy"
+}
+
+wait_engine_ready() {
+    local pid=$1 limit started next
+    limit=$(ceil_seconds "$ENGINE_START_TIMEOUT")
+    started=$SECONDS
+    next=$((SECONDS + 15))
+    log "waiting for engine rank 0 on $SOCKET_PATH (up to ${limit}s; loading $MODEL)"
+    while :; do
+        if engine_answers; then
+            log "engine ready after $((SECONDS - started))s"
+            return 0
+        fi
+        if ! group_alive "$pid"; then
+            log "the engine exited during start-up"
+            return 1
+        fi
+        if ((SECONDS - started >= limit)); then
+            log "engine rank 0 did not answer within ${limit}s (ENGINE_START_TIMEOUT)"
+            return 1
+        fi
+        if ((SECONDS >= next)); then
+            log "  still loading ($((SECONDS - started))s; ./launch.sh logs engine shows progress)"
+            next=$((SECONDS + 15))
+        fi
+        sleep 0.5
+    done
+}
+
+log_size() { if [[ -f $1 ]]; then wc -c <"$1" | tr -d ' '; else printf '0'; fi; }
+
+# show_log_tail LOG OFFSET: the last 40 lines written to LOG after byte OFFSET (this start's).
+show_log_tail() {
+    log "---- last 40 lines of $1 ----"
+    tail -c "+$(($2 + 1))" "$1" 2>/dev/null | tail -n 40 >&2 || true
+    log "----"
+}
+
+stop_engine() {
+    stop_group engine "$ENGINE_PID_FILE" "${1:-}"
+    rm -f "$FIFO"
+    # Killed engines cannot unlink their socket; it was ours, since start refuses a foreign one.
+    if [[ -S $SOCKET_PATH ]]; then
+        if engine_answers; then
+            log "note: an engine not started by this launch.sh answers on $SOCKET_PATH; left running"
+        else
+            rm -f "$SOCKET_PATH"
+        fi
+    fi
+}
+
+refuse_running_engine() {
+    local pid
+    if pid=$(running_pid "$ENGINE_PID_FILE"); then
+        die 1 "the engine is already running (process group $pid); use ./launch.sh status, stop or restart"
+    fi
+    if [[ -f $ENGINE_PID_FILE ]]; then
+        log "removing stale pid file $ENGINE_PID_FILE"
+        rm -f "$ENGINE_PID_FILE"
+    fi
+    if engine_answers; then
+        die 1 "another engine is already serving on $SOCKET_PATH (not started by this launch.sh); stop it or set SOCKET_PATH"
+    fi
+}
+
+# Start the engine and wait for rank 0; on failure show the log, stop it and return 1.
+launch_engine() {
+    local offset
+    offset=$(log_size "$ENGINE_LOG")
+    start_engine
+    STARTED_ENGINE=$ENGINE_PID
+    if ! wait_engine_ready "$ENGINE_PID"; then
+        show_log_tail "$ENGINE_LOG" "$offset"
+        stop_engine quiet
+        STARTED_ENGINE=""
+        return 1
+    fi
+    if engine_needs_launcher; then
+        release_launcher_stdin
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# API
+# ---------------------------------------------------------------------------------------------
+
+http_status() {
+    local code
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$API_URL/health" 2>/dev/null) || true
+    printf '%s' "${code:-000}"
+}
+
+# True unless connecting to the API's address is refused (curl exit 7): a silent listener counts.
+api_port_taken() {
+    local rc=0
+    curl -s -o /dev/null --max-time 1 "$API_URL/health" 2>/dev/null || rc=$?
+    [[ $rc -ne 7 ]]
+}
+
+start_api() {
+    prepare_dirs
+    printf '\n=== %s launch.sh: starting API on %s:%s ===\n' \
+        "$(date '+%Y-%m-%d %H:%M:%S')" "$API_HOST" "$API_PORT" >>"$API_LOG"
+    export PYTHONUNBUFFERED=1
+    detach "$API_LOG" /dev/null "$PY" -m api
+    API_PID=$DETACHED_PID
+    write_pid "$API_PID_FILE" "$API_PID"
+}
+
+# wait_api_ready PID WANT: poll /health every 0.1 s until it answers WANT (200, or "any").
+wait_api_ready() {
+    local pid=$1 want=$2 tenths=$((API_START_TIMEOUT * 10)) code
+    while ((tenths > 0)); do
+        code=$(http_status)
+        if [[ $code == 200 || ($want == any && $code != 000) ]]; then
+            group_alive "$pid" && return 0
+        fi
+        if ! group_alive "$pid"; then
+            log "the API exited during start-up"
+            return 1
+        fi
+        sleep 0.1
+        tenths=$((tenths - 1))
+    done
+    log "the API did not answer $API_URL/health within ${API_START_TIMEOUT}s (last status $code)"
+    return 1
+}
+
+refuse_running_api() {
+    local pid
+    if pid=$(running_pid "$API_PID_FILE"); then
+        die 1 "the API is already running (process group $pid); use ./launch.sh status, stop or restart-api"
+    fi
+    if [[ -f $API_PID_FILE ]]; then
+        log "removing stale pid file $API_PID_FILE"
+        rm -f "$API_PID_FILE"
+    fi
+    if api_port_taken; then
+        die 1 "something already listens on $API_URL (not an API started by this launch.sh); stop it or set API_HOST/API_PORT"
+    fi
+}
+
+# Start the API and wait for /health; on failure show the log, stop it and return 1.
+launch_api() {
+    local want=$1 t0 offset
+    t0=$(now_ms)
+    offset=$(log_size "$API_LOG")
+    start_api
+    STARTED_API=$API_PID
+    if ! wait_api_ready "$API_PID" "$want"; then
+        show_log_tail "$API_LOG" "$offset"
+        stop_group api "$API_PID_FILE" quiet
+        STARTED_API=""
+        return 1
+    fi
+    log "API ready in $(format_ms $(($(now_ms) - t0))) on $API_URL"
+}
+
+format_ms() { printf '%d.%03ds' $(($1 / 1000)) $(($1 % 1000)); }
+
+# ---------------------------------------------------------------------------------------------
+# commands
+# ---------------------------------------------------------------------------------------------
+
+STARTED_ENGINE=""
+STARTED_API=""
+
+# Ctrl-C during start: stop what this invocation started, nothing else.
+abort_start() {
+    trap - INT TERM
+    log "interrupted: stopping what this start began"
+    if [[ -n $STARTED_API ]]; then stop_group api "$API_PID_FILE"; fi
+    if [[ -n $STARTED_ENGINE ]]; then stop_engine; fi
+    exit 130
+}
+
+info_summary() {
+    "$PY" - "$ENGINE_INFO" <<'PY'
+import json, sys
+i = json.loads(sys.argv[1])
+print(f"{i['ranks']} rank(s), backend {i['backend']}, context {i['context_length']} tokens")
+PY
+}
+
+print_summary() {
+    local name=$SERVED_MODEL_NAME auth=""
+    [[ -n $API_KEY ]] && auth=" -H 'Authorization: Bearer <API_KEY>'"
+    cat <<EOF
+mlx-cluster-serve is up
+  API      $API_URL/v1   (pid $API_PID, log $API_LOG)
+  engine   model $name, $(info_summary)   (pid $ENGINE_PID, log $ENGINE_LOG)
+  socket   $SOCKET_PATH
+
+try it:
+  curl $API_URL/v1/chat/completions -H 'Content-Type: application/json'$auth \\
+       -d '{"model":"$name","messages":[{"role":"user","content":"hello"}],"max_tokens":32}'
+
+./launch.sh status | logs | restart-api | stop
+EOF
+}
+
+cmd_start() {
+    acquire_lock
+    refuse_running_api
+    refuse_running_engine
+    trap abort_start INT TERM
+    launch_engine || exit 1
+    if ! launch_api 200; then
+        log "the engine keeps running (process group $ENGINE_PID): fix the API and run ./launch.sh restart-api, or ./launch.sh stop"
+        exit 1
+    fi
+    trap - INT TERM
+    print_summary
+}
+
+cmd_stop() {
+    acquire_lock
+    stop_group api "$API_PID_FILE"
+    stop_engine
+}
+
+cmd_restart_api() {
+    local want=200
+    acquire_lock
+    stop_group api "$API_PID_FILE"
+    refuse_running_api
+    if ! running_pid "$ENGINE_PID_FILE" >/dev/null || ! engine_answers; then
+        log "warning: the engine is not answering; the API will answer 503 until it is up"
+        want=any
+    fi
+    launch_api "$want" || exit 1
+}
+
+cmd_restart_engine() {
+    acquire_lock
+    stop_engine
+    refuse_running_engine
+    launch_engine || exit 1
+    release_lock
+    if ! running_pid "$API_PID_FILE" >/dev/null; then
+        log "note: the API is not running; start it with ./launch.sh restart-api"
+    fi
+}
+
+# Prints a readable view of rank 0's Info JSON.
+describe_info() {
+    "$PY" - "$1" <<'PY'
+import json, sys
+i = json.loads(sys.argv[1])
+
+def dur(s):
+    s = int(s)
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+print(f"  model     {i['model']}  ({i['model_path']}, context {i['context_length']} tokens)")
+print(f"  ranks     {i['ranks']}, backend {i['backend']}, engine pid {i['engine_pid']}, up {dur(i.get('uptime', 0))}")
+print(f"  step      {i.get('step', 0)}  (last step {i.get('last_step_age', 0):.1f}s ago)")
+print(f"  requests  {i.get('active', 0)} active of {i.get('max_batch', 0)} slots, {i.get('queued', 0)} queued of {i.get('max_queue', 0)}")
+for r in i.get("rank_states") or []:
+    gib = r.get("active_memory", 0) / 2**30
+    print(f"  rank {r['rank']:<4} {r.get('host') or '?'}  pid {r.get('pid', 0)}  step {r.get('step', 0)}  memory {gib:.2f} GiB")
+PY
+}
+
+cmd_status() {
+    local engine_pid api_pid code engine_state api_state
+    # engine
+    if engine_pid=$(running_pid "$ENGINE_PID_FILE"); then
+        if engine_answers; then
+            engine_state=up
+            printf 'engine   running, rank 0 answering   process group %s   socket %s\n' "$engine_pid" "$SOCKET_PATH"
+            describe_info "$ENGINE_INFO"
+        else
+            engine_state=degraded
+            printf 'engine   running but rank 0 NOT answering (still loading, or hung)   process group %s\n' "$engine_pid"
+            printf '         model %s, hosts %s; see %s\n' "$MODEL" "${HOSTFILE:-$HOSTS}" "$ENGINE_LOG"
+        fi
+    elif engine_pid=$(recorded_pid "$ENGINE_PID_FILE"); then
+        engine_state=dead
+        printf 'engine   DEAD: process group %s is gone but its pid file remains (crashed, or ended by the watchdog)\n' "$engine_pid"
+        printf '         last lines of %s:\n' "$ENGINE_LOG"
+        tail -n 5 "$ENGINE_LOG" 2>/dev/null | sed 's/^/         | /' || true
+    elif engine_answers; then
+        engine_state=foreign
+        printf 'engine   an engine not started by this launch.sh answers on %s\n' "$SOCKET_PATH"
+        describe_info "$ENGINE_INFO"
+    else
+        engine_state=stopped
+        printf 'engine   stopped\n'
+    fi
+    # API
+    if api_pid=$(running_pid "$API_PID_FILE"); then
+        code=$(http_status)
+        if [[ $code == 200 ]]; then
+            api_state=up
+            printf 'api      running   pid %s   %s   (/health 200)\n' "$api_pid" "$API_URL"
+        else
+            api_state=degraded
+            printf 'api      running but /health answers %s   pid %s   %s\n' "$code" "$api_pid" "$API_URL"
+        fi
+    elif api_pid=$(recorded_pid "$API_PID_FILE"); then
+        api_state=dead
+        printf 'api      DEAD: pid %s is gone but its pid file remains; see %s\n' "$api_pid" "$API_LOG"
+    else
+        api_state=stopped
+        printf 'api      stopped\n'
+    fi
+    printf 'logs     %s   %s\n' "$ENGINE_LOG" "$API_LOG"
+    if [[ $engine_state == up && $api_state == up ]]; then
+        return 0
+    elif [[ $engine_state == stopped && $api_state == stopped ]]; then
+        return 3
+    fi
+    return 1
+}
+
+cmd_logs() {
+    local -a files
+    case ${1:-both} in
+        api) files=("$API_LOG") ;;
+        engine) files=("$ENGINE_LOG") ;;
+        both) files=("$ENGINE_LOG" "$API_LOG") ;;
+        *) die 2 "logs takes api, engine or nothing (both), not '$1'" ;;
+    esac
+    mkdir -p "$LOG_DIR"
+    exec tail -n 100 -F "${files[@]}"
+}
+
+main() {
+    local command=${1:-}
+    [[ $# -gt 0 ]] && shift
+    case $command in
+        -h | --help | help)
+            usage
+            return 0
+            ;;
+        "")
+            usage >&2
+            return 2
+            ;;
+        start | stop | status | restart | restart-api | restart-engine | logs | test | setup) ;;
+        *)
+            log "launch.sh: unknown command '$command'"
+            usage >&2
+            return 2
+            ;;
+    esac
+    setup
+    case $command in
+        setup) return 0 ;;
+        test) exec "$PY" -m pytest ${1+"$@"} ;;
+    esac
+    load_settings
+    case $command in
+        start) cmd_start ;;
+        stop) cmd_stop ;;
+        status) cmd_status ;;
+        restart)
+            cmd_stop
+            release_lock
+            cmd_start
+            ;;
+        restart-api) cmd_restart_api ;;
+        restart-engine) cmd_restart_engine ;;
+        logs) cmd_logs "$@" ;;
+    esac
+}
+
+main "$@"

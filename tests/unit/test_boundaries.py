@@ -1,0 +1,55 @@
+"""DESIGN.md's import table, enforced: api/, ipc/ and config/ never pull in MLX or the engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Imports the package and every submodule but `__main__` (an entry point that would start serving),
+# then prints the names of all loaded modules.
+PROBE = """
+import importlib, json, pkgutil, sys
+pkg = importlib.import_module(sys.argv[1])
+for mod in pkgutil.walk_packages(getattr(pkg, "__path__", []), pkg.__name__ + "."):
+    if not mod.name.endswith(".__main__"):
+        importlib.import_module(mod.name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+HEAVY = ["mlx", "mlx_lm", "transformers"]
+
+FORBIDDEN = {
+    "ipc": [*HEAVY, "engine", "api", "starlette", "uvicorn", "config"],
+    "config": [*HEAVY, "engine", "api", "starlette", "uvicorn"],
+    # The API must restart in well under a second: no MLX, no tokenizer.
+    "api": [*HEAVY, "engine", "tokenizers"],
+}
+
+
+def _matches(module: str, prefix: str) -> bool:
+    # "mlx" stands for every mlx* distribution (mlx, mlx.core, mlx_lm, mlx_metal, ...).
+    if prefix == "mlx":
+        return module.startswith("mlx")
+    return module == prefix or module.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_nothing_forbidden(package: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, package],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"importing {package} failed:\n{proc.stderr}"
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert package in loaded
+    bad = sorted(m for m in loaded for p in FORBIDDEN[package] if _matches(m, p))
+    assert not bad, f"importing {package} loaded modules it must never import: {bad}"

@@ -1,0 +1,166 @@
+"""Settings: defaults, environment > `.env` > defaults, messages that name the variable, `python -m config`."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config import REPO_ROOT, ConfigError, Settings, load_settings
+
+NO_ENV_FILE = Path("/nonexistent/.env")
+
+
+def _settings(env: dict[str, str] | None = None, env_file: Path = NO_ENV_FILE) -> Settings:
+    return load_settings(env or {}, env_file)
+
+
+def test_defaults() -> None:
+    s = _settings()
+    assert s == Settings()
+    assert s.MODEL == "demo-tiny"
+    assert s.model_name == "demo-tiny"
+    assert (s.API_HOST, s.API_PORT) == ("127.0.0.1", 8000)
+    assert s.BACKEND == "ring"
+    assert s.hosts == ["127.0.0.1"] and s.ranks == 1
+    assert s.run_dir == REPO_ROOT / "run"
+    assert s.log_dir == REPO_ROOT / "logs"
+    assert s.socket_path == REPO_ROOT / "run" / "engine.sock"
+
+
+def test_environment_beats_env_file_beats_defaults(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("# comment\nAPI_PORT=9001\nMAX_BATCH=4\nLOG_LEVEL=DEBUG\n")
+    s = _settings({"API_PORT": "9002", "PATH": "/usr/bin"}, env_file)
+    assert s.API_PORT == 9002  # environment
+    assert s.MAX_BATCH == 4  # .env
+    assert s.LOG_LEVEL == "DEBUG"  # .env
+    assert s.MAX_QUEUE == 256  # default
+
+
+def test_values_are_converted_and_stripped(tmp_path: Path) -> None:
+    s = _settings({"REQUEST_TIMEOUT": " 12.5 ", "HOSTS": "127.0.0.1, 127.0.0.1"})
+    assert s.REQUEST_TIMEOUT == 12.5
+    assert s.hosts == ["127.0.0.1", "127.0.0.1"] and s.ranks == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        ("API_PORT", "abc", "an integer from 1 to 65535"),
+        ("API_PORT", "70000", "an integer from 1 to 65535"),
+        ("BACKEND", "foo", "one of ring, jaccl, mpi"),
+        ("MAX_BATCH", "0", "a positive integer"),
+        ("LOG_LEVEL", "loud", "one of DEBUG, INFO, WARNING, ERROR"),
+    ],
+)
+def test_bad_value_names_variable_value_and_accepted(name: str, value: str, accepted: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _settings({name: value})
+    message = str(info.value)
+    assert name in message
+    assert repr(value) in message
+    assert accepted in message
+
+
+def test_bad_value_in_env_file_is_reported_too(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("MAX_BATCH=0\n")
+    with pytest.raises(ConfigError, match="MAX_BATCH='0'"):
+        _settings({}, env_file)
+
+
+def test_unknown_key_in_env_file_is_named(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("API_PORT=9000\nAPI_PROT=9001\n")
+    with pytest.raises(ConfigError, match="API_PROT"):
+        _settings({}, env_file)
+
+
+def test_unknown_environment_variables_are_ignored() -> None:
+    assert _settings({"API_PROT": "1", "HOME": "/root"}) == Settings()
+
+
+def test_socket_path_too_long() -> None:
+    long_path = "/tmp/" + "x" * 120 + "/engine.sock"
+    with pytest.raises(ConfigError, match="SOCKET_PATH") as info:
+        _settings({"SOCKET_PATH": long_path})
+    assert "at most" in str(info.value)
+
+
+def test_run_dir_too_long_for_the_default_socket() -> None:
+    with pytest.raises(ConfigError, match="RUN_DIR"):
+        _settings({"RUN_DIR": "/tmp/" + "r" * 120})
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"MODEL": ""}, "MODEL"),
+        ({"HOSTS": " , "}, "HOSTS"),
+        ({"HOSTS": "bad host!"}, "HOSTS"),
+        ({"HOSTFILE": "/nonexistent/hosts.json"}, "HOSTFILE"),
+        ({"BACKEND": "jaccl"}, "HOSTFILE"),
+        ({"MAX_TOKENS_DEFAULT": "100", "MAX_TOKENS_LIMIT": "10"}, "MAX_TOKENS_LIMIT"),
+    ],
+)
+def test_cross_field_checks(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        _settings(env)
+
+
+def test_as_env_resolves_derived_values() -> None:
+    env = _settings({"MODEL": "/models/Qwen3-4B/", "HOSTS": "127.0.0.1,127.0.0.1", "RUN_DIR": "/tmp/r"}).as_env()
+    assert set(Settings.__struct_fields__) <= set(env)
+    assert env["SERVED_MODEL_NAME"] == "Qwen3-4B"
+    assert env["RANKS"] == "2"
+    assert env["RUN_DIR"] == "/tmp/r"
+    assert env["SOCKET_PATH"] == "/tmp/r/engine.sock"
+
+
+def _run_config(env: dict[str, str], shell: str | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in Settings.__struct_fields__} | env
+    command = [sys.executable, "-m", "config"]
+    if shell is not None:
+        # The exact pattern launch.sh uses: eval the assignments, then read them back.
+        command = ["bash", "-c", f'set -eu; eval "$("$0" -m config)"; {shell}', sys.executable]
+    return subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=60)
+
+
+def test_python_m_config_prints_assignments_bash_can_eval() -> None:
+    proc = _run_config(
+        {"API_PORT": "8123", "SERVED_MODEL_NAME": "it's a \"name\" $HOME"},
+        shell='printf "%s\\n" "$API_PORT" "$SERVED_MODEL_NAME" "$RANKS" "$SOCKET_PATH"',
+    )
+    assert proc.returncode == 0, proc.stderr
+    port, name, ranks, socket_path = proc.stdout.splitlines()
+    assert port == "8123"
+    assert name == "it's a \"name\" $HOME"
+    assert ranks == "1"
+    assert socket_path.endswith("engine.sock") and socket_path.startswith("/")
+
+
+def test_python_m_config_exits_2_with_the_message_on_bad_value() -> None:
+    proc = _run_config({"API_PORT": "abc"})
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "API_PORT='abc'" in proc.stderr
+    assert "an integer from 1 to 65535" in proc.stderr
+
+
+def test_env_example_lists_every_setting_with_its_default(tmp_path: Path) -> None:
+    lines = (REPO_ROOT / ".env.example").read_text().splitlines()
+    assignments = [line[2:] for line in lines if re.match(r"^# [A-Z][A-Z0-9_]*=", line)]
+    documented = dict(a.split("=", 1) for a in assignments)
+    assert sorted(documented) == sorted(Settings.__struct_fields__)
+    defaults = Settings()
+    for key, value in documented.items():
+        assert value == str(getattr(defaults, key)), key
+    # Uncommented, the example is a valid .env that changes nothing.
+    env_file = tmp_path / ".env"
+    env_file.write_text("\n".join(assignments) + "\n")
+    assert _settings({}, env_file) == defaults

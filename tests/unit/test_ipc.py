@@ -1,0 +1,328 @@
+"""The API <-> engine wire: frames, the message union, the handshake over a real Unix socket."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import msgspec
+import pytest
+
+from ipc import (
+    PROTOCOL_VERSION,
+    Cancel,
+    ConnectionClosed,
+    Delta,
+    EngineUnavailable,
+    Error,
+    Finish,
+    FrameError,
+    FramedStream,
+    FrameTooLarge,
+    Generate,
+    Hello,
+    Info,
+    InfoRequest,
+    Msg,
+    SamplingParams,
+    Started,
+    Welcome,
+    connect,
+    decode_message,
+    encode_frame,
+    serve_unix,
+)
+from ipc.framing import HEADER
+from ipc.messages import Message, RankState
+from ipc.probe import fetch_info
+
+TIMEOUT = 5
+
+INFO = Info(
+    model="demo-tiny",
+    model_path="/models/demo-tiny",
+    context_length=2048,
+    ranks=2,
+    backend="ring",
+    created=1_700_000_000,
+    engine_pid=4242,
+    step=7,
+    last_step_age=0.25,
+    active=1,
+    queued=2,
+    rank_states=[RankState(rank=0, host="127.0.0.1", pid=4242, step=7), RankState(rank=1, step=7)],
+)
+
+SAMPLES: list[Msg] = [
+    Hello(version=PROTOCOL_VERSION, client="api"),
+    Welcome(version=PROTOCOL_VERSION, engine_pid=123),
+    InfoRequest(),
+    INFO,
+    Generate(
+        request_id="chatcmpl-0123abcd",
+        kind="chat",
+        params=SamplingParams(
+            max_tokens=32, temperature=0.0, seed=3, stop=["\n\n"], logit_bias={17: -100.0}, repetition_penalty=1.1
+        ),
+        messages=[{"role": "user", "content": "hello"}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    ),
+    Generate(request_id="cmpl-1", kind="completion", params=SamplingParams(max_tokens=4), prompt=[1, 2, 3], echo=True),
+    Started(request_id="chatcmpl-1", prompt_tokens=12),
+    Delta(request_id="chatcmpl-1", text="héllo ✓", completion_tokens=3),
+    Finish(request_id="chatcmpl-1", finish_reason="length", prompt_tokens=12, completion_tokens=32, text="x"),
+    Cancel(request_id="chatcmpl-1"),
+    Error(status=429, error_type="overloaded", message="queue full", code="overloaded", request_id="chatcmpl-1"),
+]
+
+
+def test_samples_cover_every_message_type() -> None:
+    assert {type(m) for m in SAMPLES} == set(Message.__args__)
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_frame_round_trip(msg: Msg) -> None:
+    frame = encode_frame(msg)
+    (length,) = HEADER.unpack(frame[: HEADER.size])
+    assert length == len(frame) - HEADER.size
+    assert decode_message(frame[HEADER.size :]) == msg
+
+
+def test_message_tag_is_the_lowercase_class_name() -> None:
+    body = encode_frame(InfoRequest())[HEADER.size :]
+    assert msgspec.msgpack.decode(body) == {"type": "inforequest"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xc1\xc1\xc1",  # not msgpack at all
+        msgspec.msgpack.encode({"type": "nosuchmessage"}),
+        msgspec.msgpack.encode({"type": "hello"}),  # required field missing
+        msgspec.msgpack.encode({"type": "hello", "version": "one"}),  # wrong field type
+        msgspec.msgpack.encode({"type": "cancel", "request_id": "r", "extra": 1}),  # unknown field
+        b"",
+    ],
+)
+def test_garbage_body_raises_frame_error(body: bytes) -> None:
+    with pytest.raises(FrameError):
+        decode_message(body)
+
+
+@asynccontextmanager
+async def stream_pair(max_frame: int = 1 << 20) -> AsyncIterator[tuple[FramedStream, anyio.abc.SocketStream]]:
+    """A FramedStream and the raw socket stream at the other end of a socketpair."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    left = await anyio.abc.UNIXSocketStream.from_socket(a)
+    right = await anyio.abc.UNIXSocketStream.from_socket(b)
+    async with left, right:
+        yield FramedStream(left, max_frame), right
+
+
+@pytest.mark.anyio
+async def test_framed_stream_round_trip_of_every_message() -> None:
+    async with stream_pair() as (conn, raw):
+        peer = FramedStream(raw)
+        with anyio.fail_after(TIMEOUT):
+            for msg in SAMPLES:
+                await conn.send(msg)
+                assert await peer.recv() == msg
+
+
+@pytest.mark.anyio
+async def test_incoming_frame_over_max_frame_is_refused() -> None:
+    async with stream_pair(max_frame=64) as (conn, raw):
+        with anyio.fail_after(TIMEOUT):
+            await raw.send(HEADER.pack(65) + b"x" * 65)
+            with pytest.raises(FrameTooLarge):
+                await conn.recv()
+
+
+@pytest.mark.anyio
+async def test_outgoing_frame_over_max_frame_is_refused() -> None:
+    async with stream_pair(max_frame=64) as (conn, _raw):
+        with anyio.fail_after(TIMEOUT), pytest.raises(FrameTooLarge):
+            await conn.send(Delta(request_id="r", text="x" * 100, completion_tokens=1))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("data", [b"", b"\x00\x00", HEADER.pack(100) + b"x" * 10], ids=["empty", "half-header", "half-body"])
+async def test_truncated_frame_raises_connection_closed(data: bytes) -> None:
+    async with stream_pair() as (conn, raw):
+        with anyio.fail_after(TIMEOUT):
+            if data:
+                await raw.send(data)
+            await raw.send_eof()
+            with pytest.raises(ConnectionClosed):
+                await conn.recv()
+
+
+@pytest.mark.anyio
+async def test_garbage_frame_on_the_stream_raises_frame_error() -> None:
+    async with stream_pair() as (conn, raw):
+        with anyio.fail_after(TIMEOUT):
+            await raw.send(HEADER.pack(4) + b"\xc1\xc1\xc1\xc1")
+            with pytest.raises(FrameError):
+                await conn.recv()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    # Unix socket paths are limited to ~104 bytes: pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="ipc-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+Handler = Callable[[FramedStream], Awaitable[None]]
+
+
+async def answer_info(conn: FramedStream) -> None:
+    """A tiny engine: answers every InfoRequest with INFO until the client leaves."""
+    while True:
+        try:
+            msg = await conn.recv()
+        except ConnectionClosed:
+            return
+        if isinstance(msg, InfoRequest):
+            await conn.send(INFO)
+
+
+@asynccontextmanager
+async def serving(path: Path, handler: Handler = answer_info) -> AsyncIterator[None]:
+    """Serve on path; on exit wait for every handler to see its client leave, then stop."""
+    running = 0
+    idle = anyio.Event()
+
+    async def tracked(conn: FramedStream) -> None:
+        nonlocal running, idle
+        running += 1
+        idle = anyio.Event()
+        try:
+            await handler(conn)
+        finally:
+            running -= 1
+            if not running:
+                idle.set()
+
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(TIMEOUT):
+            await tg.start(serve_unix, path, tracked)
+        yield
+        # anyio 4.16 (asyncio, Unix sockets) logs InvalidStateError when a read is cancelled in
+        # the very loop iteration its socket turns readable; so let handlers end on EOF first.
+        with anyio.fail_after(TIMEOUT):
+            if running:
+                await idle.wait()
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_serve_and_connect_handshake(short_dir: Path) -> None:
+    path = short_dir / "run" / "e.sock"
+    async with serving(path):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert stat.S_ISSOCK(path.stat().st_mode)
+        with anyio.fail_after(TIMEOUT):
+            conn = await connect(path, client="test")
+            try:
+                await conn.send(InfoRequest())
+                assert await conn.recv() == INFO
+            finally:
+                await conn.aclose()
+            assert await fetch_info(str(path), TIMEOUT) == INFO
+
+
+async def _raw_exchange(path: Path, first: Msg) -> Msg:
+    stream = await anyio.connect_unix(str(path))
+    async with stream:
+        conn = FramedStream(stream)
+        await conn.send(first)
+        reply = await conn.recv()
+        # The server hangs up after a failed handshake.
+        with pytest.raises(ConnectionClosed):
+            await conn.recv()
+        return reply
+
+
+@pytest.mark.anyio
+async def test_wrong_protocol_version_gets_an_error_frame(short_dir: Path) -> None:
+    path = short_dir / "e.sock"
+    async with serving(path):
+        with anyio.fail_after(TIMEOUT):
+            reply = await _raw_exchange(path, Hello(version=PROTOCOL_VERSION + 1, client="future"))
+    assert isinstance(reply, Error)
+    assert reply.code == "protocol_version_mismatch"
+    assert f"v{PROTOCOL_VERSION + 1}" in reply.message
+
+
+@pytest.mark.anyio
+async def test_first_frame_other_than_hello_gets_an_error_frame(short_dir: Path) -> None:
+    path = short_dir / "e.sock"
+    async with serving(path):
+        with anyio.fail_after(TIMEOUT):
+            reply = await _raw_exchange(path, InfoRequest())
+    assert isinstance(reply, Error)
+    assert reply.status == 400
+    assert "hello" in reply.message
+
+
+@pytest.mark.anyio
+async def test_garbage_handshake_gets_an_error_frame_and_the_server_keeps_serving(short_dir: Path) -> None:
+    path = short_dir / "e.sock"
+    async with serving(path):
+        with anyio.fail_after(TIMEOUT):
+            stream = await anyio.connect_unix(str(path))
+            async with stream:
+                await stream.send(HEADER.pack(3) + b"\xc1\xc1\xc1")
+                reply = await FramedStream(stream).recv()
+            assert isinstance(reply, Error) and reply.code == "bad_frame"
+            assert await fetch_info(str(path), TIMEOUT) == INFO
+
+
+@pytest.mark.anyio
+async def test_connect_to_a_missing_socket_raises_engine_unavailable(short_dir: Path) -> None:
+    with anyio.fail_after(TIMEOUT), pytest.raises(EngineUnavailable, match="not accepting connections"):
+        await connect(short_dir / "absent.sock")
+
+
+@pytest.mark.anyio
+async def test_connect_reports_the_servers_version_error(short_dir: Path) -> None:
+    path = short_dir / "e.sock"
+
+    async def old_engine(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            conn = FramedStream(stream)
+            await conn.recv()
+            await conn.send(Error(status=503, error_type="engine_unavailable", code="protocol_version_mismatch",
+                                  message="protocol version mismatch: peer speaks v1, this side speaks v0"))
+
+    listener = await anyio.create_unix_listener(path)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, old_engine)
+        with anyio.fail_after(TIMEOUT), pytest.raises(EngineUnavailable, match="protocol version mismatch"):
+            await connect(path)
+        tg.cancel_scope.cancel()
+
+
+def test_probe_exits_1_when_nobody_answers(short_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ipc.probe", "--socket", str(short_dir / "absent.sock"), "--timeout", "2"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert "engine not answering" in proc.stderr
