@@ -51,6 +51,11 @@ async def connect(
     except (ConnectionClosed, FrameError, TimeoutError) as exc:
         await conn.aclose()
         raise EngineUnavailable(f"engine handshake failed: {exc or type(exc).__name__}") from None
+    except BaseException:
+        # Cancelled mid-handshake (e.g. by a caller's deadline): never leak the socket.
+        with anyio.CancelScope(shield=True):
+            await conn.aclose()
+        raise
     if isinstance(reply, Error):
         await conn.aclose()
         raise EngineUnavailable(reply.message)

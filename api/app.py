@@ -1,0 +1,83 @@
+"""The Starlette application: routes, the API key, the access log and OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+
+from api.access import AccessLog, access_record
+from api.auth import RequireAPIKey
+from api.engine_client import EngineClient
+from api.errors import APIError
+from api.generation import CLIENT_CLOSED
+from api.routes import Gateway, json_response
+from config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> Starlette:
+    """The gateway for settings: /v1 (OpenAI API, behind API_KEY when set) and /health."""
+    gateway = Gateway(settings, EngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES))
+    v1 = [
+        Route("/chat/completions", gateway.chat_completions, methods=["POST"]),
+        Route("/completions", gateway.completions, methods=["POST"]),
+        Route("/models", gateway.list_models, methods=["GET"]),
+        Route("/models/{model_id:path}", gateway.get_model, methods=["GET"]),
+    ]
+    auth = [Middleware(RequireAPIKey, key=settings.API_KEY)] if settings.API_KEY else []
+    return Starlette(
+        routes=[
+            Route("/health", gateway.health, methods=["GET"]),
+            Mount("/v1", routes=v1, middleware=auth),
+        ],
+        middleware=[Middleware(AccessLog)],
+        exception_handlers={
+            APIError: _api_error,
+            HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
+            Exception: _server_error,
+        },
+    )
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    if exc.status >= 500:
+        logger.warning("%s %s: %s", access_record(request).request_id, request.url.path, exc.message)
+    response = json_response(exc.body(), exc.status)
+    response.headers.update(exc.headers)
+    return response
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (unknown route) and 405 (wrong method), as OpenAI error objects."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"Invalid URL ({request.method} {request.url.path})"
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed for {request.url.path}"
+    else:
+        message = exc.detail
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+    response = json_response(body, exc.status_code)
+    response.headers.update(exc.headers or {})
+    return response
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The client left while sending its body: nobody reads the answer, the access log does."""
+    access_record(request).outcome = "client_disconnected"
+    return Response(status_code=CLIENT_CLOSED)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A bug: answer with an OpenAI error object; Starlette re-raises so the traceback is logged."""
+    body = {"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}}
+    return json_response(body, 500)

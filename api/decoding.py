@@ -1,0 +1,78 @@
+"""Request bodies: read with a size limit, decode into a Struct, turn msgspec errors into 400s."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from api.errors import InvalidRequest, RequestTooLarge
+from api.schemas import ParamError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# "Expected `float` <= 2.0 - at `$.temperature`"; dict keys read "- at `key` in `$.logit_bias`".
+_AT = re.compile(r" - at (?:`key` in )?`\$(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+_keys_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing with 413 as soon as it exceeds limit bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
+    """Decode and validate body; any failure is an InvalidRequest whose param is msgspec's path."""
+    try:
+        value = decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        message, param = explain(exc)
+        raise InvalidRequest(message, param=param) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"Invalid JSON body: {exc}") from None
+    if logger.isEnabledFor(logging.DEBUG):
+        _log_unknown_fields(body, type(value))
+    return value
+
+
+def explain(exc: msgspec.ValidationError) -> tuple[str, str | None]:
+    """An OpenAI-style message and the param ("messages[0].role") of a validation error."""
+    text = str(exc)
+    at = _AT.search(text)
+    detail = text[: at.start()] if at else text
+    path = at.group("path").replace("[...]", "").lstrip(".") if at else ""
+    missing = _MISSING.match(detail)
+    if missing:
+        param = _join(path, missing.group("field"))
+        return f"Missing required parameter: '{param}'.", param
+    if isinstance(exc.__cause__, ParamError):
+        path = _join(path, exc.__cause__.param)
+    if not path:
+        return f"Invalid request body: {detail}", None
+    return f"Invalid value for '{path}': {detail}", path
+
+
+def _join(path: str, field: str) -> str:
+    return f"{path}.{field}" if path else field
+
+
+def _log_unknown_fields(body: bytes, cls: type[msgspec.Struct]) -> None:
+    unknown = sorted(set(_keys_decoder.decode(body)) - set(cls.__struct_fields__))
+    if unknown:
+        logger.debug("ignoring unknown fields of %s: %s", cls.__name__, ", ".join(unknown))

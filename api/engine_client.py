@@ -1,0 +1,128 @@
+"""Talking to engine rank 0 over the Unix socket: info calls and one connection per generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+import ipc
+from api.errors import APIError, EngineUnavailable, GenerationFailed, GenerationTimeout, RequestTooLarge, from_wire
+
+
+class Generation:
+    """One admitted request; next_event() yields its Deltas, then its Finish, or raises APIError."""
+
+    def __init__(self, conn: ipc.FramedStream, request_id: str, prompt_tokens: int, deadline: float, timeout: float):
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.done = False
+        self._conn = conn
+        self._deadline = deadline
+        self._timeout = timeout
+        self._closed = False
+
+    async def next_event(self) -> ipc.Delta | ipc.Finish:
+        try:
+            msg = await _recv(self._conn, self._deadline, self._timeout)
+            if isinstance(msg, ipc.Error):
+                raise from_wire(msg)
+            if not isinstance(msg, ipc.Delta | ipc.Finish) or msg.request_id != self.request_id:
+                raise GenerationFailed(f"the engine sent an unexpected {type(msg).__name__} frame")
+            if isinstance(msg, ipc.Delta):
+                self.completion_tokens = msg.completion_tokens
+                return msg
+            if msg.finish_reason == "cancelled":
+                raise EngineUnavailable("the engine cancelled the request (is it shutting down?)")
+            self.done = True
+            self.prompt_tokens, self.completion_tokens = msg.prompt_tokens, msg.completion_tokens
+            return msg
+        except APIError:
+            self.done = True
+            raise
+
+    async def aclose(self) -> None:
+        """Close the connection (the engine then cancels the request if it still runs); idempotent."""
+        if not self._closed:
+            self._closed = True
+            with anyio.CancelScope(shield=True):
+                await self._conn.aclose()
+
+
+class EngineClient:
+    """Opens connections to the engine; remembers the last Info for /v1/models."""
+
+    def __init__(self, socket_path: str | Path, *, max_frame: int):
+        self.socket_path = str(socket_path)
+        self.max_frame = max_frame
+        self.last_info: ipc.Info | None = None
+
+    async def info(self, timeout: float) -> ipc.Info:
+        """One InfoRequest round trip bounded by timeout; raises EngineUnavailable with the reason."""
+        try:
+            with anyio.fail_after(timeout):
+                conn = await self._connect()
+                try:
+                    await conn.send(ipc.InfoRequest())
+                    reply = await conn.recv()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await conn.aclose()
+        except TimeoutError:
+            raise EngineUnavailable(f"the engine did not answer an info request within {timeout:g} s") from None
+        except (ipc.ConnectionClosed, ipc.FrameError) as exc:
+            raise EngineUnavailable(f"the engine dropped an info request ({exc})") from None
+        if isinstance(reply, ipc.Error):
+            raise from_wire(reply)
+        if not isinstance(reply, ipc.Info):
+            raise EngineUnavailable(f"the engine answered an info request with {type(reply).__name__}")
+        self.last_info = reply
+        return reply
+
+    async def start(self, msg: ipc.Generate, timeout: float) -> Generation:
+        """Send msg and wait until the engine admits it (Started) or refuses it (APIError)."""
+        deadline = anyio.current_time() + timeout
+        conn = await self._connect()
+        try:
+            await conn.send(msg)
+            reply = await _recv(conn, deadline, timeout)
+        except ipc.FrameTooLarge:
+            await _close(conn)
+            raise RequestTooLarge("the request is larger than the engine accepts (MAX_FRAME_BYTES)") from None
+        except BaseException:
+            await _close(conn)
+            raise
+        if isinstance(reply, ipc.Started) and reply.request_id == msg.request_id:
+            return Generation(conn, msg.request_id, reply.prompt_tokens, deadline, timeout)
+        await _close(conn)
+        if isinstance(reply, ipc.Error):
+            raise from_wire(reply)
+        raise GenerationFailed(f"the engine answered a generate request with {type(reply).__name__}")
+
+    async def _connect(self) -> ipc.FramedStream:
+        try:
+            return await ipc.connect(self.socket_path, client="api", max_frame=self.max_frame)
+        except ipc.EngineUnavailable as exc:
+            raise EngineUnavailable(f"the engine is not available: {exc}") from None
+
+
+async def _recv(conn: ipc.FramedStream, deadline: float, timeout: float) -> ipc.Msg:
+    """One frame before the request's deadline, with transport failures as APIErrors."""
+    try:
+        with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+            return await conn.recv()
+    except TimeoutError:
+        raise GenerationTimeout(
+            f"the request did not finish within the server's REQUEST_TIMEOUT of {timeout:g} s"
+        ) from None
+    except ipc.ConnectionClosed:
+        raise EngineUnavailable("the engine closed the connection during the request (did it restart?)") from None
+    except ipc.FrameError as exc:
+        raise GenerationFailed(f"the engine sent a bad frame: {exc}") from None
+
+
+async def _close(conn: ipc.FramedStream) -> None:
+    with anyio.CancelScope(shield=True):
+        await conn.aclose()
+

@@ -1,0 +1,112 @@
+"""The gateway's error hierarchy: each class is one OpenAI error object with its HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipc
+
+
+class APIError(Exception):
+    """Base of every error the gateway answers with; rendered as {"error": {...}}."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+    retry_after: int | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error object."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+
+
+class InvalidRequest(APIError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(APIError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class NotFound(APIError):
+    status = 404
+    type = "invalid_request_error"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class RequestTooLarge(APIError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class Overloaded(APIError):
+    status = 429
+    type = "overloaded_error"
+    code = "overloaded"
+    retry_after = 1
+
+
+class GenerationFailed(APIError):
+    status = 500
+    type = "server_error"
+    code = "generation_failed"
+
+
+class EngineUnavailable(APIError):
+    status = 503
+    type = "server_error"
+    code = "engine_unavailable"
+    retry_after = 5
+
+
+class GenerationTimeout(GenerationFailed):
+    status = 504
+    code = "timeout"
+
+
+_BY_STATUS: dict[int, type[APIError]] = {
+    400: InvalidRequest,
+    404: NotFound,
+    413: RequestTooLarge,
+    429: Overloaded,
+    500: GenerationFailed,
+    503: EngineUnavailable,
+    504: GenerationTimeout,
+}
+
+
+def from_wire(err: ipc.Error) -> APIError:
+    """Rebuild the class the engine meant from its Error frame (status, then code)."""
+    if err.status == 400 and err.code == ContextLengthExceeded.code:
+        cls: type[APIError] = ContextLengthExceeded
+    elif err.status == 404 and err.code == ModelNotFound.code:
+        cls = ModelNotFound
+    else:
+        cls = _BY_STATUS.get(err.status, GenerationFailed)
+    return cls(err.message, param=err.param, code=err.code)

@@ -1,0 +1,117 @@
+"""The HTTP endpoints: OpenAI's /v1 routes and /health, as methods of one Gateway."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+import ipc
+from api.access import access_record
+from api.decoding import decode, read_body
+from api.engine_client import EngineClient
+from api.errors import APIError, EngineUnavailable, ModelNotFound
+from api.generation import ChatShape, CompletionShape, Shape, respond
+from api.schemas import ChatCompletionRequest, CompletionRequest, Model, ModelList, encode
+from api.translate import MODEL_ALIAS, chat_generate, completion_generate, new_request_id
+from config import Settings
+
+logger = logging.getLogger(__name__)
+
+# How long /health and /v1/models wait for the engine's Info.
+INFO_TIMEOUT = 2.0
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def json_response(obj: object, status_code: int = 200) -> Response:
+    return Response(encode(obj), status_code=status_code, media_type="application/json")
+
+
+class Gateway:
+    """Holds the settings and the engine client the endpoints share."""
+
+    def __init__(self, settings: Settings, engine: EngineClient) -> None:
+        self.settings = settings
+        self.engine = engine
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, "chat", _chat_decoder, chat_generate, ChatShape)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completion", _completion_decoder, completion_generate, CompletionShape)
+
+    async def _generate(
+        self,
+        request: Request,
+        kind: str,
+        decoder: msgspec.json.Decoder[Any],
+        translate: Callable[[Any, str, Settings], ipc.Generate],
+        shape: type[Shape],
+    ) -> Response:
+        request_id = access_record(request).request_id = new_request_id(kind)
+        req = decode(await read_body(request, self.settings.MAX_REQUEST_BYTES), decoder)
+        msg = translate(req, request_id, self.settings)
+        logger.debug("%s prompt: %r", request_id, msg.messages if kind == "chat" else msg.prompt)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return await respond(
+            request,
+            self.engine,
+            msg,
+            shape(request_id, self.settings.model_name, include_usage),
+            stream=bool(req.stream),
+            timeout=self.settings.REQUEST_TIMEOUT,
+        )
+
+    async def list_models(self, request: Request) -> Response:
+        return json_response(ModelList(data=[await self._model()]))
+
+    async def get_model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id not in (self.settings.model_name, MODEL_ALIAS):
+            raise ModelNotFound(f"The model '{model_id}' does not exist. This server serves '{self.settings.model_name}'.")
+        return json_response(await self._model())
+
+    async def health(self, request: Request) -> Response:
+        """200 only when the engine answers and its step loop is progressing."""
+        try:
+            info = await self.engine.info(INFO_TIMEOUT)
+        except APIError as exc:
+            return json_response({"status": "unavailable", "api": "ok", "engine": f"unreachable: {exc.message}"}, 503)
+        details = _health_details(info)
+        if info.last_step_age >= self.settings.WATCHDOG_TIMEOUT:
+            engine = f"stalled: no step for {info.last_step_age:.0f} s"
+            return json_response({"status": "unavailable", "api": "ok", "engine": engine, **details}, 503)
+        return json_response({"status": "ok", "api": "ok", "engine": "ok", **details})
+
+    async def _model(self) -> Model:
+        """The served model from fresh Info, or the last Info while the engine is briefly down."""
+        try:
+            info = await self.engine.info(INFO_TIMEOUT)
+        except APIError as exc:
+            info = self.engine.last_info
+            if info is None:
+                raise EngineUnavailable(f"the model list is not known yet: {exc.message}") from None
+        return Model(id=self.settings.model_name, created=info.created, context_length=info.context_length)
+
+
+def _health_details(info: ipc.Info) -> dict[str, object]:
+    return {
+        "model": info.model,
+        "context_length": info.context_length,
+        "ranks": info.ranks,
+        "backend": info.backend,
+        "engine_pid": info.engine_pid,
+        "uptime": round(info.uptime, 1),
+        "step": info.step,
+        "last_step_age": round(info.last_step_age, 3),
+        "active": info.active,
+        "queued": info.queued,
+        "max_batch": info.max_batch,
+        "max_queue": info.max_queue,
+    }
