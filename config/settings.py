@@ -48,7 +48,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     REQUEST_TIMEOUT: Seconds = 600.0
     MAX_BATCH: Positive = 32
     MAX_QUEUE: Positive = 256
-    PREFILL_STEP_SIZE: Annotated[int, Meta(ge=16)] = 256
+    PREFILL_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
     IDLE_TICK_MS: Annotated[int, Meta(ge=1, le=1000)] = 25
     WATCHDOG_TIMEOUT: Seconds = 30.0
@@ -115,7 +115,7 @@ HINTS = {
     "REQUEST_TIMEOUT": "a number of seconds > 0",
     "WATCHDOG_TIMEOUT": "a number of seconds > 0",
     "ENGINE_START_TIMEOUT": "a number of seconds > 0",
-    "PREFILL_STEP_SIZE": "an integer >= 16",
+    "PREFILL_TOKENS_PER_STEP": "an integer >= 16",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",
     "IDLE_TICK_MS": "an integer of milliseconds from 1 to 1000",
     "MAX_FRAME_BYTES": "an integer of bytes >= 1024",

@@ -103,7 +103,7 @@ def main() -> int:
 
     tokenizer = loaded.tokenizer
     eos = set(tokenizer.eos_token_ids)
-    batch = LockstepBatch(loaded.model, eos, settings.PREFILL_STEP_SIZE, settings.MAX_BATCH)
+    batch = LockstepBatch(loaded.model, eos, settings.PREFILL_TOKENS_PER_STEP, settings.MAX_BATCH)
     channel = PlanChannel(group if size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("starting the step loop")

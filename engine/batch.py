@@ -19,14 +19,17 @@ class DesyncError(RuntimeError):
 class LockstepBatch:
     """Applies plans and runs steps; identical calls on every rank give identical state."""
 
-    def __init__(self, model, eos_token_ids: set[int], prefill_step_size: int, max_batch: int):
+    def __init__(self, model, eos_token_ids: set[int], prefill_tokens_per_step: int, max_batch: int):
+        self.prefill_budget = prefill_tokens_per_step
+        self.max_batch = max_batch
         self.gen = BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(eos_token_ids)],
             completion_batch_size=max_batch,
-            # Several prompts prefill together, chunk by chunk, between decode steps.
-            prefill_batch_size=min(max_batch, 8),
-            prefill_step_size=prefill_step_size,
+            # Every admitted prompt joins the prefill batch at once (mlx-lm's default of 8
+            # makes a short request wait behind eight long ones); chunk sizes come per step.
+            prefill_batch_size=max_batch,
+            prefill_step_size=prefill_tokens_per_step,
         )
         self.uid_of: dict[str, int] = {}
         self.rid_of: dict[int, str] = {}
@@ -54,8 +57,19 @@ class LockstepBatch:
                 f"(checksum {self.last_check:#010x} != {plan.token_check:#010x})"
             )
 
+    def prefill_chunk(self, arriving: int) -> int:
+        """Rank 0: tokens per prompt for the next step, so the step's prefill stays within budget."""
+        gen = self.gen
+        room = self.max_batch - len(gen._generation_batch)
+        prefilling = len(gen._prompt_batch) + min(len(gen._unprocessed_sequences) + arriving, room)
+        return max(16, self.prefill_budget // max(1, prefilling))
+
     def apply(self, plan: Plan) -> None:
         """Remove, then insert, exactly as the plan says."""
+        if plan.prefill_chunk and plan.prefill_chunk != self.gen.prefill_step_size:
+            # mlx-lm reads the chunk from both the generator and its current prompt batch.
+            self.gen.prefill_step_size = plan.prefill_chunk
+            self.gen._prompt_batch.prefill_step_size = plan.prefill_chunk
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
             if uids:

@@ -10,6 +10,8 @@ import logging
 import queue
 import time
 
+import msgspec
+
 from engine.batch import LockstepBatch
 from engine.plan import Plan, PlanChannel
 from engine.scheduler import Scheduler
@@ -91,6 +93,8 @@ class StepLoop:
                 continue
             plan = sched.next_plan(self.batch.fingerprint(self.step), self.batch.last_check,
                                    idle=not sched.has_work(), shutdown=shutdown)
+            if not plan.idle:
+                plan = msgspec.structs.replace(plan, prefill_chunk=self.batch.prefill_chunk(len(plan.inserts)))
             self.watchdog.beat(f"broadcasting plan {plan.step}")
             self.channel.broadcast(plan)
             self.batch.apply(plan)

@@ -47,6 +47,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     removes: list[str] = []
     idle: bool = False
     shutdown: bool = False
+    # Prompt tokens per sequence for this step's prefill chunk (0: unchanged).
+    prefill_chunk: int = 0
 
 
 class PlanError(RuntimeError):
