@@ -12,14 +12,22 @@ from tests.harness import Stack
 
 pytestmark = pytest.mark.multirank
 
-PROMPTS = ["hello", "The weather in Paris", "tell me a story about a cat", "1 2 3 4", "{\"name\": \"x\"}"]
+WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from the warm roof".split()
+# 16 prompts of different lengths; concurrency must not change any of their greedy outputs.
+PROMPTS = [" ".join(WORDS[(i * 5 + k) % len(WORDS)] for k in range(1 + 3 * i)) for i in range(16)]
+# A prompt whose plan is larger than one 4096-byte broadcast buffer (sent in several chunks).
+LONG_PROMPT = [(7 * k) % 900 + 10 for k in range(2500)]
 
 
-def greedy(client, content: str, max_tokens: int = 24) -> str:
+def greedy(client, content: str) -> str:
     r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": content}],
-                                       max_tokens=max_tokens, temperature=0)
+                                       max_tokens=8 + len(content) % 17, temperature=0)
     assert r.usage.completion_tokens > 0
     return r.choices[0].message.content
+
+
+def greedy_long(client) -> str:
+    return client.completions.create(model="default", prompt=LONG_PROMPT, max_tokens=8, temperature=0).choices[0].text
 
 
 def serve(ranks: int):
@@ -34,7 +42,7 @@ def serve(ranks: int):
 def outputs_one_rank():
     s, engine, api, client = serve(1)
     try:
-        return {p: greedy(client, p) for p in PROMPTS}
+        return {p: greedy(client, p) for p in PROMPTS}, greedy_long(client)
     finally:
         client.close()
         api.stop()
@@ -42,7 +50,7 @@ def outputs_one_rank():
 
 
 def test_two_ranks_match_one_rank_and_survive_concurrency(outputs_one_rank):
-    single = outputs_one_rank
+    single, single_long = outputs_one_rank
     s, engine, api, client = serve(2)
     try:
         info = s.probe()
@@ -52,7 +60,9 @@ def test_two_ranks_match_one_rank_and_survive_concurrency(outputs_one_rank):
             assert greedy(client, p) == single[p], p
         # Concurrent requests share the batch and still give each prompt its own output.
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            long_future = pool.submit(greedy_long, client)
             got = dict(zip(PROMPTS, pool.map(lambda p: greedy(client, p), PROMPTS)))
+            assert long_future.result() == single_long
         assert got == single
         # Seeded sampling is identical on every rank (a desync would end the engine).
         kw = dict(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=16,

@@ -1,0 +1,57 @@
+"""The lockstep batch on the real demo model: plans apply identically, divergence fails fast."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm import load
+
+from config import load_settings
+from engine.batch import DesyncError, LockstepBatch
+from engine.model import resolve
+from engine.plan import Insert, Plan
+from tests.harness import MODEL_CACHE
+
+
+@pytest.fixture(scope="module")
+def model():
+    settings = load_settings({"MODEL": "demo-tiny", "MODEL_CACHE_DIR": str(MODEL_CACHE)}, env_file="/dev/null")
+    m, tok = load(str(resolve(settings)))
+    return m, set(tok.eos_token_ids)
+
+
+def plan(step: int, batch: LockstepBatch, **kw) -> Plan:
+    return Plan(step=step, fingerprint=batch.fingerprint(step), token_check=batch.last_check, **kw)
+
+
+def test_two_batches_fed_the_same_plans_stay_identical_and_verify(model):
+    a, b = (LockstepBatch(model[0], model[1], 64, 8) for _ in range(2))
+    inserts = [Insert(rid=f"r{i}", tokens=[10 + i] * (5 + 7 * i), max_tokens=12, temperature=0.8, seed=i)
+               for i in range(3)]
+    outs = {id(a): [], id(b): []}
+    for step in range(20):
+        p = plan(step, a, inserts=inserts if step == 0 else [], removes=["r1"] if step == 5 else [])
+        b.verify(p, rank=1)
+        for batch in (a, b):
+            batch.apply(p)
+            outs[id(batch)].append(batch.step())
+    assert outs[id(a)] == outs[id(b)]
+    assert any(outs[id(a)])
+
+
+def test_a_follower_with_another_batch_fails_fast_naming_the_step(model):
+    lead, follower = (LockstepBatch(model[0], model[1], 64, 8) for _ in range(2))
+    lead.apply(plan(0, lead, inserts=[Insert(rid="only-on-rank-0", tokens=[5, 6, 7], max_tokens=4)]))
+    with pytest.raises(DesyncError, match=r"fingerprint .* at step 1"):
+        follower.verify(plan(1, lead), rank=1)
+
+
+def test_a_follower_that_sampled_other_tokens_fails_fast(model):
+    lead, follower = (LockstepBatch(model[0], model[1], 64, 8) for _ in range(2))
+    first = plan(0, lead, inserts=[Insert(rid="r", tokens=[5, 6, 7], max_tokens=8)])
+    for batch in (lead, follower):
+        batch.apply(first)
+        batch.step()
+        batch.step()
+    follower.last_check ^= 1  # as if this rank had sampled a different token
+    with pytest.raises(DesyncError, match="sampled tokens differ"):
+        follower.verify(plan(1, lead), rank=1)
