@@ -110,3 +110,20 @@ def test_cancel_while_queued_never_runs():
     finally:
         api.stop()
         engine.stop()
+
+
+def test_request_past_request_timeout_ends_with_an_error_and_frees_its_slot():
+    s = Stack(extra={"REQUEST_TIMEOUT": "1.5"})
+    engine, api = s.start_engine(), s.start_api()
+    body = {"model": "default", "prompt": "hi", "max_tokens": 4000, "stream": True,
+            "logit_bias": {"0": -100, "2": -100}}
+    try:
+        with httpx.Client(timeout=30) as http, http.stream("POST", s.base_url + "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        assert "timeout" in lines[-2] and '"error"' in lines[-2]
+        wait_for(lambda: s.probe()["active"] == 0, 10, "the timed-out request to leave the batch")
+    finally:
+        api.stop()
+        engine.stop()
