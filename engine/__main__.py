@@ -83,6 +83,7 @@ def main() -> int:
     from engine.loop import StepLoop
     from engine.model import ModelError, load
     from engine.plan import PlanChannel, PlanError
+    from engine.ranks import RankReports, decode_hostnames, hostname_row
 
     group = None
     if "MLX_RANK" in os.environ:
@@ -109,6 +110,8 @@ def main() -> int:
     watchdog.beat("starting the step loop")
     idle_tick = settings.IDLE_TICK_MS / 1000.0
 
+    # One startup exchange names every rank's host for status and /health.
+    hosts = decode_hostnames(channel.gather(hostname_row()))
     server = None
     if rank == 0:
         from engine.scheduler import Counters, Scheduler
@@ -120,6 +123,7 @@ def main() -> int:
         scheduler = Scheduler(settings.MAX_BATCH, eos, counters)
         created = int(started)
         loop_ref: list[StepLoop] = []
+        reports = RankReports(hosts)
 
         def info() -> Info:
             lp = loop_ref[0]
@@ -127,10 +131,11 @@ def main() -> int:
                         ranks=size, backend=settings.BACKEND if size > 1 else "single", created=created,
                         engine_pid=os.getpid(), uptime=time.time() - started, step=lp.step,
                         last_step_age=watchdog.age(), active=counters.active, queued=counters.waiting,
-                        max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
+                        max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE,
+                        rank_states=reports.snapshot())
 
         server = EngineServer(settings, Prompter(tokenizer, loaded.context_length), counters, inbound, info)
-        loop = StepLoop(batch, channel, watchdog, idle_tick, scheduler, server, inbound)
+        loop = StepLoop(batch, channel, watchdog, idle_tick, scheduler, server, inbound, reports)
         loop_ref.append(loop)
     else:
         loop = StepLoop(batch, channel, watchdog, idle_tick)

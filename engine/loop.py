@@ -14,6 +14,7 @@ import msgspec
 
 from engine.batch import LockstepBatch
 from engine.plan import Plan, PlanChannel
+from engine.ranks import RankReports, local_row
 from engine.scheduler import Scheduler
 from engine.server import EngineServer, Submit, Withdraw
 from engine.watchdog import Watchdog
@@ -27,7 +28,7 @@ DRAIN_SECONDS = 10.0
 class StepLoop:
     def __init__(self, batch: LockstepBatch, channel: PlanChannel, watchdog: Watchdog, idle_tick: float,
                  scheduler: Scheduler | None = None, server: EngineServer | None = None,
-                 inbound: queue.SimpleQueue | None = None):
+                 inbound: queue.SimpleQueue | None = None, reports: RankReports | None = None):
         self.batch = batch
         self.channel = channel
         self.watchdog = watchdog
@@ -35,6 +36,7 @@ class StepLoop:
         self.scheduler = scheduler
         self.server = server
         self.inbound = inbound
+        self.reports = reports
         self.rank = channel.rank
         self.step = 0
         self.stopping_since: float | None = None
@@ -58,6 +60,8 @@ class StepLoop:
             plan = self.channel.broadcast(None)
             self.batch.verify(plan, self.rank)
             self.batch.apply(plan)
+            if plan.report:
+                self.channel.gather(local_row(plan.step))
             if plan.shutdown:
                 log.info("rank %d: shutdown plan received at step %d", self.rank, plan.step)
                 return
@@ -90,14 +94,21 @@ class StepLoop:
             if not shutdown and not sched.has_work() and single:
                 server.post(sched.take_events())
                 self.watchdog.beat("idle")
+                if self.reports is not None and self.reports.due(now):
+                    self.reports.update([local_row(self.step)])
                 continue
             plan = sched.next_plan(self.batch.fingerprint(self.step), self.batch.last_check,
                                    idle=not sched.has_work(), shutdown=shutdown)
             if not plan.idle:
                 plan = msgspec.structs.replace(plan, prefill_chunk=self.batch.prefill_chunk(len(plan.inserts)))
+            if self.reports is not None and self.reports.due(now) and not plan.shutdown:
+                plan = msgspec.structs.replace(plan, report=True)
             self.watchdog.beat(f"broadcasting plan {plan.step}")
             self.channel.broadcast(plan)
             self.batch.apply(plan)
+            if plan.report:
+                self.watchdog.beat(f"gathering rank reports at step {plan.step}")
+                self.reports.update(self.channel.gather(local_row(plan.step)))
             self.step += 1
             if plan.shutdown:
                 server.post(sched.take_events())

@@ -33,6 +33,10 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # rank 0 keeps the sampled token's logprob row for requests that asked (the others ignore it)
+    logprobs: bool = False
+    # an llguidance grammar every rank compiles into the same token mask (engine/constrained.py)
+    grammar: str = ""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -49,6 +53,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     shutdown: bool = False
     # Prompt tokens per sequence for this step's prefill chunk (0: unchanged).
     prefill_chunk: int = 0
+    # Every rank reports its state after applying this plan (rank 0 asks about once a second).
+    report: bool = False
 
 
 class PlanError(RuntimeError):
@@ -89,6 +95,17 @@ class PlanChannel:
         mx.eval(out)
         self.collectives += 1
         return np.asarray(out).tobytes()
+
+    def gather(self, row: list[int]) -> list[list[int]]:
+        """Every rank contributes one row of int32s; every rank gets all rows (all_sum of disjoint rows)."""
+        if self.size == 1:
+            return [list(row)]
+        table = np.zeros((self.size, len(row)), dtype=np.int32)
+        table[self.rank] = row
+        out = mx.distributed.all_sum(mx.array(table), group=self.group, stream=self.stream)
+        mx.eval(out)
+        self.collectives += 1
+        return np.asarray(out).tolist()
 
     def broadcast(self, plan: Plan | None) -> Plan:
         """Rank 0 passes its plan, the others None; every rank returns the same Plan."""

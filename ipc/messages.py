@@ -48,6 +48,10 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True):
     step: int = 0
     active_memory: int = 0
     peak_memory: int = 0
+    cache_memory: int = 0
+    host_memory_total: int = 0
+    host_memory_available: int = 0
+    report_age: float = 0.0
 
 
 class Info(Msg):
@@ -84,6 +88,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # choices sampled from the one prompt (OpenAI's n); each is its own sequence in the batch
+    n: int = 1
+    # per-token logprobs, and how many alternatives each (chat: top_logprobs; completions: logprobs)
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 class Generate(Msg):
@@ -98,6 +107,13 @@ class Generate(Msg):
     # completion: raw prompt text, or token ids
     prompt: str | list[int] = ""
     echo: bool = False
+    # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    # a JSON schema the output must match, enforced by constrained decoding (json_object: {"type": "object"})
+    json_schema: dict[str, Any] | None = None
+    # chat template switch for reasoning models; None leaves the template's default
+    enable_thinking: bool | None = None
 
 
 class Started(Msg):
@@ -107,22 +123,56 @@ class Started(Msg):
     prompt_tokens: int
 
 
+class TopLogprob(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One candidate token at a position: its text, log probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """The sampled token at one position, with the most likely alternatives when asked."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[TopLogprob] = []
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One complete tool call parsed from the model's output; arguments is a JSON object as text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class Delta(Msg):
-    """Newly decoded text of a running request."""
+    """Newly decoded output of a running request, split into content, reasoning and tool calls."""
 
     request_id: str
     text: str
     completion_tokens: int
+    # non-default fields only when the request asked for them or the model produced them
+    index: int = 0
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = []
+    logprobs: list[TokenLogprob] = []
 
 
 class Finish(Msg):
-    """The request ended normally; nothing follows on this connection."""
+    """One choice ended normally (all n of them: nothing follows on this connection)."""
 
     request_id: str
     finish_reason: Literal["stop", "length", "cancelled"]
     prompt_tokens: int
     completion_tokens: int
     text: str = ""
+    index: int = 0
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = []
+    logprobs: list[TokenLogprob] = []
 
 
 class Cancel(Msg):

@@ -69,7 +69,10 @@ def test_two_ranks_match_one_rank_and_survive_concurrency(outputs_one_rank):
                   temperature=0.9, seed=7)
         assert (client.chat.completions.create(**kw).choices[0].message.content
                 == client.chat.completions.create(**kw).choices[0].message.content)
-        assert s.probe() is not None
+        states = s.probe()["rank_states"]  # reported through the step protocol about once a second
+        assert [st["rank"] for st in states] == [0, 1]
+        assert len({st["pid"] for st in states}) == 2
+        assert all(st["active_memory"] > 0 and st["host_memory_total"] > 0 for st in states)
         log = engine.log.read_text()
         assert re.search(r"rank1 .*rank 1 of 2 joined", log), log[-2000:]
     finally:

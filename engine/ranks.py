@@ -1,0 +1,81 @@
+"""What every rank reports about itself, gathered on rank 0 about once a second.
+
+Reports ride on the step protocol (a flag in the plan, then one small all_sum), so a
+stalled or dead rank shows up as a stale report without any extra collective per token.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import mlx.core as mx
+import msgspec
+
+from ipc.messages import RankState
+
+REPORT_INTERVAL = 1.0
+HOST_BYTES = 64
+_KIB = 1024
+
+
+def host_memory() -> tuple[int, int]:
+    """(total, available) bytes of this host; available is 0 where the OS does not say."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * page
+    except (ValueError, OSError):
+        return 0, 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return total, int(line.split()[1]) * _KIB
+    except OSError:
+        pass
+    try:
+        return total, os.sysconf("SC_AVPHYS_PAGES") * page
+    except (ValueError, OSError):
+        return total, 0
+
+
+def local_row(step: int) -> list[int]:
+    """This rank's state as int32s (memory in KiB so it fits)."""
+    total, available = host_memory()
+    return [os.getpid(), step & 0x7FFFFFFF, mx.get_active_memory() // _KIB, mx.get_cache_memory() // _KIB,
+            mx.get_peak_memory() // _KIB, total // _KIB, available // _KIB]
+
+
+def hostname_row() -> list[int]:
+    name = socket.gethostname().encode()[:HOST_BYTES]
+    return list(name.ljust(HOST_BYTES, b"\0"))
+
+
+class RankReports:
+    """Rank 0's latest view of every rank."""
+
+    def __init__(self, hosts: list[str]):
+        self.hosts = hosts
+        self.states: list[RankState] = []
+        self.at = 0.0
+
+    def due(self, now: float) -> bool:
+        return now - self.at >= REPORT_INTERVAL
+
+    def update(self, rows: list[list[int]]) -> None:
+        self.at = time.monotonic()
+        self.states = [
+            RankState(rank=r, host=self.hosts[r] if r < len(self.hosts) else "", pid=row[0], step=row[1],
+                      active_memory=row[2] * _KIB, cache_memory=row[3] * _KIB, peak_memory=row[4] * _KIB,
+                      host_memory_total=row[5] * _KIB, host_memory_available=row[6] * _KIB)
+            for r, row in enumerate(rows)
+        ]
+
+    def snapshot(self) -> list[RankState]:
+        age = time.monotonic() - self.at if self.at else 0.0
+        return [msgspec.structs.replace(s, report_age=age) for s in self.states]
+
+
+def decode_hostnames(rows: list[list[int]]) -> list[str]:
+    return [bytes(b for b in row if b).decode(errors="replace") for row in rows]
