@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import ipc
+from api import schemas
 from api.access import AccessRecord, access_record
 from api.engine_client import EngineClient, Generation
 from api.errors import APIError
@@ -26,14 +28,21 @@ from api.schemas import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
+    FunctionCall,
+    FunctionCallChunk,
+    ToolCall,
+    ToolCallChunk,
     Usage,
     encode,
 )
 from api.sse import DONE, EventStreamResponse, error_event, event
+from ipc.messages import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -43,28 +52,59 @@ T = TypeVar("T")
 CLIENT_CLOSED = 499
 
 
+@dataclass
+class Choice:
+    """One choice as its events arrive: the text so far, its tool calls, logprobs and finish."""
+
+    index: int
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    offset: int = 0  # legacy completions: text_offset of the next token
+
+    def add(self, ev: ipc.Delta | ipc.Finish) -> None:
+        self.content.append(ev.text)
+        self.reasoning.append(ev.reasoning)
+        self.tool_calls.extend(ev.tool_calls)
+        self.logprobs.extend(ev.logprobs)
+        self.completion_tokens = ev.completion_tokens
+        if isinstance(ev, ipc.Finish):
+            self.finish_reason = ev.finish_reason
+
+    @property
+    def reason(self) -> str:
+        # The engine ends a choice that called tools with "stop"; OpenAI names that "tool_calls".
+        reason = self.finish_reason or "stop"
+        return "tool_calls" if reason == "stop" and self.tool_calls else reason
+
+
 class Shape:
     """How one endpoint spells its response body and its stream chunks."""
 
     def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
         self.request_id, self.model, self.created = request_id, model, int(time.time())
         self.include_usage = include_usage
+        self.logprobs = False  # set by respond() from the request
         # with include_usage every chunk carries "usage": null until the last one
         self.chunk_usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
 
-    def first(self) -> msgspec.Struct | None:
+    def first(self, index: int) -> msgspec.Struct | None:
         return None
 
-    def text(self, text: str) -> msgspec.Struct:
+    def delta(self, choice: Choice, ev: ipc.Delta | ipc.Finish) -> msgspec.Struct | None:
+        """The chunk for ev (before choice has absorbed it), or None when it adds nothing."""
         raise NotImplementedError
 
-    def finish(self, reason: str) -> msgspec.Struct:
+    def finish(self, index: int, reason: str) -> msgspec.Struct:
         raise NotImplementedError
 
     def usage(self, usage: Usage) -> msgspec.Struct:
         raise NotImplementedError
 
-    def response(self, text: str, reason: str, usage: Usage) -> msgspec.Struct:
+    def response(self, choices: list[Choice], usage: Usage) -> msgspec.Struct:
         raise NotImplementedError
 
 
@@ -72,43 +112,94 @@ class ChatShape(Shape):
     def _chunk(self, choices: list[ChunkChoice], usage: Usage | None | msgspec.UnsetType) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage)
 
-    def first(self) -> ChatCompletionChunk:
-        return self._chunk([ChunkChoice(delta=ChunkDelta(role="assistant", content=""))], self.chunk_usage)
+    def first(self, index: int) -> ChatCompletionChunk:
+        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))], self.chunk_usage)
 
-    def text(self, text: str) -> ChatCompletionChunk:
-        return self._chunk([ChunkChoice(delta=ChunkDelta(content=text))], self.chunk_usage)
+    def delta(self, choice: Choice, ev: ipc.Delta | ipc.Finish) -> ChatCompletionChunk | None:
+        if not (ev.text or ev.reasoning or ev.tool_calls or ev.logprobs):
+            return None
+        # Each call arrives whole, so one delta carries its id, name and complete arguments.
+        calls = [ToolCallChunk(index=len(choice.tool_calls) + i, id=c.id, type="function",
+                               function=FunctionCallChunk(name=c.name, arguments=c.arguments))
+                 for i, c in enumerate(ev.tool_calls)]
+        delta = ChunkDelta(
+            content=ev.text if ev.text or not (ev.reasoning or calls) else msgspec.UNSET,
+            tool_calls=calls or msgspec.UNSET,
+            reasoning_content=ev.reasoning or msgspec.UNSET,
+            reasoning=ev.reasoning or msgspec.UNSET,
+        )
+        logprobs = ChoiceLogprobs(content=_chat_logprobs(ev.logprobs)) if self.logprobs else None
+        return self._chunk([ChunkChoice(index=ev.index, delta=delta, logprobs=logprobs)], self.chunk_usage)
 
-    def finish(self, reason: str) -> ChatCompletionChunk:
-        return self._chunk([ChunkChoice(delta=ChunkDelta(), finish_reason=reason)], self.chunk_usage)
+    def finish(self, index: int, reason: str) -> ChatCompletionChunk:
+        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason)], self.chunk_usage)
 
     def usage(self, usage: Usage) -> ChatCompletionChunk:
         return self._chunk([], usage)
 
-    def response(self, text: str, reason: str, usage: Usage) -> ChatCompletion:
-        return ChatCompletion(
-            id=self.request_id,
-            created=self.created,
-            model=self.model,
-            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)],
-            usage=usage,
-        )
+    def response(self, choices: list[Choice], usage: Usage) -> ChatCompletion:
+        out = []
+        for c in choices:
+            content = "".join(c.content)
+            reasoning = "".join(c.reasoning)
+            message = AssistantMessage(
+                # OpenAI answers a turn of only tool calls with content null
+                content=None if c.tool_calls and not content.strip() else content,
+                tool_calls=[ToolCall(id=t.id, function=FunctionCall(name=t.name, arguments=t.arguments))
+                            for t in c.tool_calls] or msgspec.UNSET,
+                reasoning_content=reasoning or msgspec.UNSET,
+                reasoning=reasoning or msgspec.UNSET,
+            )
+            logprobs = ChoiceLogprobs(content=_chat_logprobs(c.logprobs)) if self.logprobs else None
+            out.append(ChatChoice(index=c.index, message=message, logprobs=logprobs, finish_reason=c.reason))
+        return ChatCompletion(id=self.request_id, created=self.created, model=self.model, choices=out, usage=usage)
 
 
 class CompletionShape(Shape):
     def _body(self, choices: list[CompletionChoice], usage: Usage | None | msgspec.UnsetType) -> Completion:
         return Completion(id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage)
 
-    def text(self, text: str) -> Completion:
-        return self._body([CompletionChoice(text=text)], self.chunk_usage)
+    def delta(self, choice: Choice, ev: ipc.Delta | ipc.Finish) -> Completion | None:
+        if not (ev.text or ev.logprobs):
+            return None
+        logprobs = _completion_logprobs(ev.logprobs, choice.offset) if self.logprobs else None
+        choice.offset += sum(len(e.token) for e in ev.logprobs)
+        return self._body([CompletionChoice(text=ev.text, index=ev.index, logprobs=logprobs)], self.chunk_usage)
 
-    def finish(self, reason: str) -> Completion:
-        return self._body([CompletionChoice(text="", finish_reason=reason)], self.chunk_usage)
+    def finish(self, index: int, reason: str) -> Completion:
+        return self._body([CompletionChoice(text="", index=index, finish_reason=reason)], self.chunk_usage)
 
     def usage(self, usage: Usage) -> Completion:
         return self._body([], usage)
 
-    def response(self, text: str, reason: str, usage: Usage) -> Completion:
-        return self._body([CompletionChoice(text=text, finish_reason=reason)], usage)
+    def response(self, choices: list[Choice], usage: Usage) -> Completion:
+        return self._body([
+            CompletionChoice(text="".join(c.content), index=c.index, finish_reason=c.reason,
+                             logprobs=_completion_logprobs(c.logprobs, 0) if self.logprobs else None)
+            for c in choices
+        ], usage)
+
+
+def _chat_logprobs(entries: list[TokenLogprob]) -> list[schemas.TokenLogprob]:
+    return [
+        schemas.TokenLogprob(token=e.token, logprob=e.logprob, bytes=e.bytes, top_logprobs=[
+            schemas.TopLogprob(token=t.token, logprob=t.logprob, bytes=t.bytes) for t in e.top])
+        for e in entries
+    ]
+
+
+def _completion_logprobs(entries: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+    """The legacy shape: parallel lists, alternatives as {token: logprob}, offsets into the text."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return CompletionLogprobs(
+        tokens=[e.token for e in entries],
+        token_logprobs=[e.logprob for e in entries],
+        top_logprobs=[{t.token: t.logprob for t in e.top} for e in entries],
+        text_offset=offsets,
+    )
 
 
 async def respond(
@@ -122,11 +213,12 @@ async def respond(
 ) -> Response:
     """Start msg on the engine and answer request with a JSON body or an SSE stream."""
     record = access_record(request)
+    shape.logprobs = msg.params.logprobs
     if stream:
         gen = await until_disconnect(request, lambda: engine.start(msg, timeout))
         if gen is not None:
             record.prompt_tokens = gen.prompt_tokens
-            return EventStreamResponse(_stream(gen, shape, record), on_close=lambda: _close(gen, record))
+            return EventStreamResponse(_stream(gen, msg.params.n, shape, record), on_close=lambda: _close(gen, record))
     else:
         body = await until_disconnect(request, lambda: _collect(engine, msg, shape, timeout, record))
         if body is not None:
@@ -163,33 +255,41 @@ async def until_disconnect(request: Request, fn: Callable[[], Awaitable[T]]) -> 
 async def _collect(engine: EngineClient, msg: ipc.Generate, shape: Shape, timeout: float, record: AccessRecord) -> msgspec.Struct:
     gen = await engine.start(msg, timeout)
     record.prompt_tokens = gen.prompt_tokens
-    parts: list[str] = []
+    choices = [Choice(i) for i in range(msg.params.n)]
     try:
-        while True:
+        remaining = len(choices)
+        while remaining:
             ev = await gen.next_event()
-            parts.append(ev.text)
-            if isinstance(ev, ipc.Finish):
-                break
+            choices[ev.index].add(ev)
+            remaining -= isinstance(ev, ipc.Finish)
     finally:
+        _count(gen, choices)
         record.prompt_tokens, record.completion_tokens = gen.prompt_tokens, gen.completion_tokens
         await gen.aclose()
-    logger.debug("%s completion: %r", msg.request_id, "".join(parts))
-    return shape.response("".join(parts), ev.finish_reason, _usage(gen))
+    logger.debug("%s completion: %r", msg.request_id, ["".join(c.content) for c in choices])
+    return shape.response(choices, _usage(gen))
 
 
-async def _stream(gen: Generation, shape: Shape, record: AccessRecord) -> AsyncGenerator[bytes, None]:
+async def _stream(gen: Generation, n: int, shape: Shape, record: AccessRecord) -> AsyncGenerator[bytes, None]:
+    choices = [Choice(i) for i in range(n)]
     try:
-        first = shape.first()
-        if first is not None:
-            yield event(first)
-        while True:
+        for i in range(n):
+            first = shape.first(i)
+            if first is not None:
+                yield event(first)
+        remaining = n
+        while remaining:
             ev = await gen.next_event()
-            # Finish.text holds the detokeniser's tail, not yet sent in a Delta
-            if ev.text:
-                yield event(shape.text(ev.text))
+            choice = choices[ev.index]
+            # Finish carries the choice's last text (the detokeniser's tail), sent before its finish chunk
+            chunk = shape.delta(choice, ev)
+            choice.add(ev)
+            if chunk is not None:
+                yield event(chunk)
             if isinstance(ev, ipc.Finish):
-                break
-        yield event(shape.finish(ev.finish_reason))
+                remaining -= 1
+                yield event(shape.finish(ev.index, choice.reason))
+        _count(gen, choices)
         if shape.include_usage:
             yield event(shape.usage(_usage(gen)))
     except APIError as exc:
@@ -197,6 +297,11 @@ async def _stream(gen: Generation, shape: Shape, record: AccessRecord) -> AsyncG
         logger.warning("%s: stream ended with an error: %s", gen.request_id, exc.message)
         yield error_event(exc)
     yield DONE
+
+
+def _count(gen: Generation, choices: list[Choice]) -> None:
+    """Usage counts the prompt once and the tokens of every choice (OpenAI's rule for n > 1)."""
+    gen.completion_tokens = sum(c.completion_tokens for c in choices)
 
 
 async def _close(gen: Generation, record: AccessRecord) -> None:

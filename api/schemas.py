@@ -1,6 +1,6 @@
 """OpenAI request and response bodies as msgspec Structs (OpenAI names and field order).
 
-Request structs tolerate unknown fields. Parameters we cannot honour yet are declared as
+Request structs tolerate unknown fields. Parameters we cannot honour are declared as
 `Any = UNSET` so that api/translate.py can refuse them by name instead of ignoring them.
 """
 
@@ -27,6 +27,8 @@ MaxTokens = Annotated[int, Meta(ge=1)]
 Stop = str | Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length=4)]
 # JSON object keys are token ids as strings ("50256"); msgspec turns them into ints.
 LogitBias = dict[Annotated[int, Meta(ge=0)], Annotated[float, Meta(ge=-100, le=100)]]
+N = Annotated[int, Meta(ge=1, le=128)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 
 
 # ---------------------------------------------------------------- requests
@@ -47,16 +49,73 @@ class ContentPart(Struct, kw_only=True):
             raise ParamError("a text content part needs a 'text' field", "text")
 
 
+class FunctionCallIn(Struct, kw_only=True):
+    name: str
+    # a JSON object as text (OpenAI's shape); some clients send the object itself
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """A tool call of an earlier assistant message, sent back by the client."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | UnsetType = UNSET
-    tool_calls: list[dict[str, Any]] | UnsetType = UNSET
+    tool_calls: list[ToolCallIn] | UnsetType = UNSET
     tool_call_id: str | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ParamError(f"content is required for a message with role {self.role!r}", "content")
+        if self.role == "tool" and self.tool_call_id is UNSET:
+            raise ParamError("a message with role 'tool' needs the tool_call_id it answers", "tool_call_id")
+
+
+class FunctionDefinition(Struct, kw_only=True):
+    # absent fields stay absent: chat templates render the tools as JSON
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    description: str | None | UnsetType = UNSET
+    parameters: dict[str, Any] | None | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET
+
+
+class Tool(Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(Struct, kw_only=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JSONSchema(Struct, kw_only=True):
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchema | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.type == "json_schema" and self.json_schema is UNSET:
+            raise ParamError("type 'json_schema' needs a json_schema object", "json_schema")
 
 
 class StreamOptions(Struct, kw_only=True):
@@ -71,24 +130,24 @@ class ChatCompletionRequest(Struct, kw_only=True):
     function_call: Any = UNSET
     functions: Any = UNSET
     logit_bias: LogitBias | None = None
-    logprobs: Any = UNSET
+    logprobs: bool | None = None
     max_completion_tokens: MaxTokens | None = None
     max_tokens: MaxTokens | None = None
     modalities: Any = UNSET
-    n: Annotated[int, Meta(ge=1)] | None = None
-    parallel_tool_calls: Any = UNSET
+    n: N | None = None
+    parallel_tool_calls: bool | None = None
     prediction: Any = UNSET
     presence_penalty: Penalty | None = None
     reasoning_effort: Any = UNSET
-    response_format: Any = UNSET
+    response_format: ResponseFormat | None = None
     seed: int | None = None
     stop: Stop | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     temperature: Temperature | None = None
-    tool_choice: Any = UNSET
-    tools: Any = UNSET
-    top_logprobs: Any = UNSET
+    tool_choice: ToolChoice | None = None
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    top_logprobs: TopLogprobs | None = None
     top_p: TopP | None = None
     user: str | None = None
     verbosity: Any = UNSET
@@ -100,6 +159,8 @@ class ChatCompletionRequest(Struct, kw_only=True):
 
     def __post_init__(self) -> None:
         _check_stream_options(self.stream, self.stream_options)
+        if self.top_logprobs and not self.logprobs:
+            raise ParamError("top_logprobs needs logprobs set to true", "top_logprobs")
 
 
 class CompletionRequest(Struct, kw_only=True):
@@ -107,12 +168,12 @@ class CompletionRequest(Struct, kw_only=True):
     # A string, or token ids; api/translate.py checks the shape and refuses batches.
     prompt: str | list[Any]
     best_of: Any = UNSET
-    echo: Any = UNSET
+    echo: bool | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
-    logprobs: Any = UNSET
+    logprobs: TopLogprobs | None = None
     max_tokens: MaxTokens | None = None
-    n: Annotated[int, Meta(ge=1)] | None = None
+    n: N | None = None
     presence_penalty: Penalty | None = None
     seed: int | None = None
     stop: Stop | None = None
@@ -145,16 +206,49 @@ class Usage(Struct, kw_only=True):
     total_tokens: int
 
 
+class TopLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct, kw_only=True):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class FunctionCall(Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(Struct, kw_only=True):
     role: str = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    # non-OpenAI extensions: a reasoning model's thinking, under both names clients read
+    reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
 
 
 class ChatChoice(Struct, kw_only=True):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str
 
 
@@ -168,15 +262,31 @@ class ChatCompletion(Struct, kw_only=True):
     system_fingerprint: str | None = None
 
 
+class FunctionCallChunk(Struct, kw_only=True):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallChunk(Struct, kw_only=True):
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: FunctionCallChunk
+
+
 class ChunkDelta(Struct, kw_only=True):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallChunk] | UnsetType = UNSET
+    # non-OpenAI extensions
+    reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
 
 
 class ChunkChoice(Struct, kw_only=True):
     index: int = 0
     delta: ChunkDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -191,10 +301,17 @@ class ChatCompletionChunk(Struct, kw_only=True):
     usage: Usage | None | UnsetType = UNSET
 
 
+class CompletionLogprobs(Struct, kw_only=True):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(Struct, kw_only=True):
     text: str
     index: int = 0
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -1,4 +1,4 @@
-"""OpenAI request -> engine Generate, and the one place that refuses what we cannot honour yet.
+"""OpenAI request -> engine Generate, and the one place that refuses what we cannot honour.
 
 To support a parameter, drop its line from REFUSED_* and pass it on in the builder below.
 """
@@ -15,7 +15,7 @@ from msgspec import UNSET
 
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
-from api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
 from config import Settings
 
 MODEL_ALIAS = "default"
@@ -24,31 +24,21 @@ MODEL_ALIAS = "default"
 Refusal = tuple[Callable[[Any], bool], str]
 
 REFUSED_CHAT: dict[str, Refusal] = {
-    "n": (lambda v: v in (None, 1), "only n=1"),
-    "tools": (lambda v: v in (None, []), "tool calling comes in a later release"),
-    "tool_choice": (lambda v: v in (None, "none", "auto"), "tool calling comes in a later release"),
-    "functions": (lambda v: v in (None, []), "tool calling comes in a later release"),
-    "function_call": (lambda v: v in (None, "none", "auto"), "tool calling comes in a later release"),
-    "parallel_tool_calls": (lambda v: v in (None, True), "tool calling comes in a later release"),
-    "response_format": (lambda v: v is None or v == {"type": "text"}, 'only {"type": "text"}'),
-    "logprobs": (lambda v: v is None or v is False, "only false"),
-    "top_logprobs": (lambda v: v is None or v == 0, "logprobs are not available"),
+    "functions": (lambda v: v in (None, []), "deprecated by OpenAI; send tools instead"),
+    "function_call": (lambda v: v in (None, "none", "auto"), "deprecated by OpenAI; send tool_choice instead"),
     "audio": (lambda v: v is None, "text only"),
     "modalities": (lambda v: v is None or v == ["text"], 'only ["text"]'),
     "prediction": (lambda v: v is None, "not available"),
-    "reasoning_effort": (lambda v: v is None, "not available"),
+    # "none" turns a reasoning model's thinking off through its chat template; levels cannot be honoured
+    "reasoning_effort": (lambda v: v in (None, "none"), 'only "none"'),
     "verbosity": (lambda v: v is None, "not available"),
     "web_search_options": (lambda v: v is None, "not available"),
 }
 
 REFUSED_COMPLETION: dict[str, Refusal] = {
-    "n": (lambda v: v in (None, 1), "only n=1"),
-    "best_of": (lambda v: v in (None, 1), "only best_of=1"),
-    "echo": (lambda v: v is None or v is False, "only false"),
+    "best_of": (lambda v: v in (None, 1), "only best_of=1 (or equal to n)"),
     "suffix": (lambda v: v in (None, ""), "not available"),
-    "logprobs": (lambda v: v is None, "logprobs are not available"),
 }
-
 
 def refuse_unsupported(req: msgspec.Struct, refused: dict[str, Refusal]) -> None:
     """Raise InvalidRequest naming the first parameter present with a value we cannot honour."""
@@ -86,23 +76,63 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
         max_tokens = _max_tokens(req.max_completion_tokens, "max_completion_tokens", settings)
     else:
         max_tokens = _max_tokens(req.max_tokens, "max_tokens", settings)
+    tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
     return ipc.Generate(
         request_id=request_id,
         kind="chat",
-        params=_sampling(req, max_tokens),
+        params=_sampling(req, max_tokens, logprobs=bool(req.logprobs), top=req.top_logprobs or 0),
         messages=[_engine_message(m) for m in req.messages],
+        tools=tools,
+        tool_choice=_tool_choice(req.tool_choice, tools),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        json_schema=_json_schema(req.response_format),
+        enable_thinking=False if req.reasoning_effort == "none" else None,
     )
 
 
 def completion_generate(req: CompletionRequest, request_id: str, settings: Settings) -> ipc.Generate:
     check_model(req.model, settings)
+    if req.best_of is not UNSET and req.best_of is not None and req.best_of == (req.n or 1):
+        req.best_of = None  # best_of equal to n picks nothing: n plain choices
     refuse_unsupported(req, REFUSED_COMPLETION)
+    if req.echo and req.logprobs is not None:
+        raise InvalidRequest(
+            "Unsupported parameter: 'echo' together with 'logprobs' needs the prompt's logprobs, which this "
+            "server does not compute.", param="echo", code="unsupported_parameter")
     return ipc.Generate(
         request_id=request_id,
         kind="completion",
-        params=_sampling(req, _max_tokens(req.max_tokens, "max_tokens", settings)),
+        params=_sampling(req, _max_tokens(req.max_tokens, "max_tokens", settings),
+                         logprobs=req.logprobs is not None, top=req.logprobs or 0),
         prompt=_engine_prompt(req.prompt),
+        echo=bool(req.echo),
     )
+
+
+def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
+    """The wire's tool_choice; forcing a call needs tools, and a named one must be among them."""
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        if choice == "required" and not tools:
+            raise InvalidRequest("Invalid value for 'tool_choice': 'required' needs tools.", param="tool_choice")
+        return choice
+    names = [t["function"]["name"] for t in tools or []]
+    if choice.function.name not in names:
+        raise InvalidRequest(
+            f"Invalid value for 'tool_choice': function '{choice.function.name}' is not among the tools "
+            f"({', '.join(names) or 'none given'}).", param="tool_choice")
+    return msgspec.to_builtins(choice)
+
+
+def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """The schema constrained decoding enforces: json_object is any object."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    assert fmt.json_schema is not UNSET
+    return fmt.json_schema.schema or {}
 
 
 def _max_tokens(value: int | None, param: str, settings: Settings) -> int:
@@ -116,7 +146,8 @@ def _max_tokens(value: int | None, param: str, settings: Settings) -> int:
     return value
 
 
-def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> ipc.SamplingParams:
+def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int, *, logprobs: bool,
+              top: int) -> ipc.SamplingParams:
     return ipc.SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -130,6 +161,9 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int) -
         repetition_penalty=req.repetition_penalty,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
+        n=req.n or 1,
+        logprobs=logprobs,
+        top_logprobs=top,
     )
 
 
@@ -138,13 +172,24 @@ def _engine_message(message: ChatMessage) -> dict[str, Any]:
     out = msgspec.to_builtins(message)
     if isinstance(message.content, list):
         out["content"] = "\n".join(part.text for part in message.content)  # type: ignore[misc]
+    elif message.content is None:
+        out["content"] = ""  # templates concatenate content; an assistant turn of only tool calls has none
     if message.role == "developer":
         out["role"] = "system"
+    for call in out.get("tool_calls", ()):
+        # Chat templates read arguments as a mapping (`arguments | tojson`, `arguments.items()`).
+        args = call["function"]["arguments"]
+        if isinstance(args, str):
+            try:
+                call["function"]["arguments"] = json.loads(args or "{}")
+            except json.JSONDecodeError:
+                raise InvalidRequest("Invalid value for 'messages': a tool call's arguments are not JSON.",
+                                     param="messages") from None
     return out
 
 
 def _engine_prompt(prompt: str | list[Any]) -> str | list[int]:
-    """A prompt string or a list of token ids; batches are refused until n/batching lands."""
+    """A prompt string or a list of token ids; batches of prompts are refused (send one request each)."""
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequest("Invalid value for 'prompt': the prompt is empty.", param="prompt")

@@ -16,6 +16,15 @@ class DesyncError(RuntimeError):
     """This rank's batch differs from rank 0's: continuing would decode garbage."""
 
 
+class StepResults(list):
+    """A step's (request id, token, finish reason) tuples; logprob_rows maps the requests that asked
+    for logprobs to their row of log probabilities over the vocabulary (an mx.array)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logprob_rows: dict = {}
+
+
 class LockstepBatch:
     """Applies plans and runs steps; identical calls on every rank give identical state."""
 
@@ -36,6 +45,8 @@ class LockstepBatch:
         # Active request ids in insertion order: the batch composition the fingerprint covers.
         self.order: list[str] = []
         self.last_check = 0
+        # Requests that asked for logprobs: step() hands rank 0 their rows.
+        self.wants_logprobs: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.order)
@@ -78,6 +89,7 @@ class LockstepBatch:
                 self.rid_of.pop(uid, None)
             gone = set(plan.removes)
             self.order = [rid for rid in self.order if rid not in gone]
+            self.wants_logprobs -= gone
         if plan.inserts:
             uids = self.gen.insert(
                 [ins.tokens for ins in plan.inserts],
@@ -89,20 +101,25 @@ class LockstepBatch:
                 self.uid_of[ins.rid] = uid
                 self.rid_of[uid] = ins.rid
                 self.order.append(ins.rid)
+                if ins.logprobs:
+                    self.wants_logprobs.add(ins.rid)
 
-    def step(self) -> list[tuple[str, int, str | None]]:
+    def step(self) -> StepResults:
         """One batched forward step: (request id, sampled token, finish reason) per decoding request."""
         _, responses = self.gen.next()
-        out = []
+        out = StepResults()
         finished = set()
         for r in responses:
             rid = self.rid_of[r.uid]
             out.append((rid, r.token, r.finish_reason))
+            if rid in self.wants_logprobs:
+                out.logprob_rows[rid] = r.logprobs  # already evaluated by mlx-lm; no copy
             if r.finish_reason is not None:
                 finished.add(rid)
                 del self.uid_of[rid]
                 del self.rid_of[r.uid]
         if finished:
             self.order = [rid for rid in self.order if rid not in finished]
+            self.wants_logprobs -= finished
         self.last_check = token_checksum([tok for _, tok, _ in out])
         return out

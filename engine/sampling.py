@@ -44,10 +44,18 @@ def make_sampler(ins: Insert) -> SeededSampler | None:
 
 
 def make_processors(ins: Insert) -> list:
-    """mlx-lm's logits processors for the request's bias and penalties."""
-    return make_logits_processors(
+    """mlx-lm's logits processors for the request's bias and penalties, then its grammar mask.
+
+    The mask goes last so that no bias can revive a token the grammar forbids.
+    """
+    processors = make_logits_processors(
         logit_bias=ins.logit_bias or None,
         repetition_penalty=ins.repetition_penalty,
         presence_penalty=ins.presence_penalty,
         frequency_penalty=ins.frequency_penalty,
     )
+    if ins.grammar:
+        from engine.constrained import GrammarProcessor
+
+        processors.append(GrammarProcessor(ins.grammar))
+    return processors

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from ipc import Delta, Error, Finish
+from ipc.messages import TokenLogprob
 
+from engine.logprobs import TokenTexts, extract
+from engine.output import Piece, Router
 from engine.plan import Insert, Plan
 
 log = logging.getLogger(__name__)
@@ -18,17 +20,24 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Request:
-    """A generation as rank 0 tracks it, from submission to its last event."""
+    """One choice of a generation as rank 0 tracks it, from submission to its last event.
+
+    A request with n choices is n of these sharing `group` (the wire's request id) and an outbox.
+    """
 
     insert: Insert
     outbox: Any  # anyio MemoryObjectSendStream, written only on the server's event loop
     prompt_tokens: int
-    stop: list[str]
     deadline: float
     detok: Any
+    router: Router
+    group: str = ""
+    index: int = 0
+    top_logprobs: int = 0
+    texts: TokenTexts | None = None  # set when the request asked for logprobs
+    echo: str = ""  # completions with echo: the prompt text, sent before the first token
     completion_tokens: int = 0
-    sent: str = ""  # text already sent to the client
-    pending: str = ""  # decoded text held back while it may begin a stop string
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
     done: bool = False
 
     @property
@@ -62,17 +71,17 @@ class Scheduler:
         self.waiting.append(req)
 
     def cancel(self, rid: str, reason: Error | None = None) -> None:
-        """Drop a request wherever it is; its client gets `reason` if one is given."""
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
-                self._left_queue(1)
-                self._close(req, reason)
-                return
-        req = self.running.get(rid)
-        if req is not None and not req.done:
+        """Drop a request (every choice of it) wherever it is; its client gets `reason` if one is given."""
+        queued = [r for r in self.waiting if rid in (r.rid, r.group)]
+        for req in queued:
+            self.waiting.remove(req)
             self._close(req, reason)
-            self.to_remove.append(rid)
+        if queued:
+            self._left_queue(len(queued))
+        for req in [r for r in self.running.values() if rid in (r.rid, r.group)]:
+            if not req.done:
+                self._close(req, reason)
+                self.to_remove.append(req.rid)
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self.to_remove)
@@ -82,7 +91,7 @@ class Scheduler:
         for req in [r for r in (*self.waiting, *self.running.values()) if r.deadline < now and not r.done]:
             self.cancel(
                 req.rid,
-                Error(status=504, error_type="timeout", code="request_timeout", request_id=req.rid,
+                Error(status=504, error_type="timeout", code="request_timeout", request_id=req.group or req.rid,
                       message="the request exceeded REQUEST_TIMEOUT before it finished; raise REQUEST_TIMEOUT "
                               "or ask for fewer tokens"),
             )
@@ -93,6 +102,8 @@ class Scheduler:
             req = self.waiting.popleft()
             self.running[req.rid] = req
             inserts.append(req.insert)
+            if req.echo:
+                self._send(req, Piece(content=req.echo))
         if inserts:
             self._left_queue(len(inserts))
         removes, self.to_remove = self.to_remove, []
@@ -105,6 +116,7 @@ class Scheduler:
 
     def absorb(self, results: list[tuple[str, int, str | None]]) -> None:
         """Turn one step's sampled tokens into client events."""
+        self._logprobs(results)
         for rid, token, finish in results:
             req = self.running.get(rid)
             if req is None:
@@ -118,51 +130,52 @@ class Scheduler:
                 req.detok.add_token(token)
             if finish is not None:
                 req.detok.finalize()
-            req.pending += req.detok.last_segment
-            hit = self._match_stop(req)
-            if hit or finish is not None:
-                self._flush(req)
-                self._close(req, None, "stop" if hit else finish)
-                if hit and finish is None:
+            piece, ended = req.router.feed(req.detok.last_segment)
+            if ended or finish is not None:
+                if not ended:
+                    piece.add(req.router.finish())
+                # A stop string or a lone tool call ends the choice early: the batch lets it go.
+                self._close(req, None, "stop" if ended else finish, piece)
+                if ended and finish is None:
                     self.to_remove.append(rid)
-            else:
-                self._flush(req, holdback=True)
+            elif piece or req.logprobs:
+                self._send(req, piece)
         self._count()
 
-    def _match_stop(self, req: Request) -> bool:
-        """Cut the text at the first stop string; it is never sent."""
-        if not req.stop:
-            return False
-        cuts = [i for i in (req.pending.find(s) for s in req.stop) if i >= 0]
-        if not cuts:
-            return False
-        req.pending = req.pending[: min(cuts)]
-        return True
+    def _logprobs(self, results: list[tuple[str, int, str | None]]) -> None:
+        """Append this step's logprobs to the requests that asked (the EOS that ends a choice is not text)."""
+        rows = getattr(results, "logprob_rows", None)
+        if not rows:
+            return
+        asks, owners = [], []
+        for rid, token, finish in results:
+            req = self.running.get(rid)
+            if rid in rows and req is not None and not req.done and not (finish == "stop" and token in self.eos):
+                asks.append((token, rows[rid], req.top_logprobs))
+                owners.append(req)
+        texts = owners[0].texts if owners else None
+        if texts is None:
+            return
+        for req, entry in zip(owners, extract(texts, asks)):
+            req.logprobs.append(entry)
 
-    def _flush(self, req: Request, holdback: bool = False) -> None:
-        text = req.pending
-        keep = 0
-        if holdback and req.stop:
-            # Keep back a tail that could still grow into a stop string across tokens.
-            for s in req.stop:
-                for k in range(min(len(s) - 1, len(text)), 0, -1):
-                    if s.startswith(text[-k:]):
-                        keep = max(keep, k)
-                        break
-        out, req.pending = (text[: len(text) - keep], text[len(text) - keep :]) if keep else (text, "")
-        if out:
-            req.sent += out
-            self.events.append((req.outbox, Delta(request_id=req.rid, text=out,
-                                                  completion_tokens=req.completion_tokens)))
+    def _send(self, req: Request, piece: Piece) -> None:
+        logprobs, req.logprobs = req.logprobs, []
+        self.events.append((req.outbox, Delta(
+            request_id=req.group or req.rid, text=piece.content, completion_tokens=req.completion_tokens,
+            index=req.index, reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs)))
 
-    def _close(self, req: Request, error: Error | None, finish: str | None = None) -> None:
+    def _close(self, req: Request, error: Error | None, finish: str | None = None, piece: Piece | None = None) -> None:
         req.done = True
         if error is not None:
             self.events.append((req.outbox, error))
         elif finish is not None:
-            self.events.append((req.outbox, Finish(request_id=req.rid, finish_reason=finish,
-                                                   prompt_tokens=req.prompt_tokens,
-                                                   completion_tokens=req.completion_tokens)))
+            piece = piece or Piece()
+            logprobs, req.logprobs = req.logprobs, []
+            self.events.append((req.outbox, Finish(
+                request_id=req.group or req.rid, finish_reason=finish, prompt_tokens=req.prompt_tokens,
+                completion_tokens=req.completion_tokens, text=piece.content, index=req.index,
+                reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs)))
 
     def take_events(self) -> list[tuple[Any, Any]]:
         events, self.events = self.events, []

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import anyio
 
 from config import Settings
-from engine.plan import Insert
+from engine.admission import Admission, Refused
 from engine.scheduler import Counters, Request
 from ipc import (
     Cancel,
@@ -32,8 +32,10 @@ from ipc import (
     Info,
     InfoRequest,
     Started,
+    TruncatedFrame,
     serve_unix,
 )
+from ipc.connection import HANDSHAKE_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class Prompter:
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.vocab_size = len(tokenizer)
+        self.admission = Admission(tokenizer, self.vocab_size, context_length)
 
     def tokens(self, gen: Generate) -> list[int]:
         tok = self.tokenizer
@@ -67,8 +70,11 @@ class Prompter:
             if not gen.messages:
                 raise PromptError(invalid("messages must contain at least one message", "messages"))
             try:
-                text = tok.apply_chat_template(gen.messages, tools=gen.tools, add_generation_prompt=True,
-                                               tokenize=False)
+                # tool_choice "none": the model is not shown the tools it may not call
+                tools = gen.tools if gen.tool_choice != "none" else None
+                thinking = {} if gen.enable_thinking is None else {"enable_thinking": gen.enable_thinking}
+                text = tok.apply_chat_template(gen.messages, tools=tools, add_generation_prompt=True,
+                                               tokenize=False, **thinking)
             except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
                 raise PromptError(invalid(f"the chat template rejected the messages: {exc}", "messages")) from None
             return tok.encode(text, add_special_tokens=False)
@@ -154,11 +160,14 @@ class EngineServer:
     # -- connections -------------------------------------------------------------------
     async def _handle(self, conn: FramedStream) -> None:
         try:
-            msg = await conn.recv()
-        except ConnectionClosed:
+            # A client that handshakes and then sends nothing (or half a frame) is let go.
+            with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                msg = await conn.recv()
+        except (FrameError, TruncatedFrame, TimeoutError) as exc:
+            await _send(conn, invalid(str(exc) or f"no complete request within {HANDSHAKE_TIMEOUT:g} s",
+                                      code="bad_frame"))
             return
-        except FrameError as exc:
-            await _send(conn, invalid(str(exc), code="bad_frame"))
+        except ConnectionClosed:
             return
         if isinstance(msg, InfoRequest):
             await _send(conn, self.info())
@@ -196,34 +205,33 @@ class EngineServer:
                 f"This model's maximum context length is {ctx} tokens, but the prompt has {len(tokens)} tokens; "
                 "shorten the prompt", "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded", rid))
             return
+        send, receive = anyio.create_memory_object_stream(math.inf)
+        deadline = time.monotonic() + self.settings.REQUEST_TIMEOUT
+        try:
+            # Grammars compile here, off the event loop (the first one also builds llguidance's tokenizer).
+            requests = await anyio.to_thread.run_sync(self.prompter.admission.requests, gen, tokens, send, deadline)
+        except Refused as exc:
+            send.close()
+            await _send(conn, exc.error)
+            return
         with self.counters.lock:
             full = self.counters.waiting >= self.settings.MAX_QUEUE
             if not full:
-                self.counters.waiting += 1
+                self.counters.waiting += len(requests)
         if full:
+            send.close()
             await _send(conn, Error(status=429, error_type="rate_limit_error", code="queue_full", request_id=rid,
                                     message=f"the engine's queue is full ({self.settings.MAX_QUEUE} waiting "
                                             "requests); retry after a moment"))
             return
-        p = gen.params
-        insert = Insert(
-            rid=rid, tokens=tokens, max_tokens=min(p.max_tokens, ctx - len(tokens)),
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-            seed=p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little"),
-            logit_bias=p.logit_bias, repetition_penalty=p.repetition_penalty,
-            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-        )
-        send, receive = anyio.create_memory_object_stream(math.inf)
-        request = Request(insert=insert, outbox=send, prompt_tokens=len(tokens), stop=list(p.stop),
-                          deadline=time.monotonic() + self.settings.REQUEST_TIMEOUT,
-                          detok=self.prompter.tokenizer.detokenizer)
-        self.inbound.put(Submit(request))
+        for request in requests:
+            self.inbound.put(Submit(request))
         finished = False
         try:
             await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope)
-                finished = await self._relay(conn, receive)
+                finished = await self._relay(conn, receive, len(requests))
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
             pass
@@ -232,15 +240,18 @@ class EngineServer:
             if not finished:
                 self.inbound.put(Withdraw(rid))
 
-    async def _relay(self, conn: FramedStream, receive) -> bool:
-        """Forward the request's events until its last one; False if the client left first."""
+    async def _relay(self, conn: FramedStream, receive, choices: int) -> bool:
+        """Forward the request's events until its last one (an Error, or each choice's Finish);
+        False if the client left first."""
         async with receive:
             async for event in receive:
                 try:
                     await conn.send(event)
                 except ConnectionClosed:
                     return False
-                if isinstance(event, (Finish, Error)):
+                if isinstance(event, Finish):
+                    choices -= 1
+                if isinstance(event, Error) or choices == 0:
                     return True
         return False
 

@@ -47,6 +47,17 @@ def assert_error(r, status: int, *, param: str | None = None, code: str | None =
         ({"messages": [{"content": "x"}]}, "messages[0].role"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"model": None}, "model"),
+        ({"n": 0}, "n"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {
+            "type": "function", "function": {"name": "g"}}}, "tool_choice"),
+        ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
     ],
 )
 async def test_validation_errors_name_the_param(client, change, param):
@@ -83,14 +94,12 @@ async def test_malformed_bodies(client, body):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 3}, "top_logprobs"),
-        ({"n": 2}, "n"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
         ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ],
 )
 async def test_unsupported_parameters_are_refused_by_name(engine, client, extra, param):

@@ -1,0 +1,179 @@
+"""Rank 0: one choice's decoded text routed into content, reasoning and tool calls, cut at stop strings.
+
+Built on mlx-lm's TextStateMachine, which matches markers in text rather than token ids and holds
+back only text that may still grow into a marker or a stop string: a `<tool_call>` split across
+tokens never reaches content, and plain content is never buffered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_lm.generate import TextStateMachine
+
+from ipc.messages import ToolCall
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Piece:
+    """What one step adds to a choice."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls)
+
+    def add(self, other: Piece) -> None:
+        self.content += other.content
+        self.reasoning += other.reasoning
+        self.tool_calls.extend(other.tool_calls)
+
+
+class OutputRules:
+    """The tokenizer's markers (thinking, tool calls) and its tool parser, read once."""
+
+    def __init__(self, tokenizer: Any):
+        self.think = (tokenizer.think_start, tokenizer.think_end) if tokenizer.has_thinking else None
+        self.tool = (tokenizer.tool_call_start, tokenizer.tool_call_end) if tokenizer.has_tool_calling else None
+        self.parser = tokenizer.tool_parser
+        self.parser_name = getattr(self.parser, "__module__", "").rsplit(".", 1)[-1]
+        self.markers = tuple(getattr(tokenizer, "structural_markers", ()) or ())
+        self.response_transitions = dict(getattr(tokenizer, "response_transitions", {}) or {})
+        self.response_initial = getattr(tokenizer, "response_initial_state", None)
+        self.tokenizer = tokenizer
+
+    def initial_state(self, prompt: list[int], chat: bool) -> str:
+        """"reasoning" when the prompt leaves the model inside a think block (as mlx-lm decides)."""
+        if not chat:
+            return "normal"
+        state = "normal"
+        if self.think is not None and self.tokenizer.rfind_think_start(prompt) > self.tokenizer.rfind_think_end(prompt):
+            state = "reasoning"
+        return self.response_initial or state
+
+    def machine(self, *, chat: bool, tools: bool, stop: list[str]) -> TextStateMachine:
+        """Transitions for one request; a stop string ends the text in every state."""
+        t: dict[str, list[tuple[str, str | None]]] = {}
+        if chat and self.think is not None:
+            t.setdefault("normal", []).append((self.think[0], "reasoning"))
+            t["reasoning"] = [(self.think[1], "normal")]
+        if chat and tools and self.tool is not None:
+            targets = {dst for edges in self.response_transitions.values() for _, dst in edges}
+            if "tool" not in targets:
+                t.setdefault("normal", []).append((self.tool[0], "tool"))
+            if "reasoning" in t:
+                t["reasoning"].append((self.tool[0], "tool"))
+            t["tool"] = [(self.tool[1], "normal")] if self.tool[1] else []
+        if chat:
+            for marker in self.markers:
+                t.setdefault("normal", []).append((marker, "normal"))
+            for state, edges in self.response_transitions.items():
+                t.setdefault(state, []).extend(edges)
+        for state in set(t) | {"normal", "reasoning"}:
+            for s in stop:
+                t.setdefault(state, []).append((s, None))
+        return TextStateMachine(t or None)
+
+
+class Router:
+    """Feeds one choice's text through its state machine; tool text is parsed when its call closes."""
+
+    def __init__(self, rules: OutputRules, machine: TextStateMachine, initial: str,
+                 tools: list[dict[str, Any]] | None, parallel: bool):
+        self.rules = rules
+        self.state = machine.make_state(initial)
+        self.tools = tools
+        self.parallel = parallel
+        self.tool_text = ""
+        self.calls = 0
+        # Whitespace right after a think block or a tool call waits until real content follows:
+        # "</think>\n\nHi" gives content "Hi", and the newlines between tool calls vanish.
+        self.hold: str | None = None
+
+    def feed(self, text: str) -> tuple[Piece, bool]:
+        """Route new text; True when the choice must end (a stop string, or its one allowed tool call)."""
+        piece = Piece()
+        if self.state[0] is None:
+            return piece, True
+        if not text:
+            return piece, False
+        self.state, segments = TextStateMachine.split(self.state, text)
+        ended = False
+        for i, (state, chunk) in enumerate(segments):
+            last = i == len(segments) - 1
+            if state is None:
+                ended = True
+                break
+            self._route(piece, state, chunk)
+            if not last:
+                if state == "tool":
+                    self._close_call(piece)
+                    if not self.parallel and self.calls:
+                        ended = True
+                        break
+                if segments[i + 1][0] == "normal" and state in ("tool", "reasoning"):
+                    self.hold = ""
+        return piece, ended
+
+    def finish(self) -> Piece:
+        """The text still held back when generation stops (EOS or length) goes where it belongs."""
+        piece = Piece()
+        if self.state[0] is None:
+            return piece
+        self.state, rest, state = TextStateMachine.flush(self.state)
+        self._route(piece, state, rest)
+        if state == "tool" and self.tool_text:
+            self._close_call(piece, closed=False)
+        return piece
+
+    def _route(self, piece: Piece, state: str, chunk: str) -> None:
+        if state == "reasoning":
+            piece.reasoning += chunk
+        elif state == "tool":
+            self.tool_text += chunk
+        elif self.hold is not None:
+            self.hold += chunk
+            if self.hold.strip():
+                piece.content += self.hold.lstrip()
+                self.hold = None
+        else:
+            piece.content += chunk
+
+    def _close_call(self, piece: Piece, closed: bool = True) -> None:
+        text, self.tool_text = self.tool_text, ""
+        calls = parse_calls(self.rules.parser, text, self.tools)
+        if calls is None:
+            # Unparseable (or cut short by max_tokens): the model's own words, markers included,
+            # rather than a silent drop.
+            start, end = self.rules.tool or ("", "")
+            piece.content += f"{start}{text}{(end or '') if closed else ''}"
+            return
+        piece.tool_calls.extend(calls)
+        self.calls += len(calls)
+
+
+def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None) -> list[ToolCall] | None:
+    """mlx-lm's parser output as ToolCalls with ids and JSON-text arguments; None when it fails."""
+    try:
+        parsed = parser(text, tools)
+        items = parsed if isinstance(parsed, list) else [parsed]
+        calls = []
+        for item in items:
+            args = item.get("arguments", {})
+            calls.append(ToolCall(
+                id=item.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                name=str(item["name"]),
+                arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+            ))
+        return calls
+    except Exception as exc:  # each parser raises its own errors (JSON, regex, KeyError) on bad model text
+        log.warning("could not parse a tool call (%s: %s); returning it as content", type(exc).__name__, exc)
+        return None
