@@ -6,6 +6,7 @@ from ipc.framing import (
     FrameError,
     FramedStream,
     FrameTooLarge,
+    TruncatedFrame,
     decode_message,
     encode_frame,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Msg",
     "SamplingParams",
     "Started",
+    "TruncatedFrame",
     "Welcome",
     "connect",
     "serve_unix",

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from ipc.framing import DEFAULT_MAX_FRAME, ConnectionClosed, FrameError, FramedStream
+from ipc.framing import DEFAULT_MAX_FRAME, ConnectionClosed, FrameError, FramedStream, TruncatedFrame
 from ipc.messages import PROTOCOL_VERSION, Error, Hello, Welcome
 
 HANDSHAKE_TIMEOUT = 5.0
@@ -70,11 +70,11 @@ async def accept_handshake(conn: FramedStream) -> bool:
     try:
         with anyio.fail_after(HANDSHAKE_TIMEOUT):
             hello = await conn.recv()
-    except ConnectionClosed:
-        return False
-    except (FrameError, TimeoutError) as exc:
+    except (FrameError, TimeoutError, TruncatedFrame) as exc:
         await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
                                         message=f"handshake failed: {exc or 'timed out'}"))
+        return False
+    except ConnectionClosed:
         return False
     if not isinstance(hello, Hello):
         await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",

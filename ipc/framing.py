@@ -30,6 +30,10 @@ class ConnectionClosed(Exception):
     """The peer closed the connection (cleanly or mid-frame)."""
 
 
+class TruncatedFrame(ConnectionClosed):
+    """The peer stopped sending in the middle of a frame; it may still read an error frame."""
+
+
 def encode_frame(msg: Msg) -> bytes:
     """Encode one message with its length prefix."""
     body = _encoder.encode(msg)
@@ -64,14 +68,20 @@ class FramedStream:
 
     async def recv(self) -> Msg:
         """Receive one message; raises ConnectionClosed at EOF, FrameError on bad input."""
+        length = -1
         try:
             (length,) = HEADER.unpack(await self._reader.receive_exactly(HEADER.size))
             if length > self.max_frame:
                 raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
             body = await self._reader.receive_exactly(length) if length else b""
+        except anyio.IncompleteRead:
+            if length < 0 and not self._reader.buffer:
+                raise ConnectionClosed("EndOfStream") from None
+            got = len(self._reader.buffer)
+            raise TruncatedFrame(f"truncated frame: the connection ended after {got} of "
+                                 f"{length if length >= 0 else HEADER.size} bytes") from None
         except (
             anyio.EndOfStream,
-            anyio.IncompleteRead,
             anyio.BrokenResourceError,
             anyio.ClosedResourceError,
             OSError,
