@@ -1,20 +1,72 @@
-"""Bearer API key for the /v1 routes (pure ASGI, so it also guards unknown /v1 paths)."""
+"""Bearer API keys: API_KEY and API_KEYS_FILE guard every /v1 route, and the ops routes on request.
+
+`api_key_guard(settings)` and `ops_guard(settings)` return the middleware list for a Mount or a
+Route (`Route("/metrics", endpoint, middleware=ops_guard(settings))`): empty when no key is set.
+/health stays open.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from collections.abc import Iterable
+from pathlib import Path
 
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import Unauthorized
+from config import ConfigError, Settings
+from config.settings import REPO_ROOT
+
+
+def read_keys_file(path: str | Path) -> list[str]:
+    """The keys of an API_KEYS_FILE: one per line; blank lines and lines starting with # are skipped.
+
+    Read by the API only (the engine's ranks, on other hosts, never need the file).
+    """
+    resolved = Path(path).expanduser()
+    if not resolved.is_absolute():
+        resolved = REPO_ROOT / resolved
+    try:
+        text = resolved.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"API_KEYS_FILE={str(path)!r} cannot be read ({exc}): give a file with one API key "
+                          "per line") from None
+    keys = [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")]
+    if not keys:
+        raise ConfigError(f"API_KEYS_FILE={str(path)!r} holds no key: put one API key per line")
+    return keys
+
+
+def api_keys(settings: Settings) -> list[str]:
+    """Every accepted key: API_KEY, then those of API_KEYS_FILE."""
+    keys = [settings.API_KEY] if settings.API_KEY else []
+    if settings.API_KEYS_FILE:
+        keys += read_keys_file(settings.API_KEYS_FILE)
+    return keys
+
+
+def _digest(token: bytes) -> bytes:
+    # Comparing fixed-length digests keeps the time independent of the keys' lengths too.
+    return hashlib.sha256(token).digest()
 
 
 class RequireAPIKey:
-    """Refuse with 401 unless `Authorization: Bearer <key>` matches (constant-time compare)."""
+    """Pure ASGI: 401 unless `Authorization: Bearer <key>` matches one of the keys (constant time)."""
 
-    def __init__(self, app: ASGIApp, key: str) -> None:
+    def __init__(self, app: ASGIApp, keys: Iterable[str] = (), key: str = "") -> None:
         self.app = app
-        self._key = key.encode()
+        self._digests = [_digest(k.encode()) for k in (*keys, *([key] if key else []))]
+        if not self._digests:
+            raise ValueError("RequireAPIKey needs at least one key")
+
+    def accepts(self, token: bytes) -> bool:
+        presented = _digest(token)
+        ok = False
+        for digest in self._digests:  # no early exit: every key costs the same
+            ok |= hmac.compare_digest(presented, digest)
+        return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -22,6 +74,17 @@ class RequireAPIKey:
             scheme, _, token = header.partition(b" ")
             if scheme.lower() != b"bearer" or not token.strip():
                 raise Unauthorized("Missing API key: send it as 'Authorization: Bearer <key>'.")
-            if not hmac.compare_digest(token.strip(), self._key):
+            if not self.accepts(token.strip()):
                 raise Unauthorized("Incorrect API key provided.")
         await self.app(scope, receive, send)
+
+
+def api_key_guard(settings: Settings) -> list[Middleware]:
+    """Middleware for the /v1 routes: the key check when any key is configured."""
+    keys = api_keys(settings)
+    return [Middleware(RequireAPIKey, keys=keys)] if keys else []
+
+
+def ops_guard(settings: Settings) -> list[Middleware]:
+    """Middleware for /metrics and /dashboard: the same check unless PROTECT_OPS_ROUTES=false."""
+    return api_key_guard(settings) if settings.PROTECT_OPS_ROUTES else []

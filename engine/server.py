@@ -39,6 +39,8 @@ from ipc.connection import HANDSHAKE_TIMEOUT
 
 log = logging.getLogger(__name__)
 
+FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
+
 
 @dataclass
 class Submit:
@@ -151,6 +153,10 @@ class EngineServer:
                 task_status=task_status))
             self._ready.set()
             await self._stop.wait()
+            # The step loop's last events (a drain's shutting_down errors) reach their clients first.
+            with anyio.move_on_after(FLUSH_SECONDS):
+                while self._live:
+                    await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
         try:
             os.unlink(self.settings.socket_path)

@@ -14,6 +14,7 @@ import time
 log = logging.getLogger(__name__)
 
 EXIT_STALLED = 70
+LAST_WORDS_SECONDS = 2.0  # what logging the CRITICAL line may take before the exit happens anyway
 
 
 class Watchdog:
@@ -40,6 +41,10 @@ class Watchdog:
             time.sleep(min(1.0, self.timeout / 4))
             age = self.age()
             if age > self.timeout:
+                # Exit even if logging blocks (a handler lock held by the stuck thread, a full pipe).
+                deadline = threading.Timer(LAST_WORDS_SECONDS, os._exit, args=(EXIT_STALLED,))
+                deadline.daemon = True
+                deadline.start()
                 log.critical("rank %d: no progress for %.1f s while %s (WATCHDOG_TIMEOUT=%.0f s): a peer rank "
                              "is dead or frozen; ending this rank", self.rank, age, self.phase, self.timeout)
                 logging.shutdown()

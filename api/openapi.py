@@ -1,0 +1,166 @@
+"""The API's own OpenAPI 3.1 document, generated from the msgspec Structs it decodes and encodes.
+
+Served at /openapi.json; schemathesis tests the running API against it. Everything a route
+can answer is listed, errors included, so a response outside the document is a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from api import schemas
+from api.auth import api_keys
+from api.translate import MODEL_ALIAS
+from config import Settings
+
+REF = "#/components/schemas/{name}"
+
+
+class ErrorDetail(Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(Struct, kw_only=True):
+    """Every error the API answers with (OpenAI's error object)."""
+
+    error: ErrorDetail
+
+
+# status -> when it happens; generation routes can answer all of them
+_GENERATION_ERRORS = {
+    "400": "invalid request: a bad parameter (named in error.param), or a prompt beyond the context",
+    "404": "model not found: only the served model's name and 'default' are accepted",
+    "413": "request body larger than MAX_REQUEST_BYTES",
+    "429": "the engine's queue is full; retry after Retry-After seconds",
+    "500": "the generation failed",
+    "503": "the engine is unavailable (restarting or stopped); retry after Retry-After seconds",
+    "504": "the request did not finish within REQUEST_TIMEOUT",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}}
+
+
+def _json(ref: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": REF.format(name=ref)}}}
+
+
+def _error(description: str, status: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": _json("ErrorResponse")}
+    if status in ("429", "503"):
+        out["headers"] = _RETRY_AFTER
+    return out
+
+
+def _generation(summary: str, request: str, response: str, chunk: str, auth: bool,
+                example: dict[str, Any]) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        "200": {
+            "description": "the completion; with stream=true, Server-Sent Events of chunks ending in [DONE]",
+            "content": {
+                **_json(response),
+                # OpenAPI 3.1: the schema of one event; its data is a JSON chunk, an error, or [DONE]
+                "text/event-stream": {"schema": {
+                    "type": "object",
+                    "properties": {"data": {"anyOf": [
+                        {"const": "[DONE]"},
+                        {"type": "string", "contentMediaType": "application/json", "contentSchema": {
+                            "anyOf": [{"$ref": REF.format(name=chunk)}, {"$ref": REF.format(name="ErrorResponse")}]}},
+                    ]}},
+                    "required": ["data"],
+                }},
+            },
+        },
+        **{status: _error(text, status) for status, text in _GENERATION_ERRORS.items()},
+    }
+    if auth:
+        responses["401"] = _error("missing or wrong API key", "401")
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": REF.format(name=request)}, "example": example}}},
+        "responses": responses,
+    }
+
+
+def _get(summary: str, ok: dict[str, Any], errors: dict[str, str], auth: bool = False) -> dict[str, Any]:
+    responses = {"200": ok, **{status: _error(text, status) for status, text in errors.items()}}
+    if auth:
+        responses["401"] = _error("missing or wrong API key", "401")
+    return {"summary": summary, "responses": responses}
+
+
+def openapi_document(settings: Settings) -> dict[str, Any]:
+    """The OpenAPI document of an API started with settings."""
+    structs = [
+        schemas.ChatCompletionRequest,
+        schemas.CompletionRequest,
+        schemas.ChatCompletion,
+        schemas.ChatCompletionChunk,
+        schemas.Completion,
+        schemas.ModelList,
+        schemas.Model,
+        ErrorResponse,
+    ]
+    _, components = msgspec.json.schema_components(structs, ref_template=REF)
+    # `model` accepts exactly these values; anything else is a 404.
+    models = sorted({settings.model_name, MODEL_ALIAS})
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        components[name]["properties"]["model"] = {"type": "string", "enum": models}
+    components["Health"] = {
+        "type": "object",
+        "properties": {"status": {"enum": ["ok", "unavailable"]}, "api": {"type": "string"},
+                       "engine": {"type": "string"}},
+        "required": ["status"],
+    }
+    auth = bool(api_keys(settings))
+    unavailable = {"503": "the engine is unavailable and its model is not known yet"}
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "mlx-cluster-serve", "version": "1",
+                 "description": "OpenAI-compatible API in front of a distributed MLX engine."},
+        "paths": {
+            "/v1/chat/completions": {"post": _generation(
+                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk", auth,
+                {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})},
+            "/v1/completions": {"post": _generation(
+                "Create a completion", "CompletionRequest", "Completion", "Completion", auth,
+                {"model": settings.model_name, "prompt": "Once upon a time", "max_tokens": 8, "stream": True})},
+            "/v1/models": {"get": _get("List the served model", {"description": "the model list",
+                                                                 "content": _json("ModelList")}, unavailable, auth)},
+            "/v1/models/{model_id}": {"get": {
+                **_get("Describe the served model", {"description": "the model", "content": _json("Model")},
+                       {"404": "model not found", **unavailable}, auth),
+                "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            }},
+            "/health": {"get": _get("Engine and API health (never needs a key)", {
+                "description": "the engine answers and makes progress", "content": _json("Health")},
+                {"503": "the engine is unreachable or stalled"})},
+        },
+        "components": {"schemas": components},
+    }
+    doc["paths"]["/health"]["get"]["responses"]["503"]["content"] = _json("Health")
+    if auth:
+        doc["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+        for path, item in doc["paths"].items():
+            if path.startswith("/v1/"):
+                for operation in item.values():
+                    operation["security"] = [{"bearerAuth": []}]
+    return doc
+
+
+def openapi_route(settings: Settings) -> Route:
+    """GET /openapi.json, open like /health (it holds no secret)."""
+    body = msgspec.json.encode(openapi_document(settings))
+
+    async def endpoint(request: Request) -> Response:
+        return Response(body, media_type="application/json")
+
+    return Route("/openapi.json", endpoint, methods=["GET"])

@@ -1,0 +1,80 @@
+"""The supervisor's reading of the engine's output: which rank failed, from the lines it relays.
+
+The real thing (two ranks, one killed or frozen) is tests/multirank/test_rank_faults.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from config import load_settings
+from engine.supervise import Observed, Supervisor, describe_exit
+
+JOINED = [
+    "2026-11-22 13:49:18,181 rank0 INFO engine: rank 0 of 2 joined: model demo-tiny loaded from /m (context 4096) "
+    "in 0.1 s, pid 798, host mac-1",
+    "2026-11-22 13:49:18,185 rank1 INFO engine: rank 1 of 2 joined: model demo-tiny loaded from /m (context 4096) "
+    "in 0.0 s, pid 799, host mac-2",
+]
+WATCHDOG = ("2026-11-22 13:52:32,544 rank0 CRITICAL engine.watchdog: rank 0: no progress for 5.6 s while "
+            "broadcasting plan 10 (WATCHDOG_TIMEOUT=5 s): a peer rank is dead or frozen; ending this rank")
+
+
+def supervisor(tmp_path, lines: list[str]) -> Supervisor:
+    settings = load_settings({"RUN_DIR": str(tmp_path)}, "/nonexistent/.env")
+    sup = Supervisor(settings, ["/venv/bin/mlx.launch", "--", "python", "-m", "engine"])
+    for line in lines:
+        sup.observed.read(line)
+    return sup
+
+
+def test_joined_lines_give_each_rank_its_pid_and_host():
+    obs = Observed()
+    for line in JOINED:
+        obs.read(line)
+    assert obs.size == 2
+    assert (obs.ranks[0].pid, obs.ranks[0].host) == (798, "mac-1")
+    assert (obs.ranks[1].pid, obs.ranks[1].host) == (799, "mac-2")
+
+
+def test_a_killed_rank_is_blamed_not_the_rank_that_lost_it(tmp_path):
+    sup = supervisor(tmp_path, [*JOINED, "\x1b[33m[WARN] Node with rank 1 exited with code -9 \x1b[0m",
+                                "2026-11-22 rank0 CRITICAL engine: rank 0: [ring] connection to a peer was lost",
+                                "\x1b[33m[WARN] Node with rank 0 exited with code 4 \x1b[0m"])
+    failure = sup.blame(sup._exits(), "")
+    assert failure.rank == 1
+    assert failure.summary == "rank 1 (pid 799 on mac-2) was killed by SIGKILL"
+
+
+def test_a_frozen_rank_is_the_one_still_running_when_a_watchdog_fires(tmp_path):
+    sup = supervisor(tmp_path, [*JOINED, WATCHDOG, "[WARN] Node with rank 0 exited with code 70"])
+    failure = sup.blame(sup._exits(), "")
+    assert failure.rank == 1
+    assert failure.summary.startswith("rank 1 (pid 799 on mac-2) stopped responding")
+    assert "rank 0 was ended by its watchdog" in failure.summary
+    assert "no progress for 5.6 s" in failure.detail
+
+
+def test_rank_0_that_stops_answering_is_named(tmp_path):
+    sup = supervisor(tmp_path, JOINED)
+    failure = sup.blame([], "stopped answering on /run/engine.sock for 7 s")
+    assert failure.rank == 0 and "stopped answering" in failure.summary
+
+
+@pytest.mark.parametrize(("code", "words"), [(-9, "killed by SIGKILL"), (-19, "killed by SIGSTOP"),
+                                              (70, "watchdog"), (4, "lost its connection"), (1, "exited with code 1"),
+                                              (None, "killed by mlx.launch")])
+def test_exit_codes_in_words(code, words):
+    assert words in describe_exit(code)
+
+
+def test_state_file_is_written_atomically(tmp_path):
+    import json
+
+    sup = supervisor(tmp_path, [])
+    sup.write_state("restarting", next_restart_at=12.0)
+    state = json.loads((tmp_path / "engine.state.json").read_text())
+    assert state["state"] == "restarting" and state["next_restart_at"] == 12.0
+    sup.write_state("running")
+    assert json.loads((tmp_path / "engine.state.json").read_text())["next_restart_at"] is None
+    assert [p.name for p in tmp_path.iterdir()] == ["engine.state.json"]
