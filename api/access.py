@@ -1,11 +1,20 @@
-"""One access-log line per request on `api.access`, written when the response (or stream) ends."""
+"""One access-log line per request on `api.access`, written when the response (or stream) ends.
+
+The same middleware times the first token and the gaps between tokens (the engine client calls
+tokens_arrived() for each Delta), and hands every finished request to an observer (metrics and
+the dashboard's recent-requests table).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from contextvars import ContextVar
+from typing import Protocol
 
+import msgspec
 from starlette.requests import Request
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("api.access")
@@ -13,17 +22,62 @@ logger = logging.getLogger("api.access")
 _SCOPE_KEY = "mlx_cluster_serve.access"
 
 
+class Completed(msgspec.Struct, frozen=True, kw_only=True):
+    """What one finished HTTP request looked like (the access line, as data)."""
+
+    request_id: str
+    time: float  # wall clock when the request arrived
+    method: str
+    path: str
+    endpoint: str  # the route's template ("other" when none matched): bounded, for metric labels
+    status: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ttft: float | None
+    duration: float
+    outcome: str | None
+
+
+class Observer(Protocol):
+    def tokens(self, count: int, gap: float | None) -> None:
+        """count tokens arrived; gap is the time per token since the previous ones (None for the first)."""
+
+    def finished(self, done: Completed) -> None:
+        """A request ended (its last byte is sent)."""
+
+
 class AccessRecord:
     """What the handlers learn about a request; the middleware logs it."""
 
-    __slots__ = ("request_id", "prompt_tokens", "completion_tokens", "outcome")
+    __slots__ = ("request_id", "prompt_tokens", "completion_tokens", "outcome", "start", "first_token",
+                 "last_token", "observer")
 
-    def __init__(self) -> None:
+    def __init__(self, observer: Observer | None = None) -> None:
         self.request_id = "-"
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         # set when a stream ends other than normally: an error code or "client_disconnected"
         self.outcome: str | None = None
+        self.start = time.perf_counter()
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.observer = observer
+
+    def tokens(self, count: int) -> None:
+        now = time.perf_counter()
+        gap = None if self.last_token is None else (now - self.last_token) / count
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        if self.observer is not None:
+            self.observer.tokens(count, gap)
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+
+_current: ContextVar[AccessRecord | None] = ContextVar("mlx_cluster_serve_access", default=None)
 
 
 def access_record(request: Request) -> AccessRecord:
@@ -31,19 +85,36 @@ def access_record(request: Request) -> AccessRecord:
     return request.scope.setdefault(_SCOPE_KEY, AccessRecord())
 
 
+def tokens_arrived(count: int) -> None:
+    """count generated tokens reached the API for the current request (TTFT, inter-token latency)."""
+    record = _current.get()
+    if record is not None and count > 0:
+        record.tokens(count)
+
+
+def endpoint_label(scope: Scope) -> str:
+    """The matched route's template with its mount prefix, e.g. /v1/models/{model_id}."""
+    route = scope.get("route")
+    if not isinstance(route, Route):
+        return "other"
+    prefix = scope["root_path"][len(scope["app_root_path"]):] if "app_root_path" in scope else ""
+    return prefix + route.path_format
+
+
 class AccessLog:
     """Pure ASGI middleware: measures until the last byte, so streams are logged with their tokens."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, observer: Observer | None = None) -> None:
         self.app = app
+        self.observer = observer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        record = scope[_SCOPE_KEY] = AccessRecord()
+        record = scope[_SCOPE_KEY] = AccessRecord(self.observer)
+        arrived = time.time()
         status = 500
-        start = time.perf_counter()
 
         async def send_status(message: Message) -> None:
             nonlocal status
@@ -51,21 +122,46 @@ class AccessLog:
                 status = message["status"]
             await send(message)
 
+        token = _current.set(record)
         try:
             await self.app(scope, receive, send_status)
         finally:
-            # health probes are frequent; keep them out of the INFO log unless they fail
-            level = logging.DEBUG if scope["path"] == "/health" and status == 200 else logging.INFO
-            if logger.isEnabledFor(level):
-                logger.log(
-                    level,
-                    "%s %s %s %d prompt_tokens=%s completion_tokens=%s duration=%.3fs%s",
-                    record.request_id,
-                    scope["method"],
-                    scope["path"],
-                    status,
-                    "-" if record.prompt_tokens is None else record.prompt_tokens,
-                    "-" if record.completion_tokens is None else record.completion_tokens,
-                    time.perf_counter() - start,
-                    f" outcome={record.outcome}" if record.outcome else "",
-                )
+            _current.reset(token)
+            done = Completed(
+                request_id=record.request_id,
+                time=arrived,
+                method=scope["method"],
+                path=scope["path"],
+                endpoint=endpoint_label(scope),
+                status=status,
+                prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens,
+                ttft=record.ttft,
+                duration=time.perf_counter() - record.start,
+                outcome=record.outcome,
+            )
+            _log(done)
+            if self.observer is not None:
+                self.observer.finished(done)
+
+
+# Frequent probes stay out of the INFO log unless they fail.
+_QUIET_PATHS = ("/health", "/metrics", "/dashboard/state")
+
+
+def _log(d: Completed) -> None:
+    level = logging.DEBUG if d.path in _QUIET_PATHS and d.status == 200 else logging.INFO
+    if logger.isEnabledFor(level):
+        logger.log(
+            level,
+            "%s %s %s %d prompt_tokens=%s completion_tokens=%s ttft=%s duration=%.3fs%s",
+            d.request_id,
+            d.method,
+            d.path,
+            d.status,
+            "-" if d.prompt_tokens is None else d.prompt_tokens,
+            "-" if d.completion_tokens is None else d.completion_tokens,
+            "-" if d.ttft is None else f"{d.ttft:.3f}s",
+            d.duration,
+            f" outcome={d.outcome}" if d.outcome else "",
+        )

@@ -1,0 +1,72 @@
+"""Is the engine alive? One verdict for /health and the dashboard, from a bounded Info wait.
+
+A frozen rank leaves rank 0 waiting inside a collective: its socket thread may still answer
+Info (then last_step_age and the rank reports grow) or may not (then the Info wait times out).
+Both read as "stalled"; a socket that refuses connections reads as "unreachable".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+import ipc
+from api.engine_client import EngineClient, EngineStalled
+from api.errors import APIError
+from config import Settings
+
+# How long /health waits for the engine's Info before calling it stalled.
+INFO_TIMEOUT = 2.0
+
+
+def engine_verdict(info: ipc.Info, deadline: float) -> str:
+    """"ok", or "stalled: ..." naming what stopped: the step loop, or a rank's reports."""
+    if info.last_step_age >= deadline:
+        return f"stalled: no step for {info.last_step_age:.0f} s"
+    stale = [r for r in info.rank_states if r.report_age >= deadline]
+    if stale:
+        age = max(r.report_age for r in stale)
+        if len(stale) > 1 and len(stale) == len(info.rank_states):
+            # reports are gathered together: all old means the ranks stopped meeting, not which one froze
+            return f"stalled: no rank report for {age:.0f} s (the ranks stopped meeting: one is frozen or gone)"
+        names = ", ".join(f"rank {r.rank} ({r.host or '?'}, pid {r.pid})" for r in stale)
+        return f"stalled: no report from {names} for {age:.0f} s"
+    return "ok"
+
+
+def details(info: ipc.Info) -> dict[str, Any]:
+    return {
+        "model": info.model,
+        "context_length": info.context_length,
+        "ranks": info.ranks,
+        "backend": info.backend,
+        "engine_pid": info.engine_pid,
+        "uptime": round(info.uptime, 1),
+        "step": info.step,
+        "last_step_age": round(info.last_step_age, 3),
+        "active": info.active,
+        "queued": info.queued,
+        "max_batch": info.max_batch,
+        "max_queue": info.max_queue,
+        "rank_states": [
+            {**msgspec.structs.asdict(r), "report_age": round(r.report_age, 3)} for r in info.rank_states
+        ],
+    }
+
+
+async def check(engine: EngineClient, settings: Settings, api_started: float) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) of /health: 200 only when the engine answers and every part progresses."""
+    head: dict[str, Any] = {"api_uptime": round(time.monotonic() - api_started, 1),
+                            "stall_deadline": settings.HEALTH_STALL_SECONDS}
+    try:
+        info = await engine.info(INFO_TIMEOUT)
+    except EngineStalled as exc:
+        return 503, {"status": "unavailable", "api": "ok", "engine": f"stalled: {exc.message}", **head}
+    except APIError as exc:
+        return 503, {"status": "unavailable", "api": "ok", "engine": f"unreachable: {exc.message}", **head}
+    verdict = engine_verdict(info, settings.HEALTH_STALL_SECONDS)
+    ok = verdict == "ok"
+    body = {"status": "ok" if ok else "unavailable", "api": "ok", "engine": verdict, **head, **details(info)}
+    return (200 if ok else 503), body

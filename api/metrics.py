@@ -1,0 +1,189 @@
+"""Prometheus metrics at /metrics: the gateway's own counters and the engine's state from Info.
+
+Each app owns a CollectorRegistry (never the global one), so tests can build several apps.
+Request metrics are observed by the access-log middleware; engine gauges are refreshed from a
+bounded Info call at scrape time. The same object keeps the recent requests the dashboard shows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+import ipc
+from api.access import Completed
+from api.engine_client import EngineClient
+from api.errors import APIError
+
+PREFIX = "mcs"
+# /metrics waits at most this long for the engine; a scrape without it reports mcs_engine_up 0.
+SCRAPE_INFO_TIMEOUT = 1.0
+RECENT_REQUESTS = 50
+RECENT_ERRORS = 20
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+def is_generation(done: Completed) -> bool:
+    """A request the engine admitted (the others never reached it or were refused)."""
+    return done.prompt_tokens is not None
+
+
+class Metrics:
+    """The gateway's metrics and its recent requests; an access-log observer."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by route and status.",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens",
+                                         "Generated tokens, counted as they reach the API.", registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
+                              "From the request's arrival to its first generated token.",
+                              ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds",
+                             "From the request's arrival to its last byte, for admitted requests.",
+                             ["endpoint"], buckets=E2E_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
+                             "Time between consecutive generated tokens of one request.",
+                             buckets=ITL_BUCKETS, registry=r)
+        self.engine_state = EngineCollector(engine)
+        r.register(self.engine_state)
+        ProcessCollector(namespace=f"{PREFIX}_api", registry=r)
+        # for the dashboard
+        self.recent: deque[Completed] = deque(maxlen=RECENT_REQUESTS)
+        self.errors: deque[Completed] = deque(maxlen=RECENT_ERRORS)
+        self.generated_total = 0
+        self.requests_total = 0
+        self.rate = TokenRate()
+
+    # ---- access-log observer
+
+    def tokens(self, count: int, gap: float | None) -> None:
+        self.generated_total += count
+        self.rate.add(count)
+        self.generation_tokens.inc(count)
+        if gap is not None:
+            for _ in range(count):
+                self.itl.observe(gap)
+
+    def finished(self, done: Completed) -> None:
+        self.requests.labels(done.endpoint, str(done.status)).inc()
+        if is_generation(done):
+            self.prompt_tokens.inc(done.prompt_tokens or 0)
+            self.e2e.labels(done.endpoint).observe(done.duration)
+            if done.ttft is not None:
+                self.ttft.labels(done.endpoint).observe(done.ttft)
+        if done.path.startswith("/v1/"):
+            self.requests_total += 1
+            self.recent.append(done)
+            if done.status >= 400 or done.outcome:
+                self.errors.append(done)
+
+    # ---- scraping
+
+    async def refresh(self) -> ipc.Info | None:
+        """Fresh Info for the engine gauges (None, and mcs_engine_up 0, when the engine does not answer)."""
+        try:
+            info = await self.engine.info(SCRAPE_INFO_TIMEOUT)
+        except APIError:
+            info = None
+        self.engine_state.info = info
+        return info
+
+    async def endpoint(self, request: Request) -> Response:
+        await self.refresh()
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class TokenRate:
+    """Generated tokens per whole second over the last minute (the dashboard's sparkline)."""
+
+    def __init__(self, seconds: int = 60) -> None:
+        self.seconds = seconds
+        self._buckets: dict[int, int] = {}
+
+    def add(self, count: int, at: float | None = None) -> None:
+        second = int(time.monotonic() if at is None else at)
+        self._buckets[second] = self._buckets.get(second, 0) + count
+        if len(self._buckets) > 2 * self.seconds:
+            oldest = second - self.seconds
+            self._buckets = {s: c for s, c in self._buckets.items() if s >= oldest}
+
+    def series(self, at: float | None = None) -> list[int]:
+        """Tokens in each of the last complete seconds, oldest first."""
+        now = int(time.monotonic() if at is None else at)
+        return [self._buckets.get(s, 0) for s in range(now - self.seconds, now)]
+
+
+class EngineCollector(Collector):
+    """Engine state from the last scrape's Info; its cumulative timings become summaries."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+        self.info: ipc.Info | None = None
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on demand: nothing to describe before the first scrape
+
+    def collect(self) -> Iterator[Metric]:
+        info = self.info
+        yield GaugeMetricFamily(f"{PREFIX}_engine_up", "1 when engine rank 0 answered this scrape's Info.",
+                                value=1 if info is not None else 0)
+        yield CounterMetricFamily(f"{PREFIX}_engine_reconnects", "Times the API got the engine back after losing it "
+                                  "(or found another engine process).", value=self.engine.reconnects)
+        if info is None:
+            return
+        yield InfoMetricFamily(f"{PREFIX}_engine", "The served model and the engine's topology.",
+                               value={"model": info.model, "backend": info.backend, "ranks": str(info.ranks),
+                                      "context_length": str(info.context_length)})
+        yield GaugeMetricFamily(f"{PREFIX}_queue_depth", "Requests waiting for a batch slot.", value=info.queued)
+        yield GaugeMetricFamily(f"{PREFIX}_active_sequences", "Sequences in the running batch.", value=info.active)
+        yield GaugeMetricFamily(f"{PREFIX}_max_batch", "Batch slots (MAX_BATCH).", value=info.max_batch)
+        yield GaugeMetricFamily(f"{PREFIX}_engine_uptime_seconds", "Seconds since the engine started.",
+                                value=info.uptime)
+        yield GaugeMetricFamily(f"{PREFIX}_engine_last_step_age_seconds",
+                                "Seconds since the step loop's last step or idle heartbeat.", value=info.last_step_age)
+        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "Plans the step loop ran (idle ticks included).",
+                                  value=info.step)
+        yield SummaryMetricFamily(f"{PREFIX}_engine_step_seconds", "Batched forward steps on rank 0.",
+                                  count_value=info.step_time_count, sum_value=info.step_time_sum)
+        yield SummaryMetricFamily(f"{PREFIX}_engine_plan_broadcast_seconds",
+                                  "Step-plan broadcasts from rank 0 to every rank.",
+                                  count_value=info.broadcast_time_count, sum_value=info.broadcast_time_sum)
+        memory = GaugeMetricFamily(f"{PREFIX}_rank_memory_bytes", "MLX memory of each rank (active, cache, peak).",
+                                   labels=["rank", "host", "kind"])
+        host = GaugeMetricFamily(f"{PREFIX}_rank_host_memory_bytes", "Memory of each rank's host (total, available).",
+                                 labels=["rank", "host", "kind"])
+        age = GaugeMetricFamily(f"{PREFIX}_rank_report_age_seconds", "Seconds since each rank last reported.",
+                                labels=["rank", "host"])
+        step = GaugeMetricFamily(f"{PREFIX}_rank_step", "The step each rank last reported.", labels=["rank", "host"])
+        for r in info.rank_states:
+            labels = [str(r.rank), r.host]
+            memory.add_metric([*labels, "active"], r.active_memory)
+            memory.add_metric([*labels, "cache"], r.cache_memory)
+            memory.add_metric([*labels, "peak"], r.peak_memory)
+            host.add_metric([*labels, "total"], r.host_memory_total)
+            host.add_metric([*labels, "available"], r.host_memory_available)
+            age.add_metric(labels, r.report_age)
+            step.add_metric(labels, r.step)
+        yield from (memory, host, age, step)

@@ -1,0 +1,281 @@
+// mlx-cluster-serve dashboard: polls /dashboard/state once a second; the chat box streams
+// through /v1/chat/completions. Plain JS, no build step, no dependencies.
+"use strict";
+
+const POLL_MS = 1000;
+const KEY_STORE = "mlx-cluster-serve.api-key";
+const $ = (id) => document.getElementById(id);
+
+let servedModel = "default";
+let chatHistory = [];
+
+// ---- helpers -------------------------------------------------------------------------------
+
+function authHeaders(extra = {}) {
+  const key = localStorage.getItem(KEY_STORE);
+  return key ? { ...extra, Authorization: `Bearer ${key}` } : extra;
+}
+
+function bytes(n) {
+  if (!n) return "0 B";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(n >= 100 || i === 0 ? 0 : 1)} ${units[i]}`;
+}
+
+function seconds(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 1) return `${Math.round(s * 1000)} ms`;
+  return `${s.toFixed(s < 10 ? 2 : 1)} s`;
+}
+
+function duration(s) {
+  s = Math.floor(s || 0);
+  if (s >= 3600) return `${Math.floor(s / 3600)}h${String(Math.floor(s / 60) % 60).padStart(2, "0")}m`;
+  return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+}
+
+function clock(t) {
+  return new Date(t * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+// ---- rendering -----------------------------------------------------------------------------
+
+function renderStatus(state) {
+  const h = state.health;
+  const ok = h.http_status === 200;
+  const pill = $("status");
+  pill.className = "pill " + (ok ? "pill-ok" : "pill-bad");
+  pill.textContent = ok ? "healthy" : `engine ${h.engine}`;
+  pill.title = JSON.stringify({ status: h.status, api: h.api, engine: h.engine });
+  $("model").textContent = state.model;
+  const facts = [];
+  if (h.backend) facts.push(`${h.ranks} rank${h.ranks === 1 ? "" : "s"} · ${h.backend}`);
+  if (h.context_length) facts.push(`context ${h.context_length}`);
+  if (h.uptime !== undefined) facts.push(`engine up ${duration(h.uptime)}`);
+  facts.push(`API up ${duration(h.api_uptime)}`);
+  $("facts").textContent = facts.join("   ·   ");
+}
+
+function renderSpark(series) {
+  const svg = $("spark");
+  const max = Math.max(1, ...series);
+  const w = 300, h = 48, n = series.length;
+  const pts = series.map((v, i) => `${(i / Math.max(1, n - 1)) * w},${h - 2 - (v / max) * (h - 4)}`);
+  svg.innerHTML = "";
+  const ns = "http://www.w3.org/2000/svg";
+  const area = document.createElementNS(ns, "polygon");
+  area.setAttribute("points", `0,${h} ${pts.join(" ")} ${w},${h}`);
+  const line = document.createElementNS(ns, "polyline");
+  line.setAttribute("points", pts.join(" "));
+  svg.append(area, line);
+}
+
+function renderCards(state) {
+  const h = state.health;
+  $("tps").textContent = state.tokens_per_second.toFixed(1);
+  renderSpark(state.tokens_series);
+  const peak = Math.max(0, ...state.tokens_series);
+  $("tps-sub").textContent = `last minute, peak ${peak}/s · ${state.generated_total} generated since the API started`;
+  $("ttft").textContent = seconds(state.ttft.last);
+  $("ttft-sub").textContent = state.ttft.mean === null ? "no request yet" : `mean ${seconds(state.ttft.mean)} (recent)`;
+  const known = h.queued !== undefined;
+  $("queue").textContent = known ? h.queued : "–";
+  $("queue-sub").textContent = known ? `of ${h.max_queue} waiting slots` : "";
+  $("active").textContent = known ? h.active : "–";
+  $("active-sub").textContent = known ? `of ${h.max_batch} batch slots` : "";
+  $("step-age").textContent = known ? seconds(h.last_step_age) + " ago" : "–";
+  $("step-sub").textContent = known ? `step ${h.step} · stall after ${h.stall_deadline} s` : "";
+}
+
+function memoryBar(r) {
+  const total = r.host_memory_total || 1;
+  const used = Math.max(0, total - r.host_memory_available);
+  const other = Math.max(0, used - r.active_memory - r.cache_memory);
+  const pct = (v) => `${Math.min(100, (v / total) * 100)}%`;
+  const bar = el("div", { class: "bar", title: `${bytes(used)} of ${bytes(total)} used` });
+  for (const [cls, v] of [["active", r.active_memory], ["cache", r.cache_memory], ["other", other]]) {
+    // a visible sliver even when MLX holds a few MB of a large host
+    const span = el("span", { class: cls });
+    span.style.width = v > 0 ? `max(2px, ${pct(v)})` : "0";
+    bar.append(span);
+  }
+  return bar;
+}
+
+function renderTopology(state) {
+  const h = state.health;
+  const box = $("topology");
+  box.innerHTML = "";
+  const api = el("div", { class: "node api" },
+    el("div", { class: "title" }, "API gateway"),
+    el("div", { class: "meta" }, `up ${duration(h.api_uptime)}`),
+    el("div", { class: "meta" }, `${state.requests_total} requests`));
+  box.append(api);
+  const ranks = h.rank_states || [];
+  box.append(el("div", { class: "link" }, "socket", el("div", { class: "wire" }),
+    h.http_status === 200 ? "ok" : (h.engine || "").split(":")[0]));
+  if (!ranks.length) {
+    box.append(el("div", { class: "node stale" }, el("div", { class: "title" }, "engine"),
+      el("div", { class: "meta" }, h.engine || "no report yet")));
+    return;
+  }
+  ranks.forEach((r, i) => {
+    if (i > 0) box.append(el("div", { class: "link" }, h.backend, el("div", { class: "wire" }), "all_sum"));
+    const stale = r.report_age >= h.stall_deadline;
+    box.append(el("div", { class: "node" + (stale ? " stale" : "") },
+      el("div", { class: "title" }, `rank ${r.rank}${r.rank === 0 ? " · leader" : ""}`),
+      el("div", { class: "meta" }, `${r.host || "?"} · pid ${r.pid} · step ${r.step}`),
+      memoryBar(r),
+      el("div", { class: "meta" },
+        `MLX ${bytes(r.active_memory)} (+${bytes(r.cache_memory)} cache, peak ${bytes(r.peak_memory)})`),
+      el("div", { class: "meta" },
+        `host ${bytes(r.host_memory_total - r.host_memory_available)} / ${bytes(r.host_memory_total)} · ` +
+        `report ${seconds(r.report_age)} ago`)));
+  });
+}
+
+function statusCell(status) {
+  return el("td", { class: `num s${String(status)[0]}` }, status);
+}
+
+function renderRequests(state) {
+  const body = $("requests").querySelector("tbody");
+  body.innerHTML = "";
+  for (const r of state.recent) {
+    body.append(el("tr", { "data-id": r.id },
+      el("td", {}, clock(r.time)),
+      el("td", { class: "id", title: r.id }, r.id === "-" ? "–" : r.id.slice(0, 18)),
+      el("td", {}, r.endpoint),
+      el("td", { class: "num" }, r.prompt_tokens ?? "–"),
+      el("td", { class: "num" }, r.completion_tokens ?? "–"),
+      el("td", { class: "num" }, seconds(r.ttft)),
+      el("td", { class: "num" }, seconds(r.duration)),
+      statusCell(r.status)));
+  }
+  $("requests-empty").hidden = state.recent.length > 0;
+  const list = $("errors");
+  list.innerHTML = "";
+  for (const e of state.errors) {
+    list.append(el("li", {}, `${clock(e.time)}  `, el("b", { class: `s${String(e.status)[0]}` }, e.status),
+      `  ${e.endpoint}  ${e.outcome || ""}  `, el("span", { class: "muted" }, e.id)));
+  }
+  $("errors-empty").hidden = state.errors.length > 0;
+}
+
+// ---- polling -------------------------------------------------------------------------------
+
+async function poll() {
+  try {
+    const res = await fetch("/dashboard/state", { headers: authHeaders(), cache: "no-store" });
+    if (res.status === 401) {
+      $("key-bar").hidden = false;
+      return;
+    }
+    const state = await res.json();
+    servedModel = state.served_model || servedModel;
+    renderStatus(state);
+    renderCards(state);
+    renderTopology(state);
+    renderRequests(state);
+  } catch (err) {
+    const pill = $("status");
+    pill.className = "pill pill-bad";
+    pill.textContent = "API unreachable";
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+// ---- chat ----------------------------------------------------------------------------------
+
+function chatBubble(cls, text) {
+  const node = el("div", { class: `msg ${cls}` }, text);
+  $("chat-log").append(node);
+  $("chat-log").scrollTop = $("chat-log").scrollHeight;
+  return node;
+}
+
+async function sendChat(text) {
+  chatHistory.push({ role: "user", content: text });
+  chatBubble("user", text);
+  const out = chatBubble("assistant", "");
+  out.dataset.state = "streaming";
+  out.dataset.chunks = "0";
+  let reply = "";
+  try {
+    const res = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: authHeaders({ "Content-Type": "application/json" }),
+      body: JSON.stringify({ model: servedModel, messages: chatHistory, stream: true, max_tokens: 64 }),
+    });
+    if (!res.ok) {
+      const body = await res.json().catch(() => ({}));
+      if (res.status === 401) $("key-bar").hidden = false;
+      throw new Error(body.error ? body.error.message : `HTTP ${res.status}`);
+    }
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const frame = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        for (const line of frame.split("\n")) {
+          if (!line.startsWith("data: ")) continue;
+          const data = line.slice(6);
+          if (data === "[DONE]") continue;
+          const chunk = JSON.parse(data);
+          if (chunk.error) throw new Error(chunk.error.message);
+          if (chunk.id) out.dataset.requestId = chunk.id;
+          const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+          if (delta && delta.content) {
+            reply += delta.content;
+            out.textContent = reply;
+            out.dataset.chunks = String(Number(out.dataset.chunks) + 1);
+            $("chat-log").scrollTop = $("chat-log").scrollHeight;
+          }
+        }
+      }
+    }
+    chatHistory.push({ role: "assistant", content: reply });
+    out.dataset.state = "done";
+  } catch (err) {
+    chatHistory.pop();
+    out.className = "msg error";
+    out.textContent = `error: ${err.message}`;
+    out.dataset.state = "error";
+  }
+}
+
+$("chat-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const input = $("chat-input");
+  const text = input.value.trim();
+  if (!text) return;
+  input.value = "";
+  $("chat-send").disabled = true;
+  try { await sendChat(text); } finally { $("chat-send").disabled = false; input.focus(); }
+});
+
+$("key-save").addEventListener("click", () => {
+  const key = $("key-input").value.trim();
+  if (key) localStorage.setItem(KEY_STORE, key); else localStorage.removeItem(KEY_STORE);
+  $("key-bar").hidden = true;
+});
+
+poll();

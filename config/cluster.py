@@ -1,0 +1,250 @@
+"""`python -m config.cluster check|sync`: the cluster preflight and project sync behind launch.sh.
+
+check runs config/hostprobe.py on every host (locally for 127.0.0.1/localhost, else over ssh),
+compares what each reports with rank 0's host, prints a table with a verdict per host and
+exits 1 on any fault. sync copies the project and .env to the remote hosts with rsync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from config.settings import REPO_ROOT, ConfigError, Settings, load_settings
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+PROBE = Path(__file__).resolve().parent / "hostprobe.py"
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+PROBE_TIMEOUT = 60  # seconds per host (ssh included)
+# Never copied by sync (and, being excluded, never deleted on the other side either).
+SYNC_EXCLUDES = (".venv/", ".git/", "run/", "logs/", ".cache/", "__pycache__/", "*.pyc", ".pytest_cache/")
+
+
+@dataclass
+class Host:
+    name: str
+    ranks: list[int] = field(default_factory=list)
+    rdma: list[list] = field(default_factory=list)  # this host's hostfile rdma row(s)
+    facts: dict = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+
+    @property
+    def local(self) -> bool:
+        return self.name in LOCAL_HOSTS
+
+
+def cluster_hosts(settings: Settings) -> tuple[list[Host], list[str]]:
+    """Hosts in rank order (merged when one host runs several ranks), and hostfile faults."""
+    faults: list[str] = []
+    names: list[str] = []
+    rows: list = []
+    if settings.HOSTFILE:
+        path = Path(settings.HOSTFILE).expanduser()
+        path = path if path.is_absolute() else REPO_ROOT / path
+        try:
+            doc = json.loads(path.read_text())
+            entries = doc["hosts"] if isinstance(doc, dict) else doc
+            names = [str(h["ssh"]) for h in entries]
+            rows = [h.get("rdma") for h in entries]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return [], [f"HOSTFILE {path} is not an mlx.launch hostfile ({type(exc).__name__}: {exc})"]
+        if settings.BACKEND == "jaccl":
+            faults += rdma_matrix_faults(rows)
+    else:
+        names = settings.hosts
+    hosts: dict[str, Host] = {}
+    for rank, name in enumerate(names):
+        host = hosts.setdefault(name, Host(name))
+        host.ranks.append(rank)
+        if rows and isinstance(rows[rank], list):
+            host.rdma.append(rows[rank])
+    return list(hosts.values()), faults
+
+
+def rdma_matrix_faults(rows: list) -> list[str]:
+    """The jaccl hostfile's rdma matrix must be n x n, null on the diagonal, a device elsewhere."""
+    n = len(rows)
+    faults = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != n:
+            faults.append(f"hostfile rdma row of rank {i} must list {n} entries (one per host), got {row!r}")
+            continue
+        for j, cell in enumerate(row):
+            if i == j:
+                if cell is not None:
+                    faults.append(f"hostfile rdma[{i}][{i}] must be null (a host has no link to itself), got {cell!r}")
+            elif not _device_cell(cell):
+                faults.append(f"hostfile rdma[{i}][{j}] must name the RDMA device from rank {i} to rank {j}, got {cell!r}")
+    return faults
+
+
+def _device_cell(cell: object) -> bool:
+    if isinstance(cell, str):
+        return bool(cell)
+    return isinstance(cell, list) and bool(cell) and all(isinstance(c, str) and c for c in cell)
+
+
+def _devices(cell: object) -> list[str]:
+    return [cell] if isinstance(cell, str) else list(cell) if isinstance(cell, list) else []
+
+
+def probe_host(host: Host, settings: Settings) -> None:
+    """Fill host.facts (or host.faults when the host cannot be probed)."""
+    args = ["--root", str(REPO_ROOT), "--model", settings.MODEL]
+    if host.local:
+        cmd = [sys.executable, str(PROBE), *args]
+        stdin = None
+    else:
+        venv = shlex.quote(str(REPO_ROOT / ".venv" / "bin" / "python"))
+        remote = f'p={venv}; [ -x "$p" ] || p=python3; exec "$p" - {shlex.join(args)}'
+        cmd = ["ssh", *SSH_OPTIONS, host.name, remote]
+        stdin = PROBE.read_bytes()
+    try:
+        r = subprocess.run(cmd, input=stdin, capture_output=True, timeout=PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        host.faults.append(f"no answer within {PROBE_TIMEOUT} s" + ("" if host.local else " over ssh"))
+        return
+    except OSError as exc:
+        host.faults.append(f"cannot run {cmd[0]}: {exc}")
+        return
+    if r.returncode != 0:
+        last = (r.stderr.decode(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+        how = "the probe failed" if host.local else f"ssh {host.name} failed (exit {r.returncode})"
+        host.faults.append(f"{how}: {last}")
+        return
+    try:
+        host.facts = json.loads(r.stdout)
+    except ValueError:
+        host.faults.append(f"the probe printed something else than JSON: {r.stdout[:200]!r}")
+
+
+def judge(hosts: list[Host], settings: Settings) -> None:
+    """Add each host's faults: what it lacks, and what differs from rank 0's host."""
+    root = REPO_ROOT
+    ref = hosts[0].facts if hosts and hosts[0].facts else {}
+    for host in hosts:
+        f = host.facts
+        if not f:
+            continue
+        if not f.get("project"):
+            host.faults.append(f"the project is not at {root} (clone it there, or ./launch.sh sync)")
+            continue
+        if not f.get("venv"):
+            host.faults.append(f"no .venv in {root} (run ./launch.sh setup there)")
+        for key, name in (("mlx", "mlx"), ("mlx_lm", "mlx-lm")):
+            if not f.get(key):
+                host.faults.append(f"{name} is not installed for {f.get('executable')}")
+        model = f.get("model") or {}
+        if not model.get("ok"):
+            host.faults.append(model.get("problem", "the model could not be checked"))
+        if host is hosts[0]:
+            continue
+        for key, name in (("python", "Python"), ("mlx", "mlx"), ("mlx_lm", "mlx-lm")):
+            if f.get(key) and ref.get(key) and f[key] != ref[key]:
+                host.faults.append(f"{name} {f[key]} differs from rank 0's {ref[key]}")
+        if ref.get("code") and f.get("code") != ref.get("code"):
+            host.faults.append("project files differ from rank 0's (./launch.sh sync copies them)")
+        if ref.get("project") and f.get("env") != ref.get("env"):
+            host.faults.append(".env differs from rank 0's (./launch.sh sync copies it)")
+        if model.get("ok") and (ref.get("model") or {}).get("ok") and model["identity"] != ref["model"]["identity"]:
+            host.faults.append(f"the model differs from rank 0's ({model['identity']} vs {ref['model']['identity']})")
+    if settings.BACKEND == "jaccl":
+        for host in hosts:
+            ports = host.facts.get("rdma") if host.facts else None
+            if ports is None:
+                continue  # no ibv_devinfo here: nothing to check
+            for row in host.rdma:
+                for cell in row:
+                    for dev in _devices(cell):
+                        state = ports.get(dev)
+                        if state != "PORT_ACTIVE":
+                            host.faults.append(f"RDMA device {dev} is {state or 'absent from ibv_devinfo'}, not PORT_ACTIVE")
+
+
+def render(hosts: list[Host], settings: Settings, global_faults: list[str]) -> str:
+    head = ("host", "ranks", "python", "mlx", "mlx-lm", "model", "verdict")
+    rows = []
+    for h in hosts:
+        f = h.facts
+        model = (f.get("model") or {}).get("identity", "-") if f else "-"
+        rows.append((h.name, ",".join(map(str, h.ranks)), f.get("python") or "-", f.get("mlx") or "-",
+                     f.get("mlx_lm") or "-", model, "OK" if not h.faults else f"FAULT ({len(h.faults)})"))
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    lines = [f"preflight: {len(hosts)} host(s), {sum(len(h.ranks) for h in hosts)} rank(s), backend {settings.BACKEND}, "
+             f"model {settings.MODEL}, project {REPO_ROOT}", ""]
+    for r in [head, *rows]:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    faults = [(h.name, x) for h in hosts for x in h.faults] + [("hostfile", x) for x in global_faults]
+    if faults:
+        lines.append("")
+        lines += [f"FAULT {name}: {text}" for name, text in faults]
+        lines.append("")
+        lines.append(f"preflight failed: {len(faults)} fault(s); fix them before ./launch.sh start")
+    else:
+        lines.append("")
+        lines.append("preflight passed: every host is ready")
+    return "\n".join(lines)
+
+
+def check(settings: Settings) -> int:
+    hosts, global_faults = cluster_hosts(settings)
+    with cf.ThreadPoolExecutor(max(1, len(hosts))) as pool:
+        list(pool.map(lambda h: probe_host(h, settings), hosts))
+    judge(hosts, settings)
+    print(render(hosts, settings, global_faults))
+    return 1 if global_faults or any(h.faults for h in hosts) or not hosts else 0
+
+
+def sync(settings: Settings) -> int:
+    hosts, faults = cluster_hosts(settings)
+    remote = [h for h in hosts if not h.local]
+    if faults and not hosts:
+        print("\n".join(faults), file=sys.stderr)
+        return 1
+    if not remote:
+        print("sync: every host is local; nothing to copy")
+        return 0
+    root = str(REPO_ROOT)
+    excludes = [f"--exclude={x}" for x in SYNC_EXCLUDES]
+    for extra in (settings.run_dir, settings.log_dir):
+        if extra.is_relative_to(REPO_ROOT) and extra != REPO_ROOT:
+            excludes.append(f"--exclude=/{extra.relative_to(REPO_ROOT)}/")
+    failed = 0
+    for h in remote:
+        print(f"sync: {root}/ -> {h.name}:{root}/")
+        steps = [
+            ["ssh", *SSH_OPTIONS, h.name, f"mkdir -p {shlex.quote(root)}"],
+            ["rsync", "-az", "--delete", *excludes, "-e", shlex.join(["ssh", *SSH_OPTIONS]), f"{root}/",
+             f"{h.name}:{root}/"],
+            # the ranks run .venv/bin/python there: install or update it when pyproject.toml changed
+            ["ssh", *SSH_OPTIONS, h.name, f"cd {shlex.quote(root)} && ./launch.sh setup"],
+        ]
+        for cmd in steps:
+            if subprocess.run(cmd).returncode != 0:
+                print(f"sync: {h.name}: {shlex.join(cmd[:2])} ... failed", file=sys.stderr)
+                failed += 1
+                break
+    print("sync: done" if not failed else f"sync: {failed} host(s) failed", file=sys.stderr if failed else sys.stdout)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m config.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["check", "sync"])
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    return check(settings) if args.command == "check" else sync(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

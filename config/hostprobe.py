@@ -1,0 +1,138 @@
+"""What one host of the cluster has, as JSON on stdout: Python, mlx, mlx-lm, the project, the model.
+
+Standard library only and self-contained: `./launch.sh check` pipes this file into
+`ssh HOST python - ARGS`, so it runs even where the project is missing or broken.
+It reports facts; config.cluster compares them across hosts and decides what is a fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+# The files that must be identical on every host (the ranks run in lockstep).
+CODE_DIRS = ("api", "engine", "ipc", "config")
+CODE_FILES = ("pyproject.toml", "launch.sh")
+DEMO_PREFIX = "demo-"
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def code_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    files = [root / f for f in CODE_FILES if (root / f).is_file()]
+    for d in CODE_DIRS:
+        files += sorted(p for p in (root / d).rglob("*") if p.is_file() and p.suffix in (".py", ".html", ".js", ".css"))
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def hf_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def model_facts(model: str, root: Path) -> dict:
+    """{"ok": bool, "identity": what must match across hosts, "problem": why not ok}."""
+    if model.startswith(DEMO_PREFIX):
+        # generated on each host, deterministically: the same generator version makes the same model
+        gen = root / "engine" / "demo_model.py"
+        if not gen.is_file():
+            return {"ok": False, "problem": f"the demo model generator {gen} is missing"}
+        match = re.search(r"^VERSION = (\d+)", gen.read_text(errors="replace"), re.M)
+        return {"ok": True, "identity": f"{model} generator v{match.group(1) if match else '?'} {file_hash(gen)[:8]}"}
+    if model.startswith(("/", ".", "~")):
+        path = Path(model).expanduser()
+        path = path if path.is_absolute() else root / path
+        if not path.exists():
+            return {"ok": False, "problem": f"MODEL path {path} does not exist"}
+        if not (path / "config.json").is_file():
+            return {"ok": False, "problem": f"MODEL path {path} has no config.json"}
+        return {"ok": True, "identity": f"config.json {file_hash(path / 'config.json')}", "path": str(path)}
+    repo = hf_cache() / ("models--" + model.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    candidates = []
+    if ref.is_file():
+        candidates.append(snapshots / ref.read_text().strip())
+    if snapshots.is_dir():
+        candidates += sorted(snapshots.iterdir())
+    for snap in candidates:
+        if (snap / "config.json").is_file():
+            return {"ok": True, "identity": f"config.json {file_hash(snap / 'config.json')}", "path": str(snap)}
+    return {"ok": False, "problem": f"MODEL {model} is not in the Hugging Face cache ({repo}): download it on this host"}
+
+
+def rdma_ports() -> dict[str, str] | None:
+    """{device: port state} from ibv_devinfo, or None where it is not installed."""
+    if shutil.which("ibv_devinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["ibv_devinfo"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    ports: dict[str, str] = {}
+    device = None
+    for line in out.splitlines():
+        if m := re.match(r"\s*hca_id:\s*(\S+)", line):
+            device = m.group(1)
+        elif (m := re.match(r"\s*state:\s*(\S+)", line)) and device is not None:
+            # a device with several ports counts as active when any port is
+            if ports.get(device) != "PORT_ACTIVE":
+                ports[device] = m.group(1)
+    return ports
+
+
+def probe(root: Path, model: str) -> dict:
+    venv_python = root / ".venv" / "bin" / "python"
+    facts = {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "venv": venv_python.exists(),
+        "mlx": version("mlx"),
+        "mlx_lm": version("mlx-lm"),
+        "project": (root / "launch.sh").is_file(),
+        "rdma": rdma_ports(),
+    }
+    if facts["project"]:
+        facts["code"] = code_hash(root)
+        env = root / ".env"
+        facts["env"] = file_hash(env) if env.is_file() else None
+        facts["model"] = model_facts(model, root)
+    return facts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, help="the project folder (the same path on every host)")
+    parser.add_argument("--model", required=True, help="MODEL as configured")
+    args = parser.parse_args()
+    print(json.dumps(probe(Path(args.root), args.model)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
