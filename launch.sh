@@ -11,8 +11,12 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 STOP_TIMEOUT=12      # seconds from SIGTERM to SIGKILL (the API drains streams for 10 s)
+ENGINE_STOP_GRACE=5  # seconds beyond DRAIN_TIMEOUT before the engine gets SIGKILL
 API_START_TIMEOUT=30 # seconds for a fresh API to answer /health
 PROBE_TIMEOUT=2      # seconds per readiness probe of engine rank 0
+# jaccl: seconds between an engine stop and the next start. The RDMA driver releases the old ranks'
+# queue pairs and registered memory only after they exit; new ranks must not open the devices sooner.
+JACCL_COOLDOWN=10
 
 usage() {
     cat <<'EOF'
@@ -25,6 +29,8 @@ usage: ./launch.sh COMMAND
   restart-api       restart only the API; the engine keeps its weights
   restart-engine    restart only the engine; the API stays up and answers 503 meanwhile
   logs [api|engine] follow the logs (default: both)
+  check             preflight every host (Python, mlx, mlx-lm, project, model, jaccl rdma); exit 1 on a fault
+  sync              copy the project and .env to the other hosts (rsync over ssh), then set them up
   test [ARGS...]    run the test suite (python -m pytest ARGS...)
   setup             create .venv and install the project (every command does this when needed)
 
@@ -94,10 +100,13 @@ load_settings() {
     done
     eval "$out"
     ENGINE_PID_FILE="$RUN_DIR/engine.pid"
+    ENGINE_STATE_FILE="$RUN_DIR/engine.state.json"
     API_PID_FILE="$RUN_DIR/api.pid"
-    FIFO="$RUN_DIR/engine.stdin"
+    ENGINE_STOP_TIMEOUT=$(($(ceil_seconds "$DRAIN_TIMEOUT") + ENGINE_STOP_GRACE))
     ENGINE_LOG="$LOG_DIR/engine.log"
     API_LOG="$LOG_DIR/api.log"
+    # what the API prints outside its log (start-up errors, tracebacks); api.log is rotated by the API
+    API_CONSOLE_LOG="$LOG_DIR/api.console.log"
     API_URL="http://$(client_host "$API_HOST"):$API_PORT"
 }
 
@@ -183,9 +192,9 @@ wait_group_gone() {
     ! group_alive "$pid"
 }
 
-# stop_group NAME PID_FILE [quiet]: TERM the recorded group, wait, then KILL it; drop the pid file.
+# stop_group NAME PID_FILE [quiet] [TIMEOUT]: TERM the recorded group, wait, then KILL it; drop the pid file.
 stop_group() {
-    local name=$1 file=$2 quiet=${3:-} pid
+    local name=$1 file=$2 quiet=${3:-} timeout=${4:-$STOP_TIMEOUT} pid
     pid=$(recorded_pid "$file") || {
         rm -f "$file"
         return 0
@@ -193,8 +202,8 @@ stop_group() {
     if group_alive "$pid"; then
         log "stopping $name (process group $pid)"
         kill -TERM -- "-$pid" 2>/dev/null || true
-        if ! wait_group_gone "$pid" "$STOP_TIMEOUT"; then
-            log "$name still running after ${STOP_TIMEOUT}s: sending SIGKILL to process group $pid"
+        if ! wait_group_gone "$pid" "$timeout"; then
+            log "$name still running after ${timeout}s: sending SIGKILL to process group $pid"
             kill -KILL -- "-$pid" 2>/dev/null || true
             wait_group_gone "$pid" 5 || log "warning: process group $pid survived SIGKILL"
         fi
@@ -220,6 +229,13 @@ os.dup2(os.open(sys.argv[1], os.O_RDWR), 0)
 os.execvp(sys.argv[2], sys.argv[2:])' "$input" "$@" >>"$logfile" 2>&1 &
     fi
     DETACHED_PID=$!
+    # The child calls setsid a moment after the fork: until then its process group does not
+    # exist, and a quick group_alive would report a healthy start as dead.
+    local tries=50
+    while ((tries-- > 0)) && ! kill -0 -- "-$DETACHED_PID" 2>/dev/null; do
+        kill -0 "$DETACHED_PID" 2>/dev/null || break
+        sleep 0.02
+    done
 }
 
 prepare_dirs() {
@@ -282,7 +298,7 @@ engine_answers() {
 start_engine() {
     local -a cmd
     prepare_dirs
-    rm -f "$FIFO"
+    jaccl_cooldown
     printf '\n=== %s launch.sh: starting engine: model %s, hosts %s, backend %s ===\n' \
         "$(date '+%Y-%m-%d %H:%M:%S')" "$MODEL" "${HOSTFILE:-$HOSTS}" "$BACKEND" >>"$ENGINE_LOG"
     export PYTHONUNBUFFERED=1
@@ -294,25 +310,15 @@ start_engine() {
             cmd+=(--hosts "$HOSTS")
         fi
         cmd+=(${FORWARD_ENV[@]+"${FORWARD_ENV[@]}"} -- "$PY" -m engine)
-        # mlx.launch spins a core polling an EOF stdin: give it a FIFO that stays open instead
-        # (released after start-up, see release_launcher_stdin).
-        mkfifo -m 600 "$FIFO"
-        detach "$ENGINE_LOG" "$FIFO" "${cmd[@]}"
     else
-        detach "$ENGINE_LOG" /dev/null "$PY" -m engine
+        cmd=("$PY" -m engine)
     fi
+    # The supervisor leads the engine's process group: it ends every rank when one dies or
+    # freezes, records which in $ENGINE_STATE_FILE, restarts the engine when ENGINE_RESTART=always,
+    # and gives mlx.launch the open, silent stdin that keeps it from spinning a core.
+    detach "$ENGINE_LOG" /dev/null "$PY" -m engine.supervise -- "${cmd[@]}"
     ENGINE_PID=$DETACHED_PID
     write_pid "$ENGINE_PID_FILE" "$ENGINE_PID"
-}
-
-# Ranks point fd 0 at /dev/null first thing; one byte through the launcher now makes each of its
-# forwarding threads hit EPIPE and drop the rank's stdin from its select loop (no more spinning).
-release_launcher_stdin() {
-    [[ -p $FIFO ]] || return 0
-    "$PY" -c 'import os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK)
-os.write(fd, b"x")
-os.close(fd)' "$FIFO" 2>/dev/null || log "warning: could not write to $FIFO; mlx.launch may keep a core busy"
 }
 
 wait_engine_ready() {
@@ -352,8 +358,10 @@ show_log_tail() {
 }
 
 stop_engine() {
-    stop_group engine "$ENGINE_PID_FILE" "${1:-}"
-    rm -f "$FIFO"
+    local was_running=""
+    running_pid "$ENGINE_PID_FILE" >/dev/null && was_running=1
+    stop_group engine "$ENGINE_PID_FILE" "${1:-}" "$ENGINE_STOP_TIMEOUT"
+    [[ -z $was_running ]] || note_engine_stopped
     # Killed engines cannot unlink their socket; it was ours, since start refuses a foreign one.
     if [[ -S $SOCKET_PATH ]]; then
         if engine_answers; then
@@ -390,9 +398,6 @@ launch_engine() {
         STARTED_ENGINE=""
         return 1
     fi
-    if engine_needs_launcher; then
-        release_launcher_stdin
-    fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -415,9 +420,9 @@ api_port_taken() {
 start_api() {
     prepare_dirs
     printf '\n=== %s launch.sh: starting API on %s:%s ===\n' \
-        "$(date '+%Y-%m-%d %H:%M:%S')" "$API_HOST" "$API_PORT" >>"$API_LOG"
+        "$(date '+%Y-%m-%d %H:%M:%S')" "$API_HOST" "$API_PORT" >>"$API_CONSOLE_LOG"
     export PYTHONUNBUFFERED=1
-    detach "$API_LOG" /dev/null "$PY" -m api
+    detach "$API_CONSOLE_LOG" /dev/null "$PY" -m api --log-file "$API_LOG"
     API_PID=$DETACHED_PID
     write_pid "$API_PID_FILE" "$API_PID"
 }
@@ -457,12 +462,14 @@ refuse_running_api() {
 
 # Start the API and wait for /health; on failure show the log, stop it and return 1.
 launch_api() {
-    local want=$1 t0 offset
+    local want=$1 t0 offset console_offset
     t0=$(now_ms)
     offset=$(log_size "$API_LOG")
+    console_offset=$(log_size "$API_CONSOLE_LOG")
     start_api
     STARTED_API=$API_PID
     if ! wait_api_ready "$API_PID" "$want"; then
+        show_log_tail "$API_CONSOLE_LOG" "$console_offset"
         show_log_tail "$API_LOG" "$offset"
         stop_group api "$API_PID_FILE" quiet
         STARTED_API=""
@@ -529,9 +536,16 @@ cmd_start() {
 }
 
 cmd_stop() {
+    local interrupted=""
     acquire_lock
-    stop_group api "$API_PID_FILE"
+    # A stop runs to its end: interrupted halfway it would leave the API up without its engine.
+    trap 'interrupted=1' INT TERM
+    # The engine first: it lets in-flight requests finish for DRAIN_TIMEOUT and ends the rest with
+    # an error the API still relays; then the API has nothing left to cut.
     stop_engine
+    stop_group api "$API_PID_FILE"
+    trap - INT TERM
+    [[ -z $interrupted ]] || log "(the stop was interrupted by a signal; it completed anyway)"
 }
 
 cmd_restart_api() {
@@ -571,28 +585,69 @@ print(f"  model     {i['model']}  ({i['model_path']}, context {i['context_length
 print(f"  ranks     {i['ranks']}, backend {i['backend']}, engine pid {i['engine_pid']}, up {dur(i.get('uptime', 0))}")
 print(f"  step      {i.get('step', 0)}  (last step {i.get('last_step_age', 0):.1f}s ago)")
 print(f"  requests  {i.get('active', 0)} active of {i.get('max_batch', 0)} slots, {i.get('queued', 0)} queued of {i.get('max_queue', 0)}")
+def size(n):
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
 for r in i.get("rank_states") or []:
-    gib = r.get("active_memory", 0) / 2**30
-    print(f"  rank {r['rank']:<4} {r.get('host') or '?'}  pid {r.get('pid', 0)}  step {r.get('step', 0)}  memory {gib:.2f} GiB")
+    used = r.get("host_memory_total", 0) - r.get("host_memory_available", 0)
+    print(f"  rank {r['rank']:<4} {r.get('host') or '?'}  pid {r.get('pid', 0)}  step {r.get('step', 0)}"
+          f"  reported {r.get('report_age', 0):.1f}s ago  memory {size(r.get('active_memory', 0))}"
+          f" (cache {size(r.get('cache_memory', 0))}, peak {size(r.get('peak_memory', 0))})"
+          f"  host {size(used)} of {size(r.get('host_memory_total', 0))} used")
+PY
+}
+
+# describe_failures PID: what the engine's supervisor (process group PID) recorded about failed ranks
+# and restarts in $ENGINE_STATE_FILE; prints nothing when it recorded none.
+describe_failures() {
+    [[ -f $ENGINE_STATE_FILE ]] || return 0
+    "$PY" - "$ENGINE_STATE_FILE" "$1" <<'PY' 2>/dev/null || true
+import json, sys, time
+try:
+    s = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit()
+if str(s.get("pid")) != sys.argv[2]:
+    sys.exit()  # left by another start
+f = s.get("last_failure")
+when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["time"])) if f else ""
+if s.get("state") == "restarting" and f:
+    wait = max(0, (s.get("next_restart_at") or 0) - time.time())
+    print(f"  RESTARTING in {wait:.0f}s (ENGINE_RESTART=always): at {when} {f['summary']}")
+elif s.get("state") == "starting" and s.get("restarts") and f:
+    print(f"  RESTARTING now (restart {s['restarts']}, ENGINE_RESTART=always): at {when} {f['summary']}")
+elif f:
+    print(f"  last failure  at {when}: {f['summary']}")
+if f and f.get("detail"):
+    print(f"                its last words: {f['detail']}")
+if s.get("restarts"):
+    print(f"  restarts      {s['restarts']} since start (ENGINE_RESTART={s.get('restart')})")
 PY
 }
 
 cmd_status() {
-    local engine_pid api_pid code engine_state api_state
+    local engine_pid api_pid code engine_state api_state failures
     # engine
     if engine_pid=$(running_pid "$ENGINE_PID_FILE"); then
         if engine_answers; then
             engine_state=up
             printf 'engine   running, rank 0 answering   process group %s   socket %s\n' "$engine_pid" "$SOCKET_PATH"
             describe_info "$ENGINE_INFO"
+            describe_failures "$engine_pid"
         else
             engine_state=degraded
-            printf 'engine   running but rank 0 NOT answering (still loading, or hung)   process group %s\n' "$engine_pid"
+            printf 'engine   running but rank 0 NOT answering (still loading, restarting, or hung)   process group %s\n' "$engine_pid"
             printf '         model %s, hosts %s; see %s\n' "$MODEL" "${HOSTFILE:-$HOSTS}" "$ENGINE_LOG"
+            describe_failures "$engine_pid"
         fi
     elif engine_pid=$(recorded_pid "$ENGINE_PID_FILE"); then
         engine_state=dead
-        printf 'engine   DEAD: process group %s is gone but its pid file remains (crashed, or ended by the watchdog)\n' "$engine_pid"
+        failures=$(describe_failures "$engine_pid")
+        if [[ -n $failures ]]; then
+            printf 'engine   DEAD: a rank failed and the engine ended (process group %s is gone)\n%s\n' "$engine_pid" "$failures"
+        else
+            printf 'engine   DEAD: process group %s is gone but its pid file remains (crashed, or ended by the watchdog)\n' "$engine_pid"
+        fi
         printf '         last lines of %s:\n' "$ENGINE_LOG"
         tail -n 5 "$ENGINE_LOG" 2>/dev/null | sed 's/^/         | /' || true
     elif engine_answers; then
@@ -632,13 +687,46 @@ cmd_status() {
 cmd_logs() {
     local -a files
     case ${1:-both} in
-        api) files=("$API_LOG") ;;
+        api) files=("$API_LOG" "$API_CONSOLE_LOG") ;;
         engine) files=("$ENGINE_LOG") ;;
-        both) files=("$ENGINE_LOG" "$API_LOG") ;;
+        both) files=("$ENGINE_LOG" "$API_LOG" "$API_CONSOLE_LOG") ;;
         *) die 2 "logs takes api, engine or nothing (both), not '$1'" ;;
     esac
     mkdir -p "$LOG_DIR"
     exec tail -n 100 -F "${files[@]}"
+}
+
+# ---------------------------------------------------------------------------------------------
+# cluster: preflight, sync, and the jaccl cool-down
+# ---------------------------------------------------------------------------------------------
+
+# Every host: same Python, mlx and mlx-lm, the project at this path, the same model; for jaccl,
+# a well-formed rdma matrix and PORT_ACTIVE devices. Local hosts are checked without ssh.
+cmd_check() {
+    "$PY" -m config.cluster check
+}
+
+# Copy the project and .env to every non-local host (rsync over ssh), then ./launch.sh setup there.
+cmd_sync() {
+    "$PY" -m config.cluster sync
+}
+
+note_engine_stopped() {
+    if [[ $BACKEND == jaccl ]]; then
+        date +%s >"$RUN_DIR/engine.stopped-at"
+    fi
+}
+
+jaccl_cooldown() {
+    local file="$RUN_DIR/engine.stopped-at" at wait
+    [[ $BACKEND == jaccl && -f $file ]] || return 0
+    at=$(<"$file")
+    [[ $at =~ ^[0-9]+$ ]] || return 0
+    wait=$((at + JACCL_COOLDOWN - $(date +%s)))
+    if ((wait > 0)); then
+        log "jaccl: waiting ${wait}s for the RDMA devices of the stopped ranks to be released (JACCL_COOLDOWN)"
+        sleep "$wait"
+    fi
 }
 
 main() {
@@ -653,7 +741,7 @@ main() {
             usage >&2
             return 2
             ;;
-        start | stop | status | restart | restart-api | restart-engine | logs | test | setup) ;;
+        start | stop | status | restart | restart-api | restart-engine | logs | test | setup | check | sync) ;;
         *)
             log "launch.sh: unknown command '$command'"
             usage >&2
@@ -678,6 +766,8 @@ main() {
         restart-api) cmd_restart_api ;;
         restart-engine) cmd_restart_engine ;;
         logs) cmd_logs "$@" ;;
+        check) cmd_check ;;
+        sync) cmd_sync ;;
     esac
 }
 

@@ -12,10 +12,13 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from api.access import AccessLog, access_record
-from api.auth import RequireAPIKey
+from api.auth import api_key_guard, ops_guard
+from api.dashboard import Dashboard
 from api.engine_client import EngineClient
 from api.errors import APIError
 from api.generation import CLIENT_CLOSED
+from api.openapi import openapi_route
+from api.metrics import Metrics
 from api.routes import Gateway, json_response
 from config import Settings
 
@@ -23,21 +26,27 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> Starlette:
-    """The gateway for settings: /v1 (OpenAI API, behind API_KEY when set) and /health."""
-    gateway = Gateway(settings, EngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES))
+    """The gateway for settings: /v1 (OpenAI API, behind API_KEY when set), /health, /metrics, /dashboard."""
+    engine = EngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
+    gateway = Gateway(settings, engine)
+    metrics = Metrics(engine)
+    ops = ops_guard(settings)
     v1 = [
         Route("/chat/completions", gateway.chat_completions, methods=["POST"]),
         Route("/completions", gateway.completions, methods=["POST"]),
         Route("/models", gateway.list_models, methods=["GET"]),
         Route("/models/{model_id:path}", gateway.get_model, methods=["GET"]),
     ]
-    auth = [Middleware(RequireAPIKey, key=settings.API_KEY)] if settings.API_KEY else []
+    auth = api_key_guard(settings)
     return Starlette(
         routes=[
             Route("/health", gateway.health, methods=["GET"]),
+            openapi_route(settings),
             Mount("/v1", routes=v1, middleware=auth),
+            Route("/metrics", metrics.endpoint, methods=["GET"], middleware=ops),
+            *Dashboard(settings, engine, metrics).routes(ops),
         ],
-        middleware=[Middleware(AccessLog)],
+        middleware=[Middleware(AccessLog, observer=metrics)],
         exception_handlers={
             APIError: _api_error,
             HTTPException: _http_error,
@@ -49,6 +58,8 @@ def create_app(settings: Settings) -> Starlette:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
+    record = access_record(request)
+    record.outcome = record.outcome or exc.code or exc.type  # the access line and dashboard name the error
     if exc.status >= 500:
         logger.warning("%s %s: %s", access_record(request).request_id, request.url.path, exc.message)
     response = json_response(exc.body(), exc.status)

@@ -7,6 +7,7 @@ from pathlib import Path
 import anyio
 
 import ipc
+from api.access import tokens_arrived
 from api.errors import APIError, EngineUnavailable, GenerationFailed, GenerationTimeout, RequestTooLarge, from_wire
 
 
@@ -22,6 +23,7 @@ class Generation:
         self._deadline = deadline
         self._timeout = timeout
         self._closed = False
+        self._tokens_seen: dict[int, int] = {}
 
     async def next_event(self) -> ipc.Delta | ipc.Finish:
         try:
@@ -30,6 +32,9 @@ class Generation:
                 raise from_wire(msg)
             if not isinstance(msg, ipc.Delta | ipc.Finish) or msg.request_id != self.request_id:
                 raise GenerationFailed(f"the engine sent an unexpected {type(msg).__name__} frame")
+            # completion_tokens counts per choice (n > 1 interleaves them)
+            tokens_arrived(msg.completion_tokens - self._tokens_seen.get(msg.index, 0))
+            self._tokens_seen[msg.index] = msg.completion_tokens
             if isinstance(msg, ipc.Delta):
                 self.completion_tokens = msg.completion_tokens
                 return msg
@@ -50,6 +55,10 @@ class Generation:
                 await self._conn.aclose()
 
 
+class EngineStalled(EngineUnavailable):
+    """The engine's socket accepted, but no answer came in time: stuck (e.g. a rank frozen), not stopped."""
+
+
 class EngineClient:
     """Opens connections to the engine; remembers the last Info for /v1/models."""
 
@@ -57,6 +66,11 @@ class EngineClient:
         self.socket_path = str(socket_path)
         self.max_frame = max_frame
         self.last_info: ipc.Info | None = None
+        # times the engine came back after a failed connection, or Info named another engine process
+        self.reconnects = 0
+        self._connected_once = False
+        self._lost = False
+        self._counted = False
 
     async def info(self, timeout: float) -> ipc.Info:
         """One InfoRequest round trip bounded by timeout; raises EngineUnavailable with the reason."""
@@ -70,13 +84,17 @@ class EngineClient:
                     with anyio.CancelScope(shield=True):
                         await conn.aclose()
         except TimeoutError:
-            raise EngineUnavailable(f"the engine did not answer an info request within {timeout:g} s") from None
+            raise EngineStalled(f"the engine did not answer an info request within {timeout:g} s") from None
         except (ipc.ConnectionClosed, ipc.FrameError) as exc:
             raise EngineUnavailable(f"the engine dropped an info request ({exc})") from None
         if isinstance(reply, ipc.Error):
             raise from_wire(reply)
         if not isinstance(reply, ipc.Info):
             raise EngineUnavailable(f"the engine answered an info request with {type(reply).__name__}")
+        last = self.last_info
+        if last is not None and (last.engine_pid, last.created) != (reply.engine_pid, reply.created) and not self._counted:
+            self.reconnects += 1
+        self._counted = False
         self.last_info = reply
         return reply
 
@@ -90,6 +108,10 @@ class EngineClient:
         except ipc.FrameTooLarge:
             await _close(conn)
             raise RequestTooLarge("the request is larger than the engine accepts (MAX_FRAME_BYTES)") from None
+        except ipc.ConnectionClosed:
+            # send() found the engine gone (e.g. it stopped right after the handshake)
+            await _close(conn)
+            raise EngineUnavailable("the engine closed the connection before accepting the request") from None
         except BaseException:
             await _close(conn)
             raise
@@ -102,9 +124,15 @@ class EngineClient:
 
     async def _connect(self) -> ipc.FramedStream:
         try:
-            return await ipc.connect(self.socket_path, client="api", max_frame=self.max_frame)
+            conn = await ipc.connect(self.socket_path, client="api", max_frame=self.max_frame)
         except ipc.EngineUnavailable as exc:
+            self._lost = self._connected_once
             raise EngineUnavailable(f"the engine is not available: {exc}") from None
+        self._connected_once = True
+        if self._lost:
+            self._lost, self._counted = False, True
+            self.reconnects += 1
+        return conn
 
 
 async def _recv(conn: ipc.FramedStream, deadline: float, timeout: float) -> ipc.Msg:

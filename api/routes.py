@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,10 +12,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import ipc
+from api import health
 from api.access import access_record
 from api.decoding import decode, read_body
 from api.engine_client import EngineClient
-from api.errors import APIError, EngineUnavailable, ModelNotFound
+from api.errors import APIError, EngineUnavailable, InvalidRequest, ModelNotFound
 from api.generation import ChatShape, CompletionShape, Shape, respond
 from api.schemas import ChatCompletionRequest, CompletionRequest, Model, ModelList, encode
 from api.translate import MODEL_ALIAS, chat_generate, completion_generate, new_request_id
@@ -39,6 +41,7 @@ class Gateway:
     def __init__(self, settings: Settings, engine: EngineClient) -> None:
         self.settings = settings
         self.engine = engine
+        self.started = time.monotonic()
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, "chat", _chat_decoder, chat_generate, ChatShape)
@@ -56,6 +59,10 @@ class Gateway:
     ) -> Response:
         request_id = access_record(request).request_id = new_request_id(kind)
         req = decode(await read_body(request, self.settings.MAX_REQUEST_BYTES), decoder)
+        if kind == "chat" and len(req.messages) > self.settings.MAX_MESSAGES:
+            # the body limit bounds bytes; this bounds the chat template's work on rank 0
+            raise InvalidRequest(f"Invalid value for 'messages': {len(req.messages)} messages exceed this server's "
+                                 f"limit of {self.settings.MAX_MESSAGES} (MAX_MESSAGES).", param="messages")
         msg = translate(req, request_id, self.settings)
         logger.debug("%s prompt: %r", request_id, msg.messages if kind == "chat" else msg.prompt)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -78,16 +85,9 @@ class Gateway:
         return json_response(await self._model())
 
     async def health(self, request: Request) -> Response:
-        """200 only when the engine answers and its step loop is progressing."""
-        try:
-            info = await self.engine.info(INFO_TIMEOUT)
-        except APIError as exc:
-            return json_response({"status": "unavailable", "api": "ok", "engine": f"unreachable: {exc.message}"}, 503)
-        details = _health_details(info)
-        if info.last_step_age >= self.settings.WATCHDOG_TIMEOUT:
-            engine = f"stalled: no step for {info.last_step_age:.0f} s"
-            return json_response({"status": "unavailable", "api": "ok", "engine": engine, **details}, 503)
-        return json_response({"status": "ok", "api": "ok", "engine": "ok", **details})
+        """200 only when the engine answers and its step loop and every rank are progressing."""
+        status, body = await health.check(self.engine, self.settings, self.started)
+        return json_response(body, status)
 
     async def _model(self) -> Model:
         """The served model from fresh Info, or the last Info while the engine is briefly down."""
@@ -99,19 +99,3 @@ class Gateway:
                 raise EngineUnavailable(f"the model list is not known yet: {exc.message}") from None
         return Model(id=self.settings.model_name, created=info.created, context_length=info.context_length)
 
-
-def _health_details(info: ipc.Info) -> dict[str, object]:
-    return {
-        "model": info.model,
-        "context_length": info.context_length,
-        "ranks": info.ranks,
-        "backend": info.backend,
-        "engine_pid": info.engine_pid,
-        "uptime": round(info.uptime, 1),
-        "step": info.step,
-        "last_step_age": round(info.last_step_age, 3),
-        "active": info.active,
-        "queued": info.queued,
-        "max_batch": info.max_batch,
-        "max_queue": info.max_queue,
-    }

@@ -35,6 +35,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     API_HOST: str = "127.0.0.1"
     API_PORT: Port = 8000
     API_KEY: str = ""
+    API_KEYS_FILE: str = ""
+    PROTECT_OPS_ROUTES: bool = True
     SOCKET_PATH: str = ""
     RUN_DIR: str = "run"
     LOG_DIR: str = "logs"
@@ -52,9 +54,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
     IDLE_TICK_MS: Annotated[int, Meta(ge=1, le=1000)] = 25
     WATCHDOG_TIMEOUT: Seconds = 30.0
+    HEALTH_STALL_SECONDS: Seconds = 10.0
+    ENGINE_RESTART: Literal["never", "always"] = "never"
+    DRAIN_TIMEOUT: Seconds = 10.0
     ENGINE_START_TIMEOUT: Seconds = 600.0
     MAX_FRAME_BYTES: Annotated[int, Meta(ge=1024)] = 8 * 1024 * 1024
     MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    MAX_MESSAGES: Positive = 2048
 
     # Derived values, resolved against the repository root.
     @property
@@ -114,6 +120,11 @@ HINTS = {
     "MAX_QUEUE": "a positive integer",
     "REQUEST_TIMEOUT": "a number of seconds > 0",
     "WATCHDOG_TIMEOUT": "a number of seconds > 0",
+    "HEALTH_STALL_SECONDS": "a number of seconds > 0",
+    "DRAIN_TIMEOUT": "a number of seconds > 0",
+    "ENGINE_RESTART": "one of never, always",
+    "PROTECT_OPS_ROUTES": "true or false",
+    "MAX_MESSAGES": "a positive integer",
     "ENGINE_START_TIMEOUT": "a number of seconds > 0",
     "PREFILL_TOKENS_PER_STEP": "an integer >= 16",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",

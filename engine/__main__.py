@@ -132,13 +132,16 @@ def main() -> int:
                         engine_pid=os.getpid(), uptime=time.time() - started, step=lp.step,
                         last_step_age=watchdog.age(), active=counters.active, queued=counters.waiting,
                         max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE,
-                        rank_states=reports.snapshot())
+                        rank_states=reports.snapshot(),
+                        step_time_sum=lp.step_time_sum, step_time_count=lp.step_time_count,
+                        broadcast_time_sum=lp.broadcast_time_sum, broadcast_time_count=lp.broadcast_time_count)
 
         server = EngineServer(settings, Prompter(tokenizer, loaded.context_length), counters, inbound, info)
         loop = StepLoop(batch, channel, watchdog, idle_tick, scheduler, server, inbound, reports)
         loop_ref.append(loop)
     else:
         loop = StepLoop(batch, channel, watchdog, idle_tick)
+    loop.drain_seconds = settings.DRAIN_TIMEOUT
 
     def on_signal(signum, frame):  # never log in a signal handler
         loop.request_stop()

@@ -40,7 +40,13 @@ class StepLoop:
         self.rank = channel.rank
         self.step = 0
         self.stopping_since: float | None = None
+        self.drain_seconds = DRAIN_SECONDS  # DRAIN_TIMEOUT: in-flight requests get this long after a stop
         self.steps_done = 0
+        # Cumulative timings on rank 0 for Info (Prometheus rates them): forward steps, plan broadcasts.
+        self.step_time_sum = 0.0
+        self.step_time_count = 0
+        self.broadcast_time_sum = 0.0
+        self.broadcast_time_count = 0
 
     def request_stop(self) -> None:
         """Signal-safe: the next iteration starts draining (rank 0) or waits for rank 0's shutdown plan."""
@@ -84,7 +90,7 @@ class StepLoop:
             shutdown = False
             if self.stopping_since is not None:
                 server.accepting = False
-                if not sched.has_work() or now - self.stopping_since > DRAIN_SECONDS:
+                if not sched.has_work() or now - self.stopping_since > self.drain_seconds:
                     for rid in [*(r.rid for r in sched.waiting), *sched.running]:
                         sched.cancel(rid, Error(status=503, error_type="engine_unavailable", code="shutting_down",
                                                 request_id=rid, message="the engine shut down before this request "
@@ -104,7 +110,10 @@ class StepLoop:
             if self.reports is not None and self.reports.due(now) and not plan.shutdown:
                 plan = msgspec.structs.replace(plan, report=True)
             self.watchdog.beat(f"broadcasting plan {plan.step}")
+            t0 = time.perf_counter()
             self.channel.broadcast(plan)
+            self.broadcast_time_sum += time.perf_counter() - t0
+            self.broadcast_time_count += 1
             self.batch.apply(plan)
             if plan.report:
                 self.watchdog.beat(f"gathering rank reports at step {plan.step}")
@@ -118,7 +127,10 @@ class StepLoop:
                 server.post(sched.take_events())
                 continue
             self.watchdog.beat(f"step {plan.step}")
+            t0 = time.perf_counter()
             results = self.batch.step()
+            self.step_time_sum += time.perf_counter() - t0
+            self.step_time_count += 1
             sched.absorb(results)
             self.steps_done += 1
             server.post(sched.take_events())

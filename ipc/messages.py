@@ -72,6 +72,11 @@ class Info(Msg):
     max_batch: int = 0
     max_queue: int = 0
     rank_states: list[RankState] = []
+    # cumulative since the engine started (Prometheus rates them): forward steps and plan broadcasts
+    step_time_sum: float = 0.0
+    step_time_count: int = 0
+    broadcast_time_sum: float = 0.0
+    broadcast_time_count: int = 0
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
