@@ -31,9 +31,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int) -> int:
+    """The first of n consecutive free ports (the ring backend listens on port, port+1, ...)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for k in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
 def short_dir(prefix: str) -> Path:
     """A temp dir under /tmp: Unix socket paths must stay short."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+class PortTaken(RuntimeError):
+    """A rank could not bind its ring port."""
 
 
 @dataclass
@@ -108,13 +133,24 @@ class Stack:
             MODEL_CACHE_DIR=str(MODEL_CACHE),
             API_HOST="127.0.0.1",
             API_PORT=str(self.api_port),
-            RING_PORT=str(free_port()),
+            RING_PORT=str(free_port_run(8)),
         )
         env.update({k: str(v) for k, v in self.extra.items()})
         env.update(more)
         return env
 
     def start_engine(self, ranks: int = 1, timeout: float = 180.0, **more: str) -> Proc:
+        # Ring ports are machine-wide: another process may take one between our check and
+        # the ranks' bind, so a bind failure gets a fresh set of ports, twice at most.
+        for attempt in range(3):
+            try:
+                return self._start_engine(ranks, timeout, **more)
+            except PortTaken:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_engine(self, ranks: int, timeout: float, **more: str) -> Proc:
         log = self.root / f"engine-{time.monotonic_ns()}.log"
         env = self.env(**more)
         holder = None
@@ -135,6 +171,9 @@ class Stack:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not proc.alive():
+                proc.stop()  # reap what is left of the group and close our end of its stdin
+                if "Couldn't bind socket" in proc.log_tail():
+                    raise PortTaken(proc.log_tail())
                 raise RuntimeError(f"engine exited with {popen.returncode} before serving:\n{proc.log_tail()}")
             if self.probe() is not None:
                 if proc.stdin_holder is not None:
