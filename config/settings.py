@@ -52,7 +52,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     MAX_QUEUE: Positive = 256
     PREFILL_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
-    IDLE_TICK_MS: Annotated[int, Meta(ge=1, le=1000)] = 25
+    IDLE_TICK_MS: Annotated[int, Meta(ge=1, le=1000)] = 40
     WATCHDOG_TIMEOUT: Seconds = 30.0
     HEALTH_STALL_SECONDS: Seconds = 10.0
     ENGINE_RESTART: Literal["never", "always"] = "never"
