@@ -13,7 +13,7 @@ import time
 import msgspec
 
 from engine.batch import LockstepBatch
-from engine.plan import Plan, PlanChannel
+from engine.plan import PlanChannel
 from engine.ranks import RankReports, local_row
 from engine.scheduler import Scheduler
 from engine.server import EngineServer, Submit, Withdraw

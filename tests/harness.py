@@ -153,7 +153,6 @@ class Stack:
     def _start_engine(self, ranks: int, timeout: float, **more: str) -> Proc:
         log = self.root / f"engine-{time.monotonic_ns()}.log"
         env = self.env(**more)
-        holder = None
         if ranks == 1:
             cmd = [PYTHON, "-m", "engine"]
             stdin = subprocess.DEVNULL
@@ -218,3 +217,14 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return exc.code
     except (urllib.error.URLError, OSError):
         return None
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll predicate until it returns a truthy value (returned), or fail naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

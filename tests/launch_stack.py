@@ -10,19 +10,8 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 
-from tests.harness import MODEL_CACHE, REPO, free_port, short_dir
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+from tests.harness import MODEL_CACHE, REPO, free_port, short_dir, wait_for
 
 
 def free_port_pair() -> int:

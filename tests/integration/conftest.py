@@ -23,3 +23,16 @@ def client(stack):
     openai = pytest.importorskip("openai")
     with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
         yield c
+
+
+@pytest.fixture
+def own_stack():
+    """An engine and an API of the test's own, for tests that kill or restart them."""
+    s = Stack()
+    s.procs = {"engine": s.start_engine(), "api": s.start_api()}
+    s.closers = []
+    yield s
+    for c in s.closers:
+        c.close()
+    for p in s.procs.values():
+        p.stop()

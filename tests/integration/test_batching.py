@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
 
 import httpx
 import openai
-from tests.harness import Stack
+from tests.harness import Stack, wait_for
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from the warm roof".split()
 
 
 def prompt(i: int) -> str:
     return " ".join(WORDS[(i * 3 + k) % len(WORDS)] for k in range(3 + 2 * i))
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_sixteen_concurrent_greedy_requests_equal_their_sequential_outputs(client):

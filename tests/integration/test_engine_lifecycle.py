@@ -6,33 +6,10 @@ import time
 
 import httpx
 import openai
-import pytest
 
-from tests.harness import Stack
+from tests.harness import wait_for
 
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-@pytest.fixture
-def own_stack():
-    s = Stack()
-    procs = {"engine": s.start_engine(), "api": s.start_api()}
-    s.procs = procs
-    yield s
-    for c in getattr(s, "closers", []):
-        c.close()
-    for p in procs.values():
-        p.stop()
 
 
 def test_engine_down_gives_503_then_the_api_reconnects(own_stack):

@@ -20,21 +20,11 @@ import pytest
 
 from ipc import PROTOCOL_VERSION, Error, Hello, InfoRequest, Welcome
 from ipc.framing import HEADER, decode_message, encode_frame
-from tests.harness import Stack
+from tests.harness import Stack, wait_for
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 # EOS and pad banned: the demo model then generates until max_tokens
 LONG = {"max_tokens": 4000, "logit_bias": {"0": -100, "2": -100}}
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def active(s: Stack) -> int | None:
@@ -60,15 +50,6 @@ def open_streams(s: Stack, n: int):
             assert next(it).startswith("data: ")
             lines.append(it)
         yield lines
-
-
-@pytest.fixture
-def own_stack():
-    s = Stack()
-    s.procs = {"engine": s.start_engine(), "api": s.start_api()}
-    yield s
-    for p in s.procs.values():
-        p.stop()
 
 
 def test_api_killed_mid_stream_frees_every_sequence_and_a_new_api_serves_at_once(own_stack):

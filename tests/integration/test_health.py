@@ -2,37 +2,16 @@
 
 from __future__ import annotations
 
-import time
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Stack
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+from tests.harness import wait_for
 
 
 def metric(base_url: str, name: str) -> float:
     text = httpx.get(base_url + "/metrics", timeout=10).text
     return next(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
-
-
-@pytest.fixture
-def own_stack():
-    s = Stack()
-    s.procs = {"engine": s.start_engine(), "api": s.start_api()}
-    yield s
-    for p in s.procs.values():
-        p.stop()
 
 
 def test_health_details_then_unreachable_then_back(own_stack):
