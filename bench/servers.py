@@ -1,0 +1,326 @@
+"""Start and stop what the benchmark measures: our engine + API, and mlx_lm.server, on 1 or N ranks.
+
+Every process starts in its own session and is stopped through its process group (mlx.launch
+can orphan its ranks on a plain TERM). Every wait is bounded. Several ranks always go through
+`mlx.launch --backend ring` on loopback, as the product starts them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+MLX_LAUNCH = str(Path(PYTHON).parent / "mlx.launch")
+# Every rank points its fd 0 at /dev/null before running the command: with the launcher's
+# stdin an open, silent pipe, one byte then makes each forwarding thread hit EPIPE and stop
+# spinning (the workaround described in STYLE.md and README.md).
+DETACH_STDIN = ["bash", "-c", 'exec 0</dev/null; exec "$@"', "detach"]
+
+
+def free_port(span: int = 1) -> int:
+    """A port p such that p..p+span-1 were all free a moment ago (mlx.launch uses one per rank)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + span > 65535:
+            continue
+        if all(_port_free(port + i) for i in range(1, span)):
+            return port
+    raise RuntimeError("no free port range found")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The HTTP status of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def launch_cmd(ranks: int, port: int, command: list[str]) -> list[str]:
+    hosts = ",".join(["127.0.0.1"] * ranks)
+    return [MLX_LAUNCH, "--hosts", hosts, "--backend", "ring", "--starting-port", str(port),
+            "--cwd", str(REPO), "--", *command]
+
+
+@dataclass
+class Proc:
+    """A process group we started; stop() ends all of it."""
+
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    stdin_pipe: object = None  # the launcher's open stdin, kept open for its whole life
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def release_stdin(self) -> None:
+        """Write the one byte that quiets mlx.launch (after the ranks have detached their stdin)."""
+        if self.stdin_pipe is not None:
+            try:
+                self.stdin_pipe.write(b"x")
+                self.stdin_pipe.flush()
+            except OSError:
+                pass
+
+    def _killpg(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.alive():
+            self._killpg(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left of the group (ranks the launcher did not reap) gets KILL.
+        self._killpg(signal.SIGKILL)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.stdin_pipe is not None:
+            try:
+                self.stdin_pipe.close()
+            except OSError:
+                pass
+
+
+def spawn(name: str, cmd: list[str], log: Path, env: dict, *, stdin_pipe: bool = False) -> Proc:
+    with open(log, "ab") as out:
+        popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                                 start_new_session=True)
+    return Proc(name, popen, log, popen.stdin if stdin_pipe else None)
+
+
+def wait_http_ok(procs: list[Proc], url: str, timeout: float) -> None:
+    """Poll url until it answers 200; fail fast when one of procs exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode} before serving:\n{p.log_tail()}")
+        if http_status(url) == 200:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer 200 within {timeout:.0f} s:\n"
+                       + "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in procs))
+
+
+def wait_log_lines(proc: Proc, pattern: str, count: int, timeout: float) -> None:
+    """Wait until proc's log holds count lines matching pattern (e.g. one per rank)."""
+    rx = re.compile(pattern)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = proc.log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        if sum(1 for line in text.splitlines() if rx.search(line)) >= count:
+            return
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.name}: {count} lines matching {pattern!r} did not appear in {timeout:.0f} s:\n"
+                       f"{proc.log_tail()}")
+
+
+@dataclass
+class Server:
+    """One running HTTP server under test and the process groups behind it."""
+
+    label: str
+    base_url: str
+    procs: list[Proc]
+    launcher: Proc | None = None  # the mlx.launch process when ranks > 1
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+
+    def processes(self) -> dict[str, int]:
+        """Every process of this server by role: `mlx.launch`, `rank N`, `engine`, `api`, `mlx_lm.server`."""
+        from bench.cpu import children
+
+        out = {}
+        for p in self.procs:
+            if p is self.launcher:
+                out["mlx.launch"] = p.pid
+                for child in children(p.pid):
+                    out[f"rank {rank_of(child)}"] = child
+            else:
+                out[p.name] = p.pid
+        return out
+
+
+def rank_of(pid: int) -> str:
+    """MLX_RANK from a process's environment (mlx.launch sets it for each rank)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    for kv in env:
+        if kv.startswith(b"MLX_RANK="):
+            return kv.split(b"=", 1)[1].decode()
+    return "?"
+
+
+@dataclass
+class Workdir:
+    """Short temp folders for sockets, logs and run files; kept when asked (for debugging)."""
+
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="mcs-bench-", dir="/tmp")))
+
+    def log(self, name: str) -> Path:
+        return self.root / f"{name}-{time.strftime('%H%M%S')}.log"
+
+
+def start_ours(work: Workdir, model: str, cache_dir: Path, ranks: int, timeout: float = 300.0,
+               **settings: str) -> Server:
+    """Our engine (1 rank directly, N ranks through mlx.launch) and our API, ready when /health is 200."""
+    api_port = free_port()
+    ring_port = free_port(ranks)
+    tag = f"ours-{ranks}r-{api_port}"
+    env_file = work.root / "empty.env"
+    env_file.touch()
+    env = dict(os.environ)
+    env.update(
+        ENV_FILE=str(env_file),
+        RUN_DIR=str(work.root / tag / "run"),
+        LOG_DIR=str(work.root / tag / "logs"),
+        SOCKET_PATH=str(work.root / f"{api_port}.sock"),
+        MODEL=model,
+        MODEL_CACHE_DIR=str(cache_dir),
+        API_HOST="127.0.0.1",
+        API_PORT=str(api_port),
+        RING_PORT=str(ring_port),
+        HOSTS=",".join(["127.0.0.1"] * ranks),
+        BACKEND="ring",
+        LOG_LEVEL="WARNING",
+    )
+    env.update(settings)
+    if ranks == 1:
+        engine = spawn("engine", [PYTHON, "-m", "engine"], work.log(tag + "-engine"), env)
+    else:
+        # The engine points its own stdin at /dev/null first thing (engine/__main__.py).
+        engine = spawn("engine", launch_cmd(ranks, ring_port, [PYTHON, "-m", "engine"]),
+                       work.log(tag + "-engine"), env, stdin_pipe=True)
+    api = spawn("api", [PYTHON, "-m", "api"], work.log(tag + "-api"), env)
+    server = Server(f"ours {ranks} rank{'s' if ranks > 1 else ''}", f"http://127.0.0.1:{api_port}",
+                    [api, engine], engine if ranks > 1 else None)
+    try:
+        wait_http_ok([engine, api], server.base_url + "/health", timeout)
+    except BaseException:
+        server.stop()
+        raise
+    engine.release_stdin()
+    return server
+
+
+def start_mlx_lm(work: Workdir, model_path: Path, ranks: int, *, stdin_fix: bool = True,
+                 timeout: float = 300.0) -> Server:
+    """mlx_lm.server; with ranks > 1 through mlx.launch, with or without the stdin workaround."""
+    port = free_port()
+    cmd = [PYTHON, "-m", "mlx_lm.server", "--model", str(model_path), "--port", str(port), "--host", "127.0.0.1"]
+    env = dict(os.environ)
+    tag = f"mlxlm-{ranks}r-{'pipe' if stdin_fix else 'plain'}-{port}"
+    if ranks == 1:
+        proc = spawn("mlx_lm.server", cmd, work.log(tag), env)
+        launcher = None
+        label = "mlx_lm.server 1 rank"
+    else:
+        ring_port = free_port(ranks)
+        full = launch_cmd(ranks, ring_port, DETACH_STDIN + cmd if stdin_fix else cmd)
+        proc = spawn("mlx_lm.server", full, work.log(tag), env, stdin_pipe=stdin_fix)
+        launcher = proc
+        label = f"mlx_lm.server {ranks} ranks ({'stdin pipe' if stdin_fix else 'plain'})"
+    server = Server(label, f"http://127.0.0.1:{port}", [proc], launcher)
+    try:
+        wait_http_ok([proc], server.base_url + "/health", timeout)
+    except BaseException:
+        server.stop()
+        raise
+    proc.release_stdin()
+    return server
+
+
+def run_launched(work: Workdir, name: str, ranks: int, command: list[str], timeout: float,
+                 env_extra: dict | None = None) -> list[dict]:
+    """Run a short measurement script under mlx.launch (stdin workaround applied) and collect the
+    JSON lines it prints after `BENCH-RESULT `. The script prints `BENCH-DETACHED` once per rank."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    log = work.log(name)
+    proc = spawn(name, launch_cmd(ranks, free_port(ranks), command), log, env, stdin_pipe=True)
+    try:
+        wait_log_lines(proc, r"BENCH-DETACHED", ranks, min(timeout, 120.0))
+        proc.release_stdin()
+        try:
+            proc.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{name} did not finish within {timeout:.0f} s:\n{proc.log_tail()}") from None
+    finally:
+        proc.stop()
+    results = [json.loads(line.split("BENCH-RESULT ", 1)[1])
+               for line in log.read_text(errors="replace").splitlines() if "BENCH-RESULT " in line]
+    if not results:
+        raise RuntimeError(f"{name} printed no result:\n{proc.log_tail()}")
+    return results
+
+
+def run_local(work: Workdir, name: str, command: list[str], timeout: float) -> list[dict]:
+    """Run a measurement script in its own process (not under mlx.launch) and collect its results."""
+    log = work.log(name)
+    proc = spawn(name, command, log, dict(os.environ))
+    try:
+        proc.popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{name} did not finish within {timeout:.0f} s:\n{proc.log_tail()}") from None
+    finally:
+        proc.stop()
+    results = [json.loads(line.split("BENCH-RESULT ", 1)[1])
+               for line in log.read_text(errors="replace").splitlines() if "BENCH-RESULT " in line]
+    if not results or proc.popen.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {proc.popen.returncode}):\n{proc.log_tail()}")
+    return results
