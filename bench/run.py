@@ -172,8 +172,12 @@ class Bench:
         try:
             fn()
         except Exception as exc:  # one broken part must not lose the rest of the run
+            if INTERRUPTED:
+                raise KeyboardInterrupt from None
             self.say(f"{name} FAILED: {exc}")
             self.results.setdefault("failures", {})[name] = str(exc)[-2000:]
+        if INTERRUPTED:  # a client may have turned the interrupt into a failed request
+            raise KeyboardInterrupt
         self.say(f"{name} done in {time.monotonic() - t0:.0f} s")
 
     def model_name(self, server: Server) -> str | None:
@@ -313,6 +317,15 @@ class Bench:
             s.stop()
 
 
+INTERRUPTED = False
+
+
+def interrupt(signum, frame):
+    global INTERRUPTED
+    INTERRUPTED = True
+    raise KeyboardInterrupt
+
+
 def resolve_model(name: str, cache_dir: Path) -> tuple[Path, str]:
     """(model folder, MODEL value for our engine); a demo model is generated when missing."""
     if name.startswith("demo-"):
@@ -343,17 +356,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs (their folder is printed)")
     args = parser.parse_args(argv)
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    # Our own handler for both signals: asyncio.run() installs its own SIGINT handler only over
+    # the default one, and that one merely cancels the task, which a client may absorb.
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     bench = Bench(args, budget_for(args))
     bench.say(f"model {args.model} at {bench.model_path}; logs in {bench.work.root}")
     t0 = time.monotonic()
     try:
         results = bench.run()
     except KeyboardInterrupt:
-        bench.say("interrupted: stopping everything this run started")
+        bench.say(f"interrupted: stopping everything this run started (logs in {bench.work.root})")
         return 130
     finally:
         bench.stop_all()
