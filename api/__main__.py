@@ -6,15 +6,13 @@ import argparse
 import logging
 import logging.handlers
 import sys
-
-import uvicorn
+from pathlib import Path
 
 from api.app import create_app
 from api.auth import api_keys
+from api.serve import listen, server
 from config import ConfigError, load_settings
 
-# On TERM, streams still running after this long are cut so a restart never hangs on them.
-GRACEFUL_SHUTDOWN_SECONDS = 10
 # --log-file rotation: api.log plus this many rotated copies of at most LOG_MAX_BYTES each.
 LOG_MAX_BYTES = 20 * 1024 * 1024
 LOG_BACKUPS = 3
@@ -25,6 +23,9 @@ def main() -> int:
         prog="python -m api", description=__doc__.splitlines()[0], epilog="Configured by the environment and .env (see .env.example)."
     )
     parser.add_argument("--log-file", help="log here, rotated by size, instead of stderr (launch.sh: LOG_DIR/api.log)")
+    parser.add_argument("--take-over", action="store_true",
+                        help="share API_PORT with the API this one replaces (it stops accepting and drains)")
+    parser.add_argument("--ready-file", type=Path, help="write our pid here once listening (launch.sh restart-api)")
     args = parser.parse_args()
     try:
         settings = load_settings()
@@ -52,16 +53,13 @@ def main() -> int:
         settings.socket_path,
         ", API key required" if settings.API_KEY or settings.API_KEYS_FILE else "",
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.API_HOST,
-        port=settings.API_PORT,
-        log_config=None,
-        log_level=settings.LOG_LEVEL.lower(),
-        access_log=False,  # api.access logs one line per request, with tokens
-        lifespan="off",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-    )
+    try:
+        sock = listen(settings.API_HOST, settings.API_PORT, take_over=args.take_over)
+    except OSError as exc:
+        logging.getLogger("api").error("cannot listen on %s:%d: %s (set API_HOST/API_PORT, or stop what uses it)",
+                                       settings.API_HOST, settings.API_PORT, exc.strerror or exc)
+        return 1
+    server(create_app(settings), settings, ready_file=args.ready_file).run(sockets=[sock])
     return 0
 
 

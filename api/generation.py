@@ -22,7 +22,7 @@ import ipc
 from api import schemas
 from api.access import AccessRecord, access_record
 from api.engine_client import EngineClient, Generation
-from api.errors import APIError
+from api.errors import APIError, EngineUnavailable
 from api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -50,6 +50,30 @@ T = TypeVar("T")
 
 # nginx's "client closed request": logged, never seen by the client that left
 CLIENT_CLOSED = 499
+
+# The waits of running generations, so a server's drain deadline can end them (end_open_streams).
+_open_waits: set[anyio.CancelScope] = set()
+_drain_message = ""
+
+
+def end_open_streams(message: str) -> int:
+    """End every running generation now: a stream with an error event then [DONE], a JSON request with 503."""
+    global _drain_message
+    _drain_message = message
+    for scope in _open_waits:
+        scope.cancel()
+    return len(_open_waits)
+
+
+async def _next_event(gen: Generation) -> ipc.Delta | ipc.Finish:
+    if not _drain_message:  # else the deadline passed while this stream was sending
+        with anyio.CancelScope() as scope:
+            _open_waits.add(scope)
+            try:
+                return await gen.next_event()
+            finally:
+                _open_waits.discard(scope)
+    raise EngineUnavailable(_drain_message, code="shutting_down")
 
 
 @dataclass
@@ -259,7 +283,7 @@ async def _collect(engine: EngineClient, msg: ipc.Generate, shape: Shape, timeou
     try:
         remaining = len(choices)
         while remaining:
-            ev = await gen.next_event()
+            ev = await _next_event(gen)
             choices[ev.index].add(ev)
             remaining -= isinstance(ev, ipc.Finish)
     finally:
@@ -279,7 +303,7 @@ async def _stream(gen: Generation, n: int, shape: Shape, record: AccessRecord) -
                 yield event(first)
         remaining = n
         while remaining:
-            ev = await gen.next_event()
+            ev = await _next_event(gen)
             choice = choices[ev.index]
             # Finish carries the choice's last text (the detokeniser's tail), sent before its finish chunk
             chunk = shape.delta(choice, ev)

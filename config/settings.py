@@ -37,6 +37,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     API_KEY: str = ""
     API_KEYS_FILE: str = ""
     PROTECT_OPS_ROUTES: bool = True
+    HTTP_HEADER_TIMEOUT: Seconds = 10.0
+    HTTP_KEEP_ALIVE_TIMEOUT: Seconds = 5.0
+    MAX_CONNECTIONS: Positive = 512
+    API_DRAIN_TIMEOUT: Seconds = 30.0
     SOCKET_PATH: str = ""
     RUN_DIR: str = "run"
     LOG_DIR: str = "logs"
@@ -124,6 +128,10 @@ HINTS = {
     "DRAIN_TIMEOUT": "a number of seconds > 0",
     "ENGINE_RESTART": "one of never, always",
     "PROTECT_OPS_ROUTES": "true or false",
+    "HTTP_HEADER_TIMEOUT": "a number of seconds > 0",
+    "HTTP_KEEP_ALIVE_TIMEOUT": "a number of seconds > 0",
+    "MAX_CONNECTIONS": "a positive integer",
+    "API_DRAIN_TIMEOUT": "a number of seconds > 0",
     "MAX_MESSAGES": "a positive integer",
     "ENGINE_START_TIMEOUT": "a number of seconds > 0",
     "PREFILL_TOKENS_PER_STEP": "an integer >= 16",

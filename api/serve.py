@@ -1,0 +1,185 @@
+"""The HTTP server around the app: slow-client limits, a shared listening port, a bounded drain.
+
+uvicorn closes a kept-alive connection that stays idle, but not one that never completes its
+request headers, and it caps requests rather than open connections; `EdgeProtocol` adds both.
+`listen()` binds with SO_REUSEPORT so a new API can start on the port of the one it replaces
+(`launch.sh restart-api`); `DrainingServer` lets the old one finish its streams, then ends the
+ones still open with an error event and `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from api.generation import end_open_streams
+from config import Settings
+
+log = logging.getLogger(__name__)
+
+# Seconds the ended streams get to send their error event and [DONE] before they are cut.
+FLUSH_SECONDS = 5.0
+LINGER_SECONDS = 1.0  # a refused connection is read (and discarded) this long before it is closed
+
+
+def _response(status: bytes, body: bytes, *extra: bytes) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, written before any request was parsed."""
+    head = [b"HTTP/1.1 " + status, b"content-type: application/json", *extra, b"connection: close",
+            b"content-length: %d" % len(body)]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def _error(message: str, code: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error" if code == "request_timeout"
+                                 else "server_error", "param": None, "code": code}}).encode()
+
+
+def edge_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline for request headers and a cap on open connections."""
+
+    too_slow = _response(b"408 Request Timeout", _error(
+        f"the request headers did not arrive within HTTP_HEADER_TIMEOUT={header_timeout:g} s", "request_timeout"))
+    too_many = _response(b"503 Service Unavailable", _error(
+        f"the server has too many open connections (MAX_CONNECTIONS={max_connections}); retry shortly",
+        "too_many_connections"), b"retry-after: 1")
+
+    class EdgeProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _waiting_cycle: object = None
+        _got_bytes = False
+        _refused = False
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                # Refused before it can hold anything: no request parsed, no task started. The close
+                # lingers a moment, reading what the client still sends, so it gets the 503, not a reset.
+                self._waiting_cycle = False
+                self._refused = True
+                transport.write(too_many)
+                if transport.can_write_eof():
+                    transport.write_eof()
+                self.loop.call_later(LINGER_SECONDS, transport.close)
+                return
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            if self._waiting_cycle is not False and self._header_timer is None:
+                # A kept-alive connection's next request: its headers are timed from the first byte.
+                self._arm()
+            self._got_bytes = True
+            super().data_received(data)
+            if self._waiting_cycle is not False and self.cycle is not self._waiting_cycle:
+                self._headers_done()
+
+        def on_response_complete(self) -> None:
+            finished = self.cycle
+            super().on_response_complete()  # may parse a pipelined request into a new cycle
+            if not self.transport.is_closing():
+                # Idle until the next request's first byte: uvicorn's keep-alive timeout applies.
+                self._waiting_cycle, self._got_bytes = finished, False
+                if self.cycle is not finished:
+                    self._headers_done()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._headers_done()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+
+        def _headers_done(self) -> None:
+            self._waiting_cycle = False
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing():
+                return
+            if self._got_bytes:
+                self.transport.write(too_slow)
+            self.transport.close()
+
+    return EdgeProtocol
+
+
+def listen(host: str, port: int, *, take_over: bool) -> socket.socket:
+    """A listening-ready socket on host:port that a successor may bind too (SO_REUSEPORT).
+
+    Without take_over, a port some process already holds is an error (EADDRINUSE), as with a
+    plain bind: only a deliberate restart shares the port with the API it replaces.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if not take_over:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+class DrainingServer(uvicorn.Server):
+    """On TERM: stop accepting, let open streams run for drain_seconds, then end them cleanly."""
+
+    def __init__(self, config: uvicorn.Config, *, drain_seconds: float, ready_file: Path | None = None):
+        super().__init__(config)
+        self.drain_seconds = drain_seconds
+        self.ready_file = ready_file
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.ready_file is not None:
+            # Tells launch.sh this process listens now (its /health may be answered by the old API).
+            tmp = self.ready_file.with_name(f".{self.ready_file.name}.tmp")
+            tmp.write_text(f"{os.getpid()}\n")
+            os.replace(tmp, self.ready_file)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.drain_seconds, self._drain_deadline)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            timer.cancel()
+            if self.ready_file is not None:
+                self.ready_file.unlink(missing_ok=True)
+
+    def _drain_deadline(self) -> None:
+        ended = end_open_streams(f"the API server is restarting or stopping (API_DRAIN_TIMEOUT="
+                                 f"{self.drain_seconds:g} s passed); retry the request")
+        if ended:
+            log.warning("ended %d open request(s) still running after API_DRAIN_TIMEOUT=%g s", ended,
+                        self.drain_seconds)
+
+
+def server(app, settings: Settings, *, ready_file: Path | None = None) -> DrainingServer:
+    config = uvicorn.Config(
+        app,
+        http=edge_protocol(settings.HTTP_HEADER_TIMEOUT, settings.MAX_CONNECTIONS),
+        log_config=None,
+        log_level=settings.LOG_LEVEL.lower(),
+        access_log=False,  # api.access logs one line per request, with tokens
+        lifespan="off",
+        timeout_keep_alive=settings.HTTP_KEEP_ALIVE_TIMEOUT,  # type: ignore[arg-type]  # call_later takes a float
+        timeout_graceful_shutdown=settings.API_DRAIN_TIMEOUT + FLUSH_SECONDS,  # type: ignore[arg-type]
+    )
+    return DrainingServer(config, drain_seconds=settings.API_DRAIN_TIMEOUT, ready_file=ready_file)
