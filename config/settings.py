@@ -65,6 +65,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     MAX_FRAME_BYTES: Annotated[int, Meta(ge=1024)] = 8 * 1024 * 1024
     MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     MAX_MESSAGES: Positive = 2048
+    OUTPUT_BUFFER_EVENTS: Annotated[int, Meta(ge=16)] = 4096
 
     # Derived values, resolved against the repository root.
     @property

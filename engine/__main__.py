@@ -116,6 +116,7 @@ def main() -> int:
     if rank == 0:
         from engine.scheduler import Counters, Scheduler
         from engine.server import EngineServer, Prompter
+        from engine.validate import Limits
         from ipc import Info
 
         counters = Counters()
@@ -136,7 +137,10 @@ def main() -> int:
                         step_time_sum=lp.step_time_sum, step_time_count=lp.step_time_count,
                         broadcast_time_sum=lp.broadcast_time_sum, broadcast_time_count=lp.broadcast_time_count)
 
-        server = EngineServer(settings, Prompter(tokenizer, loaded.context_length), counters, inbound, info)
+        limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size,
+                        context_length=loaded.context_length, max_batch=settings.MAX_BATCH,
+                        max_queue=settings.MAX_QUEUE)
+        server = EngineServer(settings, Prompter(tokenizer, limits), counters, inbound, info)
         loop = StepLoop(batch, channel, watchdog, idle_tick, scheduler, server, inbound, reports)
         loop_ref.append(loop)
     else:

@@ -26,6 +26,8 @@ class LoadedModel:
     tokenizer: Any
     path: str
     context_length: int
+    # rows of the model's output (logits); may exceed the tokenizer's ids (padded vocabularies)
+    vocab_size: int = 0
 
 
 def resolve(settings: Settings) -> str | Path:
@@ -56,6 +58,13 @@ def context_length(config: dict) -> int:
     return context_length(text) if text else 4096
 
 
+def vocab_size(config: dict) -> int:
+    if isinstance(config.get("vocab_size"), int):
+        return config["vocab_size"]
+    text = config.get("text_config") or {}
+    return vocab_size(text) if text else 0
+
+
 def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     """Load on every rank; sharded_load with the tensor group when there are several ranks."""
     from mlx_lm import load as mlx_load
@@ -73,4 +82,5 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     from engine.constrained import use_tokenizer
 
     use_tokenizer(tokenizer)
-    return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config))
+    return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
+                       vocab_size=vocab_size(config) or len(tokenizer))

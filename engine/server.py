@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import queue
 import threading
@@ -17,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
+import msgspec
 
 from config import Settings
+from engine import validate
 from engine.admission import Admission, Refused
 from engine.scheduler import Counters, Request
 from ipc import (
@@ -60,11 +61,12 @@ def invalid(message: str, param: str | None = None, code: str | None = None, rid
 class Prompter:
     """Chat template and tokenisation on rank 0, with the errors a client can cause."""
 
-    def __init__(self, tokenizer, context_length: int):
+    def __init__(self, tokenizer, limits: validate.Limits):
         self.tokenizer = tokenizer
-        self.context_length = context_length
-        self.vocab_size = len(tokenizer)
-        self.admission = Admission(tokenizer, self.vocab_size, context_length)
+        self.limits = limits
+        self.context_length = limits.context_length
+        self.vocab_size = limits.vocab_size
+        self.admission = Admission(tokenizer, self.vocab_size, self.context_length)
 
     def tokens(self, gen: Generate) -> list[int]:
         tok = self.tokenizer
@@ -189,12 +191,22 @@ class EngineServer:
             await _send(conn, Error(status=503, error_type="engine_unavailable", code="shutting_down",
                                     message="the engine is shutting down; retry shortly", request_id=rid))
             return
+        try:
+            gen = validate.check(gen, self.prompter.limits)
+        except Refused as exc:
+            await _send(conn, msgspec.structs.replace(exc.error, request_id=rid))
+            return
         if rid in self._live:
             await _send(conn, invalid(f"request_id {rid!r} is already generating; use a unique id", "request_id"))
             return
         self._live.add(rid)
         try:
             await self._admit_and_stream(conn, gen)
+        except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
+            log.exception("request %s failed before reaching the batch", rid)
+            await _send(conn, Error(status=500, error_type="server_error", code="generation_failed", request_id=rid,
+                                    message="the engine failed to admit this request (see the engine log); "
+                                            "other requests are unaffected"))
         finally:
             self._live.discard(rid)
 
@@ -211,24 +223,23 @@ class EngineServer:
                 f"This model's maximum context length is {ctx} tokens, but the prompt has {len(tokens)} tokens; "
                 "shorten the prompt", "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded", rid))
             return
-        send, receive = anyio.create_memory_object_stream(math.inf)
+        # Bounded: a client that stops reading must not make rank 0 hold its tokens without limit.
+        send, receive = anyio.create_memory_object_stream(self.settings.OUTPUT_BUFFER_EVENTS)
+        outbox = Outbox(send)
         deadline = time.monotonic() + self.settings.REQUEST_TIMEOUT
         try:
             # Grammars compile here, off the event loop (the first one also builds llguidance's tokenizer).
-            requests = await anyio.to_thread.run_sync(self.prompter.admission.requests, gen, tokens, send, deadline)
+            requests = await anyio.to_thread.run_sync(self.prompter.admission.requests, gen, tokens, outbox, deadline)
         except Refused as exc:
             send.close()
-            await _send(conn, exc.error)
+            await _send(conn, msgspec.structs.replace(exc.error, request_id=rid))
             return
-        with self.counters.lock:
-            full = self.counters.waiting >= self.settings.MAX_QUEUE
-            if not full:
-                self.counters.waiting += len(requests)
-        if full:
+        if not self.counters.admit(len(requests), self.settings.MAX_BATCH + self.settings.MAX_QUEUE):
             send.close()
             await _send(conn, Error(status=429, error_type="rate_limit_error", code="queue_full", request_id=rid,
-                                    message=f"the engine's queue is full ({self.settings.MAX_QUEUE} waiting "
-                                            "requests); retry after a moment"))
+                                    message=f"the engine is full ({self.settings.MAX_BATCH} running and "
+                                            f"{self.settings.MAX_QUEUE} waiting sequences at most); "
+                                            "retry after a moment"))
             return
         for request in requests:
             self.inbound.put(Submit(request))
@@ -236,6 +247,7 @@ class EngineServer:
         try:
             await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))
             async with anyio.create_task_group() as tg:
+                outbox.scope = tg.cancel_scope
                 tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope)
                 finished = await self._relay(conn, receive, len(requests))
                 tg.cancel_scope.cancel()
@@ -245,6 +257,14 @@ class EngineServer:
             send.close()
             if not finished:
                 self.inbound.put(Withdraw(rid))
+        if outbox.overflowed:
+            log.warning("request %s: the client stopped reading (%d events waiting); cancelled", rid,
+                        self.settings.OUTPUT_BUFFER_EVENTS)
+            with anyio.move_on_after(1.0, shield=True):
+                await _send(conn, Error(
+                    status=408, error_type="invalid_request_error", code="client_not_reading", request_id=rid,
+                    message=f"the client stopped reading its output ({self.settings.OUTPUT_BUFFER_EVENTS} events "
+                            "waited, OUTPUT_BUFFER_EVENTS); the request was cancelled"))
 
     async def _relay(self, conn: FramedStream, receive, choices: int) -> bool:
         """Forward the request's events until its last one (an Error, or each choice's Finish);
@@ -273,12 +293,34 @@ class EngineServer:
         scope.cancel()
 
 
-def _dispatch(events: list) -> None:
-    for outbox, msg in events:
+class Outbox:
+    """Where the step loop's events for one generation wait for its connection; overflowing it cancels."""
+
+    __slots__ = ("stream", "scope", "overflowed")
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.scope: anyio.CancelScope | None = None
+        self.overflowed = False
+
+    def put(self, msg) -> None:
+        """On the event loop: queue msg, or end the generation when its client has stopped reading."""
+        if self.overflowed:
+            return
         try:
-            outbox.send_nowait(msg)
+            self.stream.send_nowait(msg)
+        except anyio.WouldBlock:
+            self.overflowed = True
+            self.stream.close()
+            if self.scope is not None:
+                self.scope.cancel()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the client left; the step loop hears of it through Withdraw
+
+
+def _dispatch(events: list) -> None:
+    for outbox, msg in events:
+        outbox.put(msg)
 
 
 async def _send(conn: FramedStream, msg) -> None:
