@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from engine.plan import Plan, fingerprint, token_checksum
-from engine.sampling import make_processors, make_sampler
+from engine.sampling import failpoint_seed, make_processors, make_sampler
 
 log = logging.getLogger(__name__)
 
@@ -16,30 +18,61 @@ class DesyncError(RuntimeError):
     """This rank's batch differs from rank 0's: continuing would decode garbage."""
 
 
-class StepResults(list):
-    """A step's (request id, token, finish reason) tuples; logprob_rows maps the requests that asked
-    for logprobs to their row of log probabilities over the vocabulary (an mx.array)."""
+@dataclass
+class StepResults:
+    """One step's outcome on this rank.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.logprob_rows: dict = {}
+    tokens: (request id, sampled token, finish reason) per decoding request; logprob_rows maps the
+    requests that asked for logprobs to their row over the vocabulary (an mx.array); failed maps the
+    requests this step ended because generating them raised, to the reason (identical on every rank).
+    """
+
+    tokens: list[tuple[str, int, str | None]] = field(default_factory=list)
+    logprob_rows: dict = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class _Guard:
+    """Runs one request's sampler or logits processor; an exception marks that request failed instead
+    of ending the step (and with it every rank), and the fallback keeps the batch's shapes."""
+
+    __slots__ = ("fn", "rid", "failures", "fallback")
+
+    def __init__(self, fn, rid: str, failures: dict[str, str], fallback):
+        self.fn, self.rid, self.failures, self.fallback = fn, rid, failures, fallback
+
+    def __call__(self, *args):
+        try:
+            return self.fn(*args)
+        except Exception as exc:
+            if self.rid not in self.failures:
+                log.exception("request %s: its sampling raised; ending it", self.rid)
+                self.failures[self.rid] = _reason(exc)
+            return self.fallback(*args)
+
+
+def _argmax(logprobs):
+    return mx.argmax(logprobs, axis=-1)
+
+
+def _unchanged(tokens, logits):
+    return logits
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 class LockstepBatch:
     """Applies plans and runs steps; identical calls on every rank give identical state."""
 
     def __init__(self, model, eos_token_ids: set[int], prefill_tokens_per_step: int, max_batch: int):
+        self.model = model
+        self.eos = eos_token_ids
         self.prefill_budget = prefill_tokens_per_step
         self.max_batch = max_batch
-        self.gen = BatchGenerator(
-            model,
-            stop_tokens=[[t] for t in sorted(eos_token_ids)],
-            completion_batch_size=max_batch,
-            # Every admitted prompt joins the prefill batch at once (mlx-lm's default of 8
-            # makes a short request wait behind eight long ones); chunk sizes come per step.
-            prefill_batch_size=max_batch,
-            prefill_step_size=prefill_tokens_per_step,
-        )
+        self.gen = self._generator()
         self.uid_of: dict[str, int] = {}
         self.rid_of: dict[int, str] = {}
         # Active request ids in insertion order: the batch composition the fingerprint covers.
@@ -47,6 +80,38 @@ class LockstepBatch:
         self.last_check = 0
         # Requests that asked for logprobs: step() hands rank 0 their rows.
         self.wants_logprobs: set[str] = set()
+        # Requests ended since the last step because generating them raised: rid -> reason.
+        self.failed: dict[str, str] = {}
+        self._fail_seed = failpoint_seed("step")
+        self._seeded: set[str] = set()  # requests carrying the failpoint's seed
+
+    def _generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.model,
+            stop_tokens=[[t] for t in sorted(self.eos)],
+            completion_batch_size=self.max_batch,
+            # Every admitted prompt joins the prefill batch at once (mlx-lm's default of 8
+            # makes a short request wait behind eight long ones); chunk sizes come per step.
+            prefill_batch_size=self.max_batch,
+            prefill_step_size=self.prefill_budget,
+        )
+
+    def reset(self, reason: str) -> None:
+        """Drop every request (all ranks do the same, at the same step): a failure left the generator unusable."""
+        log.error("the batch failed (%s); ending its %d request(s) and continuing with a fresh batch",
+                  reason, len(self.order))
+        for rid in self.order:
+            self.failed.setdefault(rid, reason)
+        try:
+            self.gen.close()
+        except Exception:  # the old generator may be half-updated; its state is discarded either way
+            log.debug("closing the failed generator raised", exc_info=True)
+        self.gen = self._generator()
+        self.uid_of.clear()
+        self.rid_of.clear()
+        self.order = []
+        self.wants_logprobs.clear()
+        self._seeded.clear()
 
     def __len__(self) -> int:
         return len(self.order)
@@ -84,42 +149,92 @@ class LockstepBatch:
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
             if uids:
-                self.gen.remove(uids)
+                try:
+                    self.gen.remove(uids)
+                except Exception as exc:
+                    self.reset(_reason(exc))
             for uid in uids:
                 self.rid_of.pop(uid, None)
             gone = set(plan.removes)
             self.order = [rid for rid in self.order if rid not in gone]
             self.wants_logprobs -= gone
         if plan.inserts:
-            uids = self.gen.insert(
-                [ins.tokens for ins in plan.inserts],
-                max_tokens=[ins.max_tokens for ins in plan.inserts],
-                samplers=[make_sampler(ins) for ins in plan.inserts],
-                logits_processors=[make_processors(ins) for ins in plan.inserts],
-            )
-            for ins, uid in zip(plan.inserts, uids):
-                self.uid_of[ins.rid] = uid
-                self.rid_of[uid] = ins.rid
-                self.order.append(ins.rid)
-                if ins.logprobs:
-                    self.wants_logprobs.add(ins.rid)
+            self._insert(plan.inserts)
+
+    def _insert(self, inserts) -> None:
+        """Insert what can be built; a request whose sampler or grammar cannot be made fails alone."""
+        ready, samplers, processors = [], [], []
+        for ins in inserts:
+            try:
+                sampler, procs = make_sampler(ins), make_processors(ins)
+            except Exception as exc:
+                log.exception("request %s: its sampler could not be built; ending it", ins.rid)
+                self.failed[ins.rid] = _reason(exc)
+                continue
+            ready.append(ins)
+            samplers.append(None if sampler is None else _Guard(sampler, ins.rid, self.failed, _argmax))
+            processors.append([_Guard(p, ins.rid, self.failed, _unchanged) for p in procs])
+        if not ready:
+            return
+        try:
+            uids = self.gen.insert([ins.tokens for ins in ready], max_tokens=[ins.max_tokens for ins in ready],
+                                   samplers=samplers, logits_processors=processors)
+        except Exception as exc:
+            for ins in ready:
+                self.failed[ins.rid] = _reason(exc)
+            self.reset(_reason(exc))
+            return
+        for ins, uid in zip(ready, uids):
+            self.uid_of[ins.rid] = uid
+            self.rid_of[uid] = ins.rid
+            self.order.append(ins.rid)
+            if ins.logprobs:
+                self.wants_logprobs.add(ins.rid)
+            if self._fail_seed is not None and ins.seed == self._fail_seed:
+                self._seeded.add(ins.rid)
 
     def step(self) -> StepResults:
         """One batched forward step: (request id, sampled token, finish reason) per decoding request."""
-        _, responses = self.gen.next()
         out = StepResults()
+        try:
+            if self._seeded:
+                raise RuntimeError("failpoint: a step holding a request with ENGINE_FAILPOINT's seed")
+            _, responses = self.gen.next()
+        except Exception as exc:
+            log.exception("the batched step raised")
+            self.reset(_reason(exc))
+            responses = []
         finished = set()
         for r in responses:
             rid = self.rid_of[r.uid]
-            out.append((rid, r.token, r.finish_reason))
-            if rid in self.wants_logprobs:
-                out.logprob_rows[rid] = r.logprobs  # already evaluated by mlx-lm; no copy
             if r.finish_reason is not None:
                 finished.add(rid)
                 del self.uid_of[rid]
                 del self.rid_of[r.uid]
+            if rid in self.failed:
+                continue  # its token came from a fallback; the request ends with an error instead
+            out.tokens.append((rid, r.token, r.finish_reason))
+            if rid in self.wants_logprobs:
+                out.logprob_rows[rid] = r.logprobs  # already evaluated by mlx-lm; no copy
+        if self.failed:
+            self._drop_failed(finished)
         if finished:
             self.order = [rid for rid in self.order if rid not in finished]
             self.wants_logprobs -= finished
-        self.last_check = token_checksum([tok for _, tok, _ in out])
+        self.last_check = token_checksum([tok for _, tok, _ in out.tokens])
+        out.failed = dict(self.failed)
+        self.failed.clear()  # in place: the guards of running requests hold this dict
         return out
+
+    def _drop_failed(self, finished: set[str]) -> None:
+        uids = [self.uid_of.pop(rid) for rid in self.failed if rid in self.uid_of]
+        if uids:
+            try:
+                self.gen.remove(uids)
+            except Exception as exc:
+                self.reset(_reason(exc))
+                return
+            for uid in uids:
+                self.rid_of.pop(uid, None)
+        finished.update(self.failed)
+        self._seeded -= finished

@@ -7,10 +7,26 @@ and on any number of ranks.
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from engine.plan import Insert
+
+
+
+def failpoint_seed(kind: str) -> int | None:
+    """Tests only: ENGINE_FAILPOINT="<kind>:<seed>" makes requests with that seed fail inside the step.
+
+    "sampler": the request's sampler raises from its third token on, as a value mlx-lm rejects would;
+    "step": the whole batched step raises (engine/batch.py), losing every request in it.
+    """
+    mode, _, seed = os.environ.get("ENGINE_FAILPOINT", "").partition(":")
+    return int(seed) if mode == kind and seed.isdigit() else None
+
+
+_FAIL_SEED = failpoint_seed("sampler")
 
 
 class SeededSampler:
@@ -27,6 +43,8 @@ class SeededSampler:
     def __call__(self, logprobs: mx.array) -> mx.array:
         key = mx.random.key((self.seed << 20) + self.count)
         self.count += 1
+        if self.seed == _FAIL_SEED and self.count > 2:
+            raise RuntimeError("failpoint: the sampler of a request with ENGINE_FAILPOINT's seed")
         if 0.0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
         if self.min_p > 0.0:

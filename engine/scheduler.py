@@ -6,7 +6,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
@@ -14,6 +14,9 @@ from ipc.messages import TokenLogprob
 from engine.logprobs import TokenTexts, extract
 from engine.output import Piece, Router
 from engine.plan import Insert, Plan
+
+if TYPE_CHECKING:
+    from engine.batch import StepResults
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +50,19 @@ class Request:
 
 @dataclass
 class Counters:
-    """Shared with the socket thread: how many requests wait and run."""
+    """Shared with the socket thread: how many sequences wait (admitted, not yet in the batch) and run."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     waiting: int = 0
     active: int = 0
+
+    def admit(self, n: int, capacity: int) -> bool:
+        """Socket thread: reserve n sequences if running + waiting stays within capacity."""
+        with self.lock:
+            if self.waiting + self.active + n > capacity:
+                return False
+            self.waiting += n
+            return True
 
 
 class Scheduler:
@@ -104,20 +115,23 @@ class Scheduler:
             inserts.append(req.insert)
             if req.echo:
                 self._send(req, Piece(content=req.echo))
-        if inserts:
-            self._left_queue(len(inserts))
         removes, self.to_remove = self.to_remove, []
         for rid in removes:
             self.running.pop(rid, None)
-        self._count()
+        # One update, so the socket thread never sees a sequence in neither count (or both).
+        with self.counters.lock:
+            self.counters.waiting -= len(inserts)
+            self.counters.active = len(self.running)
         return Plan(step=self.step, fingerprint=fingerprint, token_check=token_check,
                     inserts=inserts, removes=removes, idle=idle and not inserts and not removes,
                     shutdown=shutdown)
 
-    def absorb(self, results: list[tuple[str, int, str | None]]) -> None:
+    def absorb(self, results: StepResults) -> None:
         """Turn one step's sampled tokens into client events."""
+        for rid, reason in results.failed.items():
+            self._fail(self.running.pop(rid, None), reason)  # every rank has already dropped it
         self._logprobs(results)
-        for rid, token, finish in results:
+        for rid, token, finish in results.tokens:
             req = self.running.get(rid)
             if req is None:
                 continue
@@ -125,30 +139,51 @@ class Scheduler:
                 self.running.pop(rid)  # the batch already dropped it on every rank
             if req.done:
                 continue
-            req.completion_tokens += 1
-            if not (finish == "stop" and token in self.eos):
-                req.detok.add_token(token)
-            if finish is not None:
-                req.detok.finalize()
-            piece, ended = req.router.feed(req.detok.last_segment)
-            if ended or finish is not None:
-                if not ended:
-                    piece.add(req.router.finish())
-                # A stop string or a lone tool call ends the choice early: the batch lets it go.
-                self._close(req, None, "stop" if ended else finish, piece)
-                if ended and finish is None:
+            try:
+                self._output(req, token, finish)
+            except Exception as exc:  # rank 0's own work for one request: only that request ends
+                log.exception("request %s: turning its tokens into output failed", rid)
+                if finish is None:
                     self.to_remove.append(rid)
-            elif piece or req.logprobs:
-                self._send(req, piece)
+                self._fail(req, f"{type(exc).__name__} while decoding its output")
         self._count()
 
-    def _logprobs(self, results: list[tuple[str, int, str | None]]) -> None:
+    def _output(self, req: Request, token: int, finish: str | None) -> None:
+        req.completion_tokens += 1
+        if not (finish == "stop" and token in self.eos):
+            req.detok.add_token(token)
+        if finish is not None:
+            req.detok.finalize()
+        piece, ended = req.router.feed(req.detok.last_segment)
+        if ended or finish is not None:
+            if not ended:
+                piece.add(req.router.finish())
+            # A stop string or a lone tool call ends the choice early: the batch lets it go.
+            self._close(req, None, "stop" if ended else finish, piece)
+            if ended and finish is None:
+                self.to_remove.append(req.rid)
+        elif piece or req.logprobs:
+            self._send(req, piece)
+
+    def _fail(self, req: Request | None, reason: str) -> None:
+        """A choice could not be generated: its request (every choice of it) ends with an error, others go on."""
+        if req is None or req.done:
+            return
+        self.running.pop(req.rid, None)
+        error = Error(status=500, error_type="server_error", code="generation_failed", request_id=req.group or req.rid,
+                      message=f"generation failed on the engine ({reason}); the request was ended and the engine "
+                              "keeps serving; retry, and report it if it happens again")
+        self._close(req, error)
+        if req.group:
+            self.cancel(req.group, error)  # its other choices stop too: nobody reads them any more
+
+    def _logprobs(self, results: StepResults) -> None:
         """Append this step's logprobs to the requests that asked (the EOS that ends a choice is not text)."""
-        rows = getattr(results, "logprob_rows", None)
+        rows = results.logprob_rows
         if not rows:
             return
         asks, owners = [], []
-        for rid, token, finish in results:
+        for rid, token, finish in results.tokens:
             req = self.running.get(rid)
             if rid in rows and req is not None and not req.done and not (finish == "stop" and token in self.eos):
                 asks.append((token, rows[rid], req.top_logprobs))
