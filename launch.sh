@@ -10,7 +10,7 @@ cd "$ROOT"
 
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
-STOP_TIMEOUT=12      # seconds from SIGTERM to SIGKILL (the API drains streams for 10 s)
+API_STOP_GRACE=7     # seconds beyond API_DRAIN_TIMEOUT before the API gets SIGKILL (it flushes for 5 s)
 ENGINE_STOP_GRACE=5  # seconds beyond DRAIN_TIMEOUT before the engine gets SIGKILL
 API_START_TIMEOUT=30 # seconds for a fresh API to answer /health
 PROBE_TIMEOUT=2      # seconds per readiness probe of engine rank 0
@@ -103,6 +103,7 @@ load_settings() {
     ENGINE_STATE_FILE="$RUN_DIR/engine.state.json"
     API_PID_FILE="$RUN_DIR/api.pid"
     ENGINE_STOP_TIMEOUT=$(($(ceil_seconds "$DRAIN_TIMEOUT") + ENGINE_STOP_GRACE))
+    API_STOP_TIMEOUT=$(($(ceil_seconds "$API_DRAIN_TIMEOUT") + API_STOP_GRACE))
     ENGINE_LOG="$LOG_DIR/engine.log"
     API_LOG="$LOG_DIR/api.log"
     # what the API prints outside its log (start-up errors, tracebacks); api.log is rotated by the API
@@ -162,6 +163,16 @@ group_alive() {
     ps -A -o pgid= -o stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { up = 1 } END { exit !up }'
 }
 
+# True while process PID itself runs (not a zombie). The engine's supervisor leads its group: the
+# group outlives a killed supervisor as long as a rank does.
+process_alive() {
+    local stat
+    kill -0 "$1" 2>/dev/null || return 1
+    command -v ps >/dev/null 2>&1 || return 0
+    stat=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+    [[ -n $stat && $stat != Z* ]]
+}
+
 running_pid() {
     local pid
     pid=$(recorded_pid "$1") || return 1
@@ -194,7 +205,7 @@ wait_group_gone() {
 
 # stop_group NAME PID_FILE [quiet] [TIMEOUT]: TERM the recorded group, wait, then KILL it; drop the pid file.
 stop_group() {
-    local name=$1 file=$2 quiet=${3:-} timeout=${4:-$STOP_TIMEOUT} pid
+    local name=$1 file=$2 quiet=${3:-} timeout=${4:-$API_STOP_TIMEOUT} pid
     pid=$(recorded_pid "$file") || {
         rm -f "$file"
         return 0
@@ -238,13 +249,36 @@ os.execvp(sys.argv[2], sys.argv[2:])' "$input" "$@" >>"$logfile" 2>&1 &
     done
 }
 
+# writable_dir VARIABLE SETTING DIR [MODE]: create DIR when missing; when we cannot write there, die
+# with one sentence naming the variable, its value (SETTING) and what to do.
+writable_dir() {
+    local name=$1 setting=$2 dir=$3 mode=${4:-} err where
+    where="the folder $dir"
+    [[ $setting == "$dir" ]] && where="that folder"
+    if [[ ! -d $dir ]]; then
+        if ! err=$(mkdir -p "$(dirname "$dir")" 2>&1 && mkdir ${mode:+-m "$mode"} "$dir" 2>&1) && [[ ! -d $dir ]]; then
+            local up=$dir
+            while [[ ! -e $up && $up != / && $up != . ]]; do up=$(dirname "$up"); done
+            if [[ -e $up && ! -d $up ]]; then
+                err="$up is a file, not a folder"
+            elif [[ -d $up && ! -w $up ]]; then
+                err="$up is not writable"
+            else
+                err=${err##*: }
+            fi
+            die 1 "$name=$setting: $where cannot be created ($err); set $name to a path you can write to, or create $dir and give yourself write access"
+        fi
+    fi
+    if [[ ! -w $dir || ! -x $dir ]]; then
+        die 1 "$name=$setting: $where is not writable by $(id -un 2>/dev/null || echo you); set $name to a path you can write to, or fix its permissions"
+    fi
+}
+
 prepare_dirs() {
     # RUN_DIR holds the engine socket: private when we create it (an existing dir is left as is).
-    if [[ ! -d $RUN_DIR ]]; then
-        mkdir -p "$(dirname "$RUN_DIR")"
-        mkdir -m 700 "$RUN_DIR"
-    fi
-    mkdir -p "$LOG_DIR"
+    writable_dir RUN_DIR "$RUN_DIR" "$RUN_DIR" 700
+    writable_dir LOG_DIR "$LOG_DIR" "$LOG_DIR"
+    writable_dir SOCKET_PATH "$SOCKET_PATH" "$(dirname "$SOCKET_PATH")" 700
 }
 
 # A lock for the commands that change state, so two of them never interleave.
@@ -372,6 +406,15 @@ stop_engine() {
     fi
 }
 
+# The engine's group runs but its supervisor (the group's leader) is gone: nothing restarts the
+# engine or ends it when a rank fails. Only restart-engine (or stop) puts that right.
+refuse_unsupervised_engine() {
+    local pid
+    if pid=$(running_pid "$ENGINE_PID_FILE") && ! process_alive "$pid"; then
+        die 1 "the engine runs without its supervisor (pid $pid is gone): run ./launch.sh restart-engine to restart it under supervision"
+    fi
+}
+
 refuse_running_engine() {
     local pid
     if pid=$(running_pid "$ENGINE_PID_FILE"); then
@@ -417,12 +460,13 @@ api_port_taken() {
     [[ $rc -ne 7 ]]
 }
 
+# start_api [ARGS...]: ARGS go to python -m api.
 start_api() {
     prepare_dirs
     printf '\n=== %s launch.sh: starting API on %s:%s ===\n' \
         "$(date '+%Y-%m-%d %H:%M:%S')" "$API_HOST" "$API_PORT" >>"$API_CONSOLE_LOG"
     export PYTHONUNBUFFERED=1
-    detach "$API_CONSOLE_LOG" /dev/null "$PY" -m api --log-file "$API_LOG"
+    detach "$API_CONSOLE_LOG" /dev/null "$PY" -m api --log-file "$API_LOG" "$@"
     API_PID=$DETACHED_PID
     write_pid "$API_PID_FILE" "$API_PID"
 }
@@ -480,6 +524,54 @@ launch_api() {
 
 format_ms() { printf '%d.%03ds' $(($1 / 1000)) $(($1 % 1000)); }
 
+# An API that restart-api replaced finishes its open requests (up to API_DRAIN_TIMEOUT) on its own;
+# its process group is recorded in RUN_DIR/api.draining.<pid> so stop and status still see it.
+draining_files() {
+    local f
+    for f in "$RUN_DIR"/api.draining.*; do
+        [[ -e $f ]] && printf '%s\n' "$f"
+    done
+    return 0
+}
+
+stop_draining_apis() {
+    local f
+    while IFS= read -r f; do
+        stop_group "previous API" "$f" quiet
+    done < <(draining_files)
+}
+
+# hand_over_api OLD: start the new API beside the running one (process group OLD) on the same port
+# (SO_REUSEPORT); once it listens, OLD stops accepting and drains. Returns 1, with OLD still serving,
+# when the new one cannot start that way (e.g. OLD was started without SO_REUSEPORT).
+hand_over_api() {
+    local old=$1 ready="$RUN_DIR/api.ready.$$" draining="$RUN_DIR/api.draining.$1" t0 tenths offset console_offset
+    t0=$(now_ms)
+    offset=$(log_size "$API_LOG")
+    console_offset=$(log_size "$API_CONSOLE_LOG")
+    rm -f "$ready"
+    mv -f "$API_PID_FILE" "$draining"
+    start_api --take-over --ready-file "$ready"
+    STARTED_API=$API_PID
+    tenths=$((API_START_TIMEOUT * 10))
+    while ((tenths-- > 0)) && [[ $(recorded_pid "$ready" 2>/dev/null || true) != "$API_PID" ]]; do
+        group_alive "$API_PID" || break
+        sleep 0.1
+    done
+    if [[ $(recorded_pid "$ready" 2>/dev/null || true) != "$API_PID" ]]; then
+        show_log_tail "$API_CONSOLE_LOG" "$console_offset"
+        show_log_tail "$API_LOG" "$offset"
+        stop_group api "$API_PID_FILE" quiet
+        STARTED_API=""
+        rm -f "$ready"
+        mv -f "$draining" "$API_PID_FILE"
+        return 1
+    fi
+    rm -f "$ready"
+    kill -TERM -- "-$old" 2>/dev/null || true
+    log "API ready in $(format_ms $(($(now_ms) - t0))) on $API_URL (pid $API_PID); the previous API (process group $old) stopped accepting and finishes its open requests within API_DRAIN_TIMEOUT=${API_DRAIN_TIMEOUT}s"
+}
+
 # ---------------------------------------------------------------------------------------------
 # commands
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +614,34 @@ EOF
 }
 
 cmd_start() {
+    local api_pid engine_pid
     acquire_lock
+    refuse_unsupervised_engine
+    if engine_pid=$(running_pid "$ENGINE_PID_FILE") && api_pid=$(running_pid "$API_PID_FILE"); then
+        die 1 "already running (engine process group $engine_pid, API process group $api_pid); use ./launch.sh status, stop or restart"
+    fi
+    if api_pid=$(running_pid "$API_PID_FILE"); then
+        # Only the engine is missing (it failed, or was stopped): start it under the running API.
+        log "the API is already running (process group $api_pid); starting the engine"
+        refuse_running_engine
+        trap abort_start INT TERM
+        launch_engine || exit 1
+        trap - INT TERM
+        API_PID=$api_pid
+        wait_api_ready "$api_pid" 200 || exit 1
+        print_summary
+        return 0
+    fi
+    if engine_pid=$(running_pid "$ENGINE_PID_FILE"); then
+        # Only the API is missing: start it in front of the running engine.
+        log "the engine is already running (process group $engine_pid); starting the API"
+        refuse_running_api
+        engine_answers || die 1 "the engine (process group $engine_pid) is not answering on $SOCKET_PATH yet; see ./launch.sh status, then ./launch.sh restart-api"
+        ENGINE_PID=$engine_pid
+        launch_api 200 || exit 1
+        print_summary
+        return 0
+    fi
     refuse_running_api
     refuse_running_engine
     trap abort_start INT TERM
@@ -544,20 +663,37 @@ cmd_stop() {
     # an error the API still relays; then the API has nothing left to cut.
     stop_engine
     stop_group api "$API_PID_FILE"
+    stop_draining_apis
     trap - INT TERM
     [[ -z $interrupted ]] || log "(the stop was interrupted by a signal; it completed anyway)"
 }
 
 cmd_restart_api() {
-    local want=200
+    local want=200 old
     acquire_lock
-    stop_group api "$API_PID_FILE"
-    refuse_running_api
+    stop_draining_apis_gone
     if ! running_pid "$ENGINE_PID_FILE" >/dev/null || ! engine_answers; then
         log "warning: the engine is not answering; the API will answer 503 until it is up"
         want=any
     fi
+    # Zero downtime: the new API serves on the same port before the old one stops accepting, and
+    # the old one's open streams run to their end (within API_DRAIN_TIMEOUT) instead of being cut.
+    if old=$(running_pid "$API_PID_FILE"); then
+        hand_over_api "$old" && return 0
+        log "could not start the new API beside the running one; restarting it the plain way (its open requests get API_DRAIN_TIMEOUT=${API_DRAIN_TIMEOUT}s)"
+    fi
+    stop_group api "$API_PID_FILE"
+    refuse_running_api
     launch_api "$want" || exit 1
+}
+
+# Forget replaced APIs that have finished draining.
+stop_draining_apis_gone() {
+    local f pid
+    while IFS= read -r f; do
+        pid=$(recorded_pid "$f") && group_alive "$pid" && continue
+        rm -f "$f"
+    done < <(draining_files)
 }
 
 cmd_restart_engine() {
@@ -625,10 +761,29 @@ if s.get("restarts"):
 PY
 }
 
+# supervisor_state PID: the state the engine's supervisor (PID) last recorded, if the state file is its.
+supervisor_state() {
+    [[ -f $ENGINE_STATE_FILE ]] || return 0
+    "$PY" - "$ENGINE_STATE_FILE" "$1" <<'PY' 2>/dev/null || true
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit()
+if str(s.get("pid")) == sys.argv[2]:
+    print(s.get("state", ""))
+PY
+}
+
 cmd_status() {
-    local engine_pid api_pid code engine_state api_state failures
+    local engine_pid="" api_pid code engine_state api_state failures file pid
     # engine
-    if engine_pid=$(running_pid "$ENGINE_PID_FILE"); then
+    if engine_pid=$(running_pid "$ENGINE_PID_FILE") && ! process_alive "$engine_pid"; then
+        engine_state=unsupervised
+        printf 'engine   UNSUPERVISED: its supervisor (pid %s) is gone, yet processes of its group still run\n' "$engine_pid"
+        printf '         nothing restarts the engine or ends it when a rank fails (ENGINE_RESTART no longer applies),\n'
+        printf '         and its output reaches no log: run ./launch.sh restart-engine\n'
+    elif [[ -n $engine_pid ]]; then
         if engine_answers; then
             engine_state=up
             printf 'engine   running, rank 0 answering   process group %s   socket %s\n' "$engine_pid" "$SOCKET_PATH"
@@ -643,7 +798,12 @@ cmd_status() {
     elif engine_pid=$(recorded_pid "$ENGINE_PID_FILE"); then
         engine_state=dead
         failures=$(describe_failures "$engine_pid")
-        if [[ -n $failures ]]; then
+        if [[ $(supervisor_state "$engine_pid") =~ ^(starting|running|restarting|stopping)$ ]]; then
+            # The supervisor never recorded an end: it was killed, and the engine ended with it.
+            printf 'engine   DEAD: its supervisor (pid %s) was killed or crashed without recording why, and the engine\n' "$engine_pid"
+            printf '         stopped with it (nothing restarts it, whatever ENGINE_RESTART says): run ./launch.sh start\n'
+            [[ -z $failures ]] || printf '%s\n' "$failures"
+        elif [[ -n $failures ]]; then
             printf 'engine   DEAD: a rank failed and the engine ended (process group %s is gone)\n%s\n' "$engine_pid" "$failures"
         else
             printf 'engine   DEAD: process group %s is gone but its pid file remains (crashed, or ended by the watchdog)\n' "$engine_pid"
@@ -675,6 +835,11 @@ cmd_status() {
         api_state=stopped
         printf 'api      stopped\n'
     fi
+    while IFS= read -r file; do
+        if pid=$(running_pid "$file"); then
+            printf 'api      previous API (process group %s), replaced by restart-api, finishing its open requests (API_DRAIN_TIMEOUT=%ss)\n' "$pid" "$API_DRAIN_TIMEOUT"
+        fi
+    done < <(draining_files)
     printf 'logs     %s   %s\n' "$ENGINE_LOG" "$API_LOG"
     if [[ $engine_state == up && $api_state == up ]]; then
         return 0
@@ -692,7 +857,7 @@ cmd_logs() {
         both) files=("$ENGINE_LOG" "$API_LOG" "$API_CONSOLE_LOG") ;;
         *) die 2 "logs takes api, engine or nothing (both), not '$1'" ;;
     esac
-    mkdir -p "$LOG_DIR"
+    writable_dir LOG_DIR "$LOG_DIR" "$LOG_DIR"
     exec tail -n 100 -F "${files[@]}"
 }
 

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from pathlib import Path
 import anyio
 
 from config import ConfigError, Settings, load_settings
-from engine.watchdog import EXIT_STALLED
+from engine.watchdog import EXIT_STALLED, SUPERVISOR_ENV
 from ipc.connection import EngineUnavailable
 from ipc.framing import ConnectionClosed, FrameError
 from ipc.probe import fetch_info
@@ -201,8 +202,10 @@ class Supervisor:
         self.write_state("starting")
         # stdin: an open pipe that goes silent; one byte once rank 0 serves stops mlx.launch's
         # forwarding loop from spinning (see README, "The mlx.launch CPU-spin workaround").
+        # Rank 0 stops the engine if we die: no engine runs on unsupervised (engine/watchdog.py).
+        env = {**os.environ, SUPERVISOR_ENV: f"{socket.gethostname()} {os.getpid()}"}
         self.child = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT)
+                                      stderr=subprocess.STDOUT, env=env)
         self._relay = threading.Thread(target=self.relay, args=(self.child.stdout,), name="relay", daemon=True)
         self._relay.start()
         log.info("started the engine (pid %d): %s", self.child.pid, " ".join(self.cmd))
@@ -431,7 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     # Lead our own process group: ending "every process of the group" must never reach a caller.
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)
-    settings.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        settings.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        print(f"RUN_DIR={settings.RUN_DIR}: cannot create the folder {settings.run_dir} ({exc.strerror or exc}); "
+              "set RUN_DIR to a folder you can write to", file=sys.stderr)
+        return 2
     sup = Supervisor(settings, cmd)
     signal.signal(signal.SIGTERM, sup.on_signal)
     signal.signal(signal.SIGINT, sup.on_signal)

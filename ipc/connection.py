@@ -48,9 +48,13 @@ async def connect(
         with anyio.fail_after(HANDSHAKE_TIMEOUT):
             await conn.send(Hello(version=PROTOCOL_VERSION, client=client))
             reply = await conn.recv()
-    except (ConnectionClosed, FrameError, TimeoutError) as exc:
+    except TimeoutError:
         await conn.aclose()
-        raise EngineUnavailable(f"engine handshake failed: {exc or type(exc).__name__}") from None
+        raise EngineUnavailable(f"engine handshake failed: the engine accepted the connection on {path} but sent no "
+                                f"welcome within {HANDSHAKE_TIMEOUT:g} s (busy or frozen?)") from None
+    except (ConnectionClosed, FrameError) as exc:
+        await conn.aclose()
+        raise EngineUnavailable(f"engine handshake failed: {str(exc) or type(exc).__name__}") from None
     except BaseException:
         # Cancelled mid-handshake (e.g. by a caller's deadline): never leak the socket.
         with anyio.CancelScope(shield=True):
@@ -70,9 +74,13 @@ async def accept_handshake(conn: FramedStream) -> bool:
     try:
         with anyio.fail_after(HANDSHAKE_TIMEOUT):
             hello = await conn.recv()
-    except (FrameError, TimeoutError, TruncatedFrame) as exc:
+    except TimeoutError:
         await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
-                                        message=f"handshake failed: {exc or 'timed out'}"))
+                                        message=f"handshake failed: no complete hello within {HANDSHAKE_TIMEOUT:g} s"))
+        return False
+    except (FrameError, TruncatedFrame) as exc:
+        await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
+                                        message=f"handshake failed: {str(exc) or type(exc).__name__}"))
         return False
     except ConnectionClosed:
         return False

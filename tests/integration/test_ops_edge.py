@@ -1,0 +1,132 @@
+"""launch.sh operations that must not lose anything: restart-api under open streams, a killed
+supervisor, and start with only half of the service up."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+
+import httpx
+
+from tests.harness import http_status
+from tests.launch_stack import Launch, gone, live_processes, wait_for
+
+LONG = {"max_tokens": 4000, "logit_bias": {"0": -100, "2": -100}}  # no EOS: runs to max_tokens (~20 s here)
+
+
+def engine_active(launch: Launch) -> int:
+    r = launch.run("status", timeout=60)
+    for line in r.stdout.splitlines():
+        if line.strip().startswith("requests"):
+            return int(line.split()[1])
+    return -1
+
+
+@contextlib.contextmanager
+def one_stream(launch: Launch):
+    """A long chat stream past its first chunk: yields its line iterator."""
+    with httpx.Client(timeout=httpx.Timeout(30, read=60)) as http:
+        body = {"model": "default", "messages": [{"role": "user", "content": "a long story"}], "stream": True, **LONG}
+        with http.stream("POST", launch.url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            yield lines
+
+
+def test_restart_api_hands_over_without_cutting_open_streams():
+    launch = Launch(API_DRAIN_TIMEOUT="300")
+    launch.start()
+    try:
+        old_api = launch.group("api")
+        with one_stream(launch) as lines:
+            r = launch.run("restart-api", timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            new_api = launch.group("api")
+            launch.groups.add(new_api)
+            assert new_api != old_api
+            # The new API serves at once, while the old one still streams to its client.
+            assert engine_active(launch) == 1
+            assert not gone([old_api])
+            reply = httpx.post(launch.url + "/v1/completions", timeout=30,
+                               json={"model": "default", "prompt": "hi", "max_tokens": 3})
+            assert reply.status_code == 200
+            rest = [line for line in lines if line]
+        # The stream ran to its end: no error, a finish_reason, then [DONE].
+        assert rest[-1] == "data: [DONE]"
+        assert not any('"error"' in line for line in rest)
+        chunks = [json.loads(line.removeprefix("data: ")) for line in rest[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        # With nothing left open, the old API exits without waiting out its API_DRAIN_TIMEOUT of 300 s.
+        wait_for(lambda: gone([old_api]), 15, "the replaced API to exit once its stream ended")
+
+        # Nothing open: the replaced API exits at once, and stop leaves nothing behind.
+        r = launch.run("restart-api", timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        previous, newest = new_api, launch.group("api")
+        launch.groups.add(newest)
+        wait_for(lambda: gone([previous]), 15, "an idle replaced API to exit")
+        assert http_status(launch.url + "/health") == 200
+    finally:
+        launch.stop()
+
+
+def test_restart_api_ends_streams_past_the_drain_timeout_with_an_error_event_then_done():
+    launch = Launch(API_DRAIN_TIMEOUT="2")
+    launch.start()
+    try:
+        old_api = launch.group("api")
+        with one_stream(launch) as lines:
+            r = launch.run("restart-api", timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            launch.groups.add(launch.group("api"))
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "shutting_down" and "API_DRAIN_TIMEOUT=2 s" in error["message"], error
+        wait_for(lambda: gone([old_api]), 15, "the replaced API to exit")
+        # The engine freed the ended stream's sequence; the new API serves.
+        wait_for(lambda: engine_active(launch) == 0, 15, "the engine to free the ended stream")
+        assert http_status(launch.url + "/health") == 200
+    finally:
+        launch.stop()
+
+
+def test_a_killed_supervisor_is_noticed_and_start_brings_the_engine_back_under_the_running_api():
+    launch = Launch(ENGINE_RESTART="always", DRAIN_TIMEOUT="2")
+    launch.start()
+    try:
+        supervisor, api = launch.group("engine"), launch.group("api")
+        ranks = set(launch.rank_pids().values())
+        os.kill(supervisor, signal.SIGKILL)
+
+        # Whether the ranks still run (unsupervised) or have ended already, status says so and fails.
+        r = launch.run("status", timeout=60)
+        assert r.returncode == 1, r.stdout
+        assert f"supervisor (pid {supervisor})" in r.stdout and "./launch.sh" in r.stdout, r.stdout
+
+        # Rank 0 notices and stops the engine: no engine runs on without its supervisor.
+        wait_for(lambda: gone(ranks), 30, "the ranks to end after their supervisor was killed")
+        assert not [pid for pid, group in live_processes().items() if group == supervisor]
+        r = launch.run("status", timeout=60)
+        assert r.returncode == 1
+        assert f"DEAD: its supervisor (pid {supervisor}) was killed" in r.stdout and "./launch.sh start" in r.stdout
+
+        # start with a dead engine and a live API: it starts the engine, the API stays.
+        r = launch.run("start", timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "starting the engine" in r.stderr
+        launch.groups.add(launch.group("engine"))
+        assert launch.group("api") == api and launch.group("engine") != supervisor
+        wait_for(lambda: http_status(launch.url + "/health") == 200, 30, "/health 200 with the new engine")
+        reply = httpx.post(launch.url + "/v1/completions", timeout=30,
+                           json={"model": "default", "prompt": "hi", "max_tokens": 3})
+        assert reply.status_code == 200
+
+        r = launch.run("start", timeout=60)  # everything up: refused, nothing changed
+        assert r.returncode == 1 and "already running" in r.stderr
+        assert launch.run("status", timeout=60).returncode == 0
+    finally:
+        launch.stop()
