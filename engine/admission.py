@@ -97,8 +97,9 @@ class Admission:
                                                    None if forced else gen.json_schema)
             else:
                 grammar = constrained.json_grammar(gen.json_schema or {})
-            constrained.check(grammar)
         except constrained.GrammarError as exc:
+            if exc.param:
+                raise Refused(str(exc), exc.param) from None
             raise Refused(f"cannot enforce {param}: {exc}", param) from None
         return grammar
 

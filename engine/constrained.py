@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from typing import Any
 
@@ -22,6 +23,10 @@ log = logging.getLogger(__name__)
 # Compact separators and no free whitespace: a model cannot pad JSON with endless blanks, and the
 # text reads like json.dumps' default.
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Tool schemas come from clients as they are: unknown keywords are ignored rather than refused.
+TOOL_OPTIONS: dict[str, Any] = {**JSON_OPTIONS, "lenient": True}
+# A function declared without parameters takes none, as OpenAI reads it: its arguments are {}.
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 _lock = threading.Lock()
 _tokenizer: Any = None
@@ -29,7 +34,14 @@ _ll: llguidance.LLTokenizer | None = None
 
 
 class GrammarError(ValueError):
-    """A schema or tool definition that cannot become a grammar; the message says why."""
+    """A schema or tool definition that cannot become a grammar; the message says why.
+
+    param, when set, names the request field at fault and the message is a whole sentence.
+    """
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 def use_tokenizer(tokenizer: Any) -> None:
@@ -68,11 +80,13 @@ def ll_tokenizer() -> llguidance.LLTokenizer:
 
 
 def json_grammar(schema: dict[str, Any]) -> str:
-    """Grammar text for one JSON value matching schema."""
+    """Grammar text for one JSON value matching schema, checked; raises GrammarError."""
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-    except ValueError as exc:
-        raise GrammarError(f"invalid JSON schema: {exc}") from None
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        check(grammar)
+    except ValueError as exc:  # GrammarError included
+        raise GrammarError(f"invalid JSON schema: {_reason(str(exc))}") from None
+    return grammar
 
 
 def tool_grammar(
@@ -83,39 +97,71 @@ def tool_grammar(
     end: str,
     json_schema: dict[str, Any] | None = None,
 ) -> str:
-    """Grammar for the json_tools format (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`).
+    """Checked grammar for the json_tools format (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`).
 
     choice "required" allows any declared tool, a named choice only that one; parallel allows
     several calls in a row. With choice "auto" and a json_schema, the output is either the JSON
-    answer or tool calls.
+    answer or tool calls. Raises GrammarError, naming the tool whose schema is at fault.
     """
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    bodies = []
-    for tool in tools:
+    bodies, schemas = [], []
+    for i, tool in enumerate(tools):
         fn = tool.get("function", {})
-        if named is not None and fn.get("name") != named:
+        name = fn.get("name")
+        if named is not None and name != named:
             continue
-        params = fn.get("parameters") or {"type": "object"}
-        bodies.append({
-            "type": "object",
-            "properties": {"name": {"const": fn.get("name")}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        param = f"tools[{i}].function.parameters"
+        params = fn.get("parameters")
+        if params is None:
+            params = NO_ARGUMENTS
+        elif not isinstance(params, dict):
+            raise GrammarError(f"{param} (function {name!r}) must be a JSON schema object", param)
+        elif not params:
+            params = {"type": "object"}
+        # The arguments are a %json of their own rather than a property of one wrapper schema, so
+        # the tool's schema stays a root and its "#/$defs/..." references resolve in it.
+        params = {**params, "x-guidance": TOOL_OPTIONS}
+        head = json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
+        bodies.append(f'{json.dumps(head)} %json {json.dumps(params)} "}}"')
+        schemas.append((f"{param} (function {name!r})", param, params))
     if not bodies:
         raise GrammarError(f"tool_choice names a function that is not in tools: {named!r}")
-    # Tool schemas come from clients as they are: unknown keywords are ignored rather than refused.
-    schema = {**(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}), "x-guidance": {**JSON_OPTIONS, "lenient": True}}
     lines = [
-        f"call: {_literal(start)} \"\\n\" %json {json.dumps(schema)} \"\\n\" {_literal(end)}",
+        "start: calls",
+        f"call: {_literal(start)} \"\\n\" body \"\\n\" {_literal(end)}",
+        "body: " + " | ".join(bodies),
         'calls: call ("\\n" call)*' if parallel and named is None else "calls: call",
     ]
     if json_schema is not None and choice == "auto":
         answer = {**json_schema, "x-guidance": JSON_OPTIONS}
-        lines.insert(0, f"start: calls | %json {json.dumps(answer)}")
-    else:
-        lines.insert(0, "start: calls")
-    return llguidance.LLMatcher.grammar_from_lark("\n".join(lines))
+        lines[0] = f"start: calls | %json {json.dumps(answer)}"
+        schemas.append(("response_format", "response_format", answer))
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(lines))
+        check(grammar)
+    except ValueError as exc:  # GrammarError included
+        _blame(schemas)
+        raise GrammarError(_reason(str(exc))) from None
+    return grammar
+
+
+def _blame(schemas: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Raise GrammarError naming the first schema that fails on its own (only after the whole failed)."""
+    for what, param, schema in schemas:
+        try:
+            check(llguidance.LLMatcher.grammar_from_json_schema(schema))
+        except ValueError as exc:  # GrammarError included
+            raise GrammarError(f"{what} is not a JSON schema that can be enforced: {_reason(str(exc))}",
+                               param) from None
+
+
+def _reason(error: str) -> str:
+    """llguidance's error as one short line: without the grammar listing or matcher state it appends."""
+    text = error.split("\n<state>", 1)[0]
+    text = re.split(r"\n +\d+ \| ", text, maxsplit=1)[0]
+    text = re.sub(r"^at \d+\(\d+\): ", "", text).removeprefix("failed to compile JSON schema: ")
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _literal(marker: str) -> str:
@@ -127,10 +173,16 @@ def _literal(marker: str) -> str:
 
 
 def check(grammar: str) -> None:
-    """Raise GrammarError unless grammar compiles: rank 0 checks before any rank builds a matcher."""
-    error = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer())
-    if error:
-        raise GrammarError(error)
+    """Raise GrammarError unless grammar compiles and admits some text: rank 0 checks before any rank
+    builds a matcher (a schema whose references only loop compiles, then allows no token at all)."""
+    matcher = llguidance.LLMatcher(ll_tokenizer(), grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+        if matcher.is_error():
+            log.debug("grammar allows no first token: %s", matcher.get_error())
+            raise GrammarError("no value can satisfy it")
+    if matcher.is_error():
+        raise GrammarError(matcher.get_error())
 
 
 class GrammarProcessor:
@@ -152,14 +204,21 @@ class GrammarProcessor:
         if self.seen is None:
             self.seen = tokens.size  # the first call sees only the prompt
         elif tokens.size > self.seen:
-            self.matcher.consume_tokens(tokens[self.seen :].tolist())
-            self.seen = tokens.size
+            new, self.seen = tokens[self.seen :].tolist(), tokens.size
+            for token in new:
+                # mlx-lm steps once more before a finished sequence leaves the batch, so the EOS that
+                # ended it can arrive here; a stopped matcher would count it as an error.
+                if self.matcher.is_stopped():
+                    break
+                self.matcher.consume_token(token)
         width = logits.shape[-1]
         allowed = np.zeros(width, dtype=bool)
         if self.matcher.is_error():
             if not self.failed:
                 self.failed = True
-                log.warning("grammar matcher failed (%s); ending the sequence", self.matcher.get_error())
+                # The error quotes the grammar (the client's schema) and the text so far: DEBUG only.
+                log.warning("grammar matcher failed; ending the sequence")
+                log.debug("grammar matcher error: %s", self.matcher.get_error())
             allowed[self.eos] = True  # unreachable while masking works; end rather than decode garbage
         else:
             bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
