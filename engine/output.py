@@ -131,7 +131,12 @@ class Router:
         self.state, rest, state = TextStateMachine.flush(self.state)
         self._route(piece, state, rest)
         if state == "tool" and self.tool_text:
-            self._close_call(piece, closed=False)
+            # A call whose end marker never came (cut by max_tokens, or EOS) counts only if it parses;
+            # its text never becomes content, so a truncated call leaks no markup.
+            text, self.tool_text = self.tool_text, ""
+            calls = parse_calls(self.rules.parser, text, self.tools, closed=False)
+            piece.tool_calls.extend(calls or [])
+            self.calls += len(calls or [])
         return piece
 
     def _route(self, piece: Piece, state: str, chunk: str) -> None:
@@ -147,21 +152,25 @@ class Router:
         else:
             piece.content += chunk
 
-    def _close_call(self, piece: Piece, closed: bool = True) -> None:
+    def _close_call(self, piece: Piece) -> None:
         text, self.tool_text = self.tool_text, ""
         calls = parse_calls(self.rules.parser, text, self.tools)
         if calls is None:
-            # Unparseable (or cut short by max_tokens): the model's own words, markers included,
-            # rather than a silent drop.
+            # A closed call that does not parse: the model's own words, markers included, rather
+            # than a silent drop.
             start, end = self.rules.tool or ("", "")
-            piece.content += f"{start}{text}{(end or '') if closed else ''}"
+            piece.content += f"{start}{text}{end or ''}"
             return
         piece.tool_calls.extend(calls)
         self.calls += len(calls)
 
 
-def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None) -> list[ToolCall] | None:
-    """mlx-lm's parser output as ToolCalls with ids and JSON-text arguments; None when it fails."""
+def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None,
+                closed: bool = True) -> list[ToolCall] | None:
+    """mlx-lm's parser output as ToolCalls with ids and JSON-text arguments; None when it fails.
+
+    An unclosed call (closed=False) is usually cut short, so its failure is logged at DEBUG only.
+    """
     try:
         parsed = parser(text, tools)
         items = parsed if isinstance(parsed, list) else [parsed]
@@ -175,5 +184,6 @@ def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None) -> l
             ))
         return calls
     except Exception as exc:  # each parser raises its own errors (JSON, regex, KeyError) on bad model text
-        log.warning("could not parse a tool call (%s: %s); returning it as content", type(exc).__name__, exc)
+        log.log(logging.WARNING if closed else logging.DEBUG, "could not parse a %s tool call (%s: %s)",
+                "closed" if closed else "unclosed", type(exc).__name__, exc)
         return None

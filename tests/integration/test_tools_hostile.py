@@ -1,8 +1,8 @@
 """Tool calls and output text as real clients send and read them, on the real engine.
 
-pydantic-based clients send nested models as `$defs`/`$ref` schemas, and tools come without
-parameters. The demo model has random weights, so every valid call below comes from constrained
-decoding.
+pydantic-based clients send nested models as `$defs`/`$ref` schemas; forced calls get cut by
+max_tokens; tools come without parameters. The demo model has random weights, so every valid call
+below comes from constrained decoding.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from typing import Literal
 import jsonschema
 import openai
 import pytest
+from mlx_lm.tokenizer_utils import load
 from pydantic import BaseModel, Field
+
+from engine.output import OutputRules, Router
+from tests.harness import MODEL_CACHE
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {
@@ -157,6 +161,40 @@ def test_client_schemas_and_text_stay_out_of_the_engine_log(client, stack):
             "$ref": "#/$defs/zq_marker_missing"}}}], tool_choice="required")
     leaked = [r for r in records_above_debug(stack) if "zq_marker" in r]
     assert not leaked, leaked[0][:300]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3, 8])
+def test_a_forced_call_cut_by_max_tokens_leaks_no_markup(client, max_tokens):
+    kw = dict(tools=TOOLS, tool_choice=FORCED, temperature=1.0, seed=max_tokens, max_tokens=max_tokens)
+    choice = chat(client, **kw).choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.tool_calls is None
+    assert not choice.message.content  # null or "", never "<tool_call>{..."
+    content, deltas, finish = stream_text(client, **kw)
+    assert (content, deltas, finish) == ("", [], "length")
+
+
+def test_a_required_call_cut_mid_arguments_leaks_no_markup(client):
+    for seed in range(3):
+        kw = dict(tools=[TRIP], tool_choice="required", temperature=1.0, seed=seed, max_tokens=20)
+        choice = chat(client, **kw).choices[0]
+        assert (choice.finish_reason, choice.message.tool_calls) == ("length", None)
+        assert not choice.message.content
+        assert stream_text(client, **kw) == ("", [], "length")
+
+
+def test_an_unclosed_call_becomes_a_call_only_when_it_parses(stack):
+    rules = OutputRules(load(sorted(MODEL_CACHE.glob("demo-tiny-*"))[-1]))  # the stack made the demo model
+
+    def routed(text: str):
+        router = Router(rules, rules.machine(chat=True, tools=True, stop=[]), "normal", TOOLS, True)
+        piece, _ = router.feed(text)
+        piece.add(router.finish())
+        return piece.content, [(c.name, json.loads(c.arguments)) for c in piece.tool_calls]
+
+    assert routed('<tool_call>\n{"name": "get_weather", "arguments": {"ci') == ("", [])
+    assert routed('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}') == (
+        "Sure.", [("get_weather", {"city": "Rome", "days": 2})])
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "ping"}}])
