@@ -53,9 +53,9 @@ class Admission:
         out = []
         for i in range(p.n):
             detok = self.tokenizer.detokenizer
-            if not chat and hasattr(detok, "_maybe_trim_space"):
-                # A completion continues its prompt: " Paris" after "The weather in" keeps its space
-                # (mlx-lm's BPE detokeniser drops a leading space, right for chat answers only).
+            if hasattr(detok, "_maybe_trim_space"):
+                # mlx-lm's BPE detokeniser drops a leading space; a byte-level BPE space is a byte the
+                # model sampled, so the text keeps it and stays equal to the tokens' bytes.
                 detok._maybe_trim_space = _keep
 
             insert = Insert(

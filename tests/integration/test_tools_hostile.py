@@ -1,8 +1,8 @@
 """Tool calls and output text as real clients send and read them, on the real engine.
 
 pydantic-based clients send nested models as `$defs`/`$ref` schemas; forced calls get cut by
-max_tokens; tools come without parameters. The demo model has random weights, so every valid call
-below comes from constrained decoding.
+max_tokens; tools come without parameters; clients rebuild text from logprobs bytes. The demo
+model has random weights, so every valid call below comes from constrained decoding.
 """
 
 from __future__ import annotations
@@ -210,3 +210,31 @@ def test_a_forced_weather_call_still_validates(client):
     r = chat(client, tools=[PING, *TOOLS], tool_choice=FORCED, temperature=1.0, seed=11)
     (call,) = r.choices[0].message.tool_calls
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+
+def test_chat_content_is_the_text_of_its_logprob_tokens(client):
+    leading_space = 0
+    for seed in range(16):
+        kw = dict(temperature=1.0, seed=seed, max_tokens=4, logprobs=True)
+        choice = chat(client, **kw).choices[0]
+        raw = b"".join(bytes(t.bytes) for t in choice.logprobs.content)
+        if b"<think>" in raw:
+            continue  # reasoning is not content
+        # invalid UTF-8 from a random model reads as U+FFFD in both
+        assert choice.message.content == raw.decode("utf-8", "replace")
+        assert stream_text(client, **{k: v for k, v in kw.items() if k != "logprobs"})[0] == choice.message.content
+        leading_space += raw.startswith(b" ")
+    assert leading_space  # the case mlx-lm's detokeniser used to trim
+
+
+def test_a_legacy_completion_keeps_its_leading_space(client):
+    leading_space = 0
+    for seed in range(16):
+        r = client.completions.create(model="default", prompt="Hello", max_tokens=4, temperature=1.0,
+                                      seed=seed, logprobs=1)
+        choice = r.choices[0]
+        if "\ufffd" in choice.text:
+            continue  # a character split across tokens has no exact per-token text
+        assert choice.text == "".join(choice.logprobs.tokens)
+        leading_space += choice.text.startswith(" ")
+    assert leading_space
