@@ -59,16 +59,35 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class RequestTimeout(APIError):
+    """The body did not arrive in time; the rest of it may still come, so the connection is closed."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
+
+
 class RequestTooLarge(APIError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
 
 
+class UnsupportedMediaType(APIError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
 class Overloaded(APIError):
+    # OpenAI's request-rate limit: clients retry on this type and code after Retry-After
     status = 429
-    type = "overloaded_error"
-    code = "overloaded"
+    type = "requests"
+    code = "rate_limit_exceeded"
     retry_after = 1
 
 
@@ -109,4 +128,6 @@ def from_wire(err: ipc.Error) -> APIError:
         cls = ModelNotFound
     else:
         cls = _BY_STATUS.get(err.status, GenerationFailed)
-    return cls(err.message, param=err.param, code=err.code)
+    # a 429 keeps OpenAI's code whatever the engine's reason (queue_full); its message says which
+    code = None if cls is Overloaded else err.code
+    return cls(err.message, param=err.param, code=code)

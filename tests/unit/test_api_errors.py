@@ -87,7 +87,7 @@ async def test_images_are_refused(client):
 
 @pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]"])
 async def test_malformed_bodies(client, body):
-    r = await client.post("/v1/chat/completions", content=body)
+    r = await client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
     assert_error(r, 400, param=None, type_="invalid_request_error")
 
 
@@ -161,7 +161,7 @@ async def test_engine_down_is_503_with_retry_after(client):
 async def test_engine_queue_full_is_429_with_retry_after(engine, client, stream):
     engine.refuse(ipc.Error(status=429, error_type="rate_limit_error", code="queue_full", message="queue is full"))
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
-    error = assert_error(r, 429, code="queue_full")
+    error = assert_error(r, 429, code="rate_limit_exceeded", type_="requests")
     assert error["message"] == "queue is full"
     assert int(r.headers["retry-after"]) >= 1
 
@@ -190,7 +190,7 @@ def test_from_wire_rebuilds_the_class():
         return from_wire(ipc.Error(status=status, error_type="x", message="m", code=code))
 
     assert type(wire(400, "context_length_exceeded")) is ContextLengthExceeded
-    assert type(wire(429, "queue_full")) is Overloaded and wire(429, "queue_full").code == "queue_full"
+    assert type(wire(429, "queue_full")) is Overloaded and wire(429, "queue_full").code == "rate_limit_exceeded"
     assert type(wire(503)) is EngineUnavailable and wire(503).code == "engine_unavailable"
     assert type(wire(504, "request_timeout")) is GenerationTimeout
     assert wire(418).status == 500
