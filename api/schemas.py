@@ -25,8 +25,15 @@ TopP = Annotated[float, Meta(gt=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 MaxTokens = Annotated[int, Meta(ge=1)]
 Stop = str | Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length=4)]
+# Integers reach the engine as msgpack, which holds at most 64 bits; these bounds say so by name.
+# OpenAI documents seed as a signed 64-bit integer.
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+# No vocabulary comes near 2**31 tokens; the engine checks the model's own size.
+TOKEN_ID_MAX = 2**31 - 1
+TokenId = Annotated[int, Meta(ge=0, le=TOKEN_ID_MAX)]
 # JSON object keys are token ids as strings ("50256"); msgspec turns them into ints.
-LogitBias = dict[Annotated[int, Meta(ge=0)], Annotated[float, Meta(ge=-100, le=100)]]
+LogitBias = dict[TokenId, Annotated[float, Meta(ge=-100, le=100)]]
+TopK = Annotated[int, Meta(ge=-1, le=TOKEN_ID_MAX)]
 N = Annotated[int, Meta(ge=1, le=128)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 
@@ -140,7 +147,7 @@ class ChatCompletionRequest(Struct, kw_only=True):
     presence_penalty: Penalty | None = None
     reasoning_effort: Any = UNSET
     response_format: ResponseFormat | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: Stop | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -153,7 +160,7 @@ class ChatCompletionRequest(Struct, kw_only=True):
     verbosity: Any = UNSET
     web_search_options: Any = UNSET
     # non-OpenAI extensions
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: TopK | None = None
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
 
@@ -175,7 +182,7 @@ class CompletionRequest(Struct, kw_only=True):
     max_tokens: MaxTokens | None = None
     n: N | None = None
     presence_penalty: Penalty | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: Stop | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -184,7 +191,7 @@ class CompletionRequest(Struct, kw_only=True):
     top_p: TopP | None = None
     user: str | None = None
     # non-OpenAI extensions
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: TopK | None = None
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
 

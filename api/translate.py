@@ -15,7 +15,7 @@ from msgspec import UNSET
 
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
-from api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
+from api.schemas import TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
 from config import Settings
 
 MODEL_ALIAS = "default"
@@ -77,7 +77,7 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
     else:
         max_tokens = _max_tokens(req.max_tokens, "max_tokens", settings)
     tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-    return ipc.Generate(
+    return _sendable(ipc.Generate(
         request_id=request_id,
         kind="chat",
         params=_sampling(req, max_tokens, logprobs=bool(req.logprobs), top=req.top_logprobs or 0),
@@ -87,7 +87,7 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
         parallel_tool_calls=req.parallel_tool_calls is not False,
         json_schema=_json_schema(req.response_format),
         enable_thinking=False if req.reasoning_effort == "none" else None,
-    )
+    ))
 
 
 def completion_generate(req: CompletionRequest, request_id: str, settings: Settings) -> ipc.Generate:
@@ -99,14 +99,29 @@ def completion_generate(req: CompletionRequest, request_id: str, settings: Setti
         raise InvalidRequest(
             "Unsupported parameter: 'echo' together with 'logprobs' needs the prompt's logprobs, which this "
             "server does not compute.", param="echo", code="unsupported_parameter")
-    return ipc.Generate(
+    return _sendable(ipc.Generate(
         request_id=request_id,
         kind="completion",
         params=_sampling(req, _max_tokens(req.max_tokens, "max_tokens", settings),
                          logprobs=req.logprobs is not None, top=req.logprobs or 0),
         prompt=_engine_prompt(req.prompt),
         echo=bool(req.echo),
-    )
+    ))
+
+
+def _sendable(msg: ipc.Generate) -> ipc.Generate:
+    """msg, once it is known to encode for the socket.
+
+    The request schemas bound what they type; free-form JSON (tool schemas, tool call arguments)
+    can still hold what msgpack cannot carry, such as an integer beyond 64 bits.
+    """
+    try:
+        ipc.encode_frame(msg)
+    except (OverflowError, RecursionError, ValueError, TypeError, msgspec.EncodeError) as exc:
+        raise InvalidRequest(
+            f"Invalid request: a value in it cannot be sent to the engine ({exc}). Integers must fit in 64 bits "
+            "and JSON must not nest too deeply.") from None
+    return msg
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
@@ -196,7 +211,7 @@ def _engine_prompt(prompt: str | list[Any]) -> str | list[int]:
         return prompt
     if not prompt:
         raise InvalidRequest("Invalid value for 'prompt': the prompt is empty.", param="prompt")
-    if all(type(t) is int and t >= 0 for t in prompt):
+    if all(type(t) is int and 0 <= t <= TOKEN_ID_MAX for t in prompt):
         return prompt
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return _engine_prompt(prompt[0])
@@ -207,6 +222,6 @@ def _engine_prompt(prompt: str | list[Any]) -> str | list[int]:
             code="unsupported_parameter",
         )
     raise InvalidRequest(
-        "Invalid value for 'prompt': expected a string or a list of token ids (non-negative integers).",
+        f"Invalid value for 'prompt': expected a string or a list of token ids (integers from 0 to {TOKEN_ID_MAX}).",
         param="prompt",
     )
