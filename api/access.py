@@ -8,7 +8,9 @@ the dashboard's recent-requests table).
 from __future__ import annotations
 
 import logging
+import re
 import time
+import uuid
 from contextvars import ContextVar
 from typing import Protocol
 
@@ -20,6 +22,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 logger = logging.getLogger("api.access")
 
 _SCOPE_KEY = "mlx_cluster_serve.access"
+REQUEST_ID_HEADER = b"x-request-id"
+
+# Control characters (C0, DEL, C1), Unicode line and paragraph separators, and the backslash itself,
+# so that an escaped line reads back unambiguously and a client cannot start a line of its own.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
+
+
+def escape(text: str) -> str:
+    """text with what could break or forge a log line written as Python escapes (\\r, \\x1b, \\u2028)."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def generic_request_id() -> str:
+    """The id of a request that is not a generation (those use their completion id)."""
+    return f"req-{uuid.uuid4().hex}"
 
 
 class Completed(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +130,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         record = scope[_SCOPE_KEY] = AccessRecord(self.observer)
+        record.request_id = generic_request_id()  # a generation replaces it with its completion id
         arrived = time.time()
         status = 500
 
@@ -120,6 +138,7 @@ class AccessLog:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), request_id_header(record)]}
             await send(message)
 
         token = _current.set(record)
@@ -145,6 +164,10 @@ class AccessLog:
                 self.observer.finished(done)
 
 
+def request_id_header(record: AccessRecord) -> tuple[bytes, bytes]:
+    return REQUEST_ID_HEADER, record.request_id.encode("latin-1")
+
+
 # Frequent probes stay out of the INFO log unless they fail.
 _QUIET_PATHS = ("/health", "/metrics", "/dashboard/state")
 
@@ -156,12 +179,12 @@ def _log(d: Completed) -> None:
             level,
             "%s %s %s %d prompt_tokens=%s completion_tokens=%s ttft=%s duration=%.3fs%s",
             d.request_id,
-            d.method,
-            d.path,
+            escape(d.method),
+            escape(d.path),
             d.status,
             "-" if d.prompt_tokens is None else d.prompt_tokens,
             "-" if d.completion_tokens is None else d.completion_tokens,
             "-" if d.ttft is None else f"{d.ttft:.3f}s",
             d.duration,
-            f" outcome={d.outcome}" if d.outcome else "",
+            f" outcome={escape(d.outcome)}" if d.outcome else "",
         )

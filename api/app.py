@@ -11,8 +11,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from api.access import AccessLog, access_record
+from api.access import AccessLog, access_record, escape, request_id_header
 from api.auth import api_key_guard, ops_guard
+from api.cors import cors_middleware
 from api.dashboard import Dashboard
 from api.engine_client import EngineClient
 from api.errors import APIError
@@ -46,7 +47,8 @@ def create_app(settings: Settings) -> Starlette:
             Route("/metrics", metrics.endpoint, methods=["GET"], middleware=ops),
             *Dashboard(settings, engine, metrics).routes(ops),
         ],
-        middleware=[Middleware(AccessLog, observer=metrics)],
+        # the access log is outermost: it times and names every answer, CORS preflights included
+        middleware=[Middleware(AccessLog, observer=metrics), *cors_middleware(settings)],
         exception_handlers={
             APIError: _api_error,
             HTTPException: _http_error,
@@ -61,7 +63,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     record = access_record(request)
     record.outcome = record.outcome or exc.code or exc.type  # the access line and dashboard name the error
     if exc.status >= 500:
-        logger.warning("%s %s: %s", access_record(request).request_id, request.url.path, exc.message)
+        logger.warning("%s %s: %s", record.request_id, escape(request.url.path), escape(exc.message))
     response = json_response(exc.body(), exc.status)
     response.headers.update(exc.headers)
     return response
@@ -89,6 +91,12 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    """A bug: answer with an OpenAI error object; Starlette re-raises so the traceback is logged."""
+    """A bug: answer with an OpenAI error object; Starlette re-raises so the traceback is logged.
+
+    Starlette sends this answer outside every middleware, so it names the request itself.
+    """
     body = {"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}}
-    return json_response(body, 500)
+    response = json_response(body, 500)
+    name, value = request_id_header(access_record(request))
+    response.headers[name.decode()] = value.decode("latin-1")
+    return response

@@ -1,4 +1,5 @@
-"""Request bodies: read with a size limit, decode into a Struct, turn msgspec errors into 400s."""
+"""Request bodies: JSON only, read with a size limit and a deadline, decoded into a Struct; every
+failure is an APIError (400, 408, 413, 415), never a 500."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import logging
 import re
 from typing import TypeVar
 
+import anyio
 import msgspec
 from starlette.requests import Request
 
-from api.errors import InvalidRequest, RequestTooLarge
+from api.access import escape
+from api.errors import InvalidRequest, RequestTimeout, RequestTooLarge, UnsupportedMediaType
 from api.schemas import ParamError
 
 logger = logging.getLogger(__name__)
@@ -22,18 +25,40 @@ _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
 _keys_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing with 413 as soon as it exceeds limit bytes."""
+def require_json(request: Request) -> None:
+    """415 unless the body is declared as JSON.
+
+    A browser sends a cross-origin POST without asking first (no CORS preflight) only for
+    text/plain, form and multipart bodies; refusing those keeps web pages from starting
+    generations on a server without an API key.
+    """
+    declared = request.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() != "application/json":
+        shown = escape(declared[:60]) if declared else "none"
+        raise UnsupportedMediaType(
+            f"Unsupported Content-Type ({shown}): the request body must be JSON, sent with the header "
+            "'Content-Type: application/json'.")
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body, refusing with 413 as soon as it exceeds limit bytes, and 408 unless it all
+    arrives within timeout seconds (a client trickling its body would otherwise hold the request)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise RequestTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout:g} s (BODY_READ_TIMEOUT, {size} bytes received); "
+            "send the whole body at once.") from None
     return b"".join(chunks)
 
 
@@ -46,6 +71,10 @@ def decode(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
         raise InvalidRequest(message, param=param) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"Invalid JSON body: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"Invalid JSON body: it is not valid UTF-8 (byte {exc.start}); encode it as UTF-8.") from None
+    except RecursionError:
+        raise InvalidRequest("Invalid JSON body: it is nested too deeply; flatten its arrays and objects.") from None
     if logger.isEnabledFor(logging.DEBUG):
         _log_unknown_fields(body, type(value))
     return value
@@ -75,4 +104,4 @@ def _join(path: str, field: str) -> str:
 def _log_unknown_fields(body: bytes, cls: type[msgspec.Struct]) -> None:
     unknown = sorted(set(_keys_decoder.decode(body)) - set(cls.__struct_fields__))
     if unknown:
-        logger.debug("ignoring unknown fields of %s: %s", cls.__name__, ", ".join(unknown))
+        logger.debug("ignoring unknown fields of %s: %s", cls.__name__, escape(", ".join(unknown)))

@@ -39,13 +39,17 @@ class ErrorResponse(Struct, kw_only=True):
 _GENERATION_ERRORS = {
     "400": "invalid request: a bad parameter (named in error.param), or a prompt beyond the context",
     "404": "model not found: only the served model's name and 'default' are accepted",
+    "408": "the request body did not arrive within BODY_READ_TIMEOUT",
     "413": "request body larger than MAX_REQUEST_BYTES",
-    "429": "the engine's queue is full; retry after Retry-After seconds",
+    "415": "the body was not sent with Content-Type: application/json",
+    "429": "the engine's queue is full (OpenAI's rate_limit_exceeded); retry after Retry-After seconds",
     "500": "the generation failed",
     "503": "the engine is unavailable (restarting or stopped); retry after Retry-After seconds",
     "504": "the request did not finish within REQUEST_TIMEOUT",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}}
+_REQUEST_ID = {"x-request-id": {"description": "the request's id (a generation's completion id), also in api.log",
+                                "required": True, "schema": {"type": "string"}}}
 
 
 def _json(ref: str) -> dict[str, Any]:
@@ -147,6 +151,10 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "components": {"schemas": components},
     }
     doc["paths"]["/health"]["get"]["responses"]["503"]["content"] = _json("Health")
+    for item in doc["paths"].values():
+        for operation in item.values():
+            for response in operation["responses"].values():
+                response["headers"] = {**response.get("headers", {}), **_REQUEST_ID}
     if auth:
         doc["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
         for path, item in doc["paths"].items():

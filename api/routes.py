@@ -14,7 +14,7 @@ from starlette.responses import Response
 import ipc
 from api import health
 from api.access import access_record
-from api.decoding import decode, read_body
+from api.decoding import decode, read_body, require_json
 from api.engine_client import EngineClient
 from api.errors import APIError, EngineUnavailable, InvalidRequest, ModelNotFound
 from api.generation import ChatShape, CompletionShape, Shape, respond
@@ -58,7 +58,9 @@ class Gateway:
         shape: type[Shape],
     ) -> Response:
         request_id = access_record(request).request_id = new_request_id(kind)
-        req = decode(await read_body(request, self.settings.MAX_REQUEST_BYTES), decoder)
+        require_json(request)
+        body = await read_body(request, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
+        req = decode(body, decoder)
         if kind == "chat" and len(req.messages) > self.settings.MAX_MESSAGES:
             # the body limit bounds bytes; this bounds the chat template's work on rank 0
             raise InvalidRequest(f"Invalid value for 'messages': {len(req.messages)} messages exceed this server's "

@@ -65,6 +65,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     MAX_FRAME_BYTES: Annotated[int, Meta(ge=1024)] = 8 * 1024 * 1024
     MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     MAX_MESSAGES: Positive = 2048
+    BODY_READ_TIMEOUT: Seconds = 30.0
+    CORS_ORIGINS: str = ""
     OUTPUT_BUFFER_EVENTS: Annotated[int, Meta(ge=16)] = 4096
 
     # Derived values, resolved against the repository root.
@@ -87,6 +89,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def hosts(self) -> list[str]:
         return [h.strip() for h in self.HOSTS.split(",") if h.strip()]
+
+    @property
+    def cors_origins(self) -> list[str]:
+        """Origins a browser may call the API from; empty: CORS stays off."""
+        return [o.strip().rstrip("/") for o in self.CORS_ORIGINS.split(",") if o.strip()]
 
     @property
     def ranks(self) -> int:
@@ -140,9 +147,12 @@ HINTS = {
     "IDLE_TICK_MS": "an integer of milliseconds from 1 to 1000",
     "MAX_FRAME_BYTES": "an integer of bytes >= 1024",
     "MAX_REQUEST_BYTES": "an integer of bytes >= 1024",
+    "BODY_READ_TIMEOUT": "a number of seconds > 0",
 }
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.:\-\[\]]+$")
+# scheme://host[:port], as a browser sends it in the Origin header
+_ORIGIN_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/\s?#]+$")
 
 
 def _resolve(p: str) -> Path:
@@ -209,6 +219,10 @@ def _check(s: Settings) -> None:
             f"SOCKET_PATH={str(s.socket_path)!r} is {len(str(s.socket_path))} bytes long; Unix sockets allow "
             f"at most {MAX_SOCKET_PATH}: set SOCKET_PATH (or RUN_DIR) to a shorter path"
         )
+    for origin in s.cors_origins:
+        if origin != "*" and not _ORIGIN_RE.match(origin):
+            raise ConfigError(f"CORS_ORIGINS={s.CORS_ORIGINS!r} is not valid: {origin!r} is not an origin; give "
+                              "comma-separated origins such as https://app.example,http://localhost:3000, or *")
     if s.MAX_TOKENS_DEFAULT > s.MAX_TOKENS_LIMIT:
         raise ConfigError(
             f"MAX_TOKENS_DEFAULT={s.MAX_TOKENS_DEFAULT} exceeds MAX_TOKENS_LIMIT={s.MAX_TOKENS_LIMIT}: lower it or raise the limit"
