@@ -13,11 +13,14 @@ import re
 from collections.abc import AsyncIterator
 
 import anyio
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ipc
+from api import create_app
+from api.routes import Gateway
 from config import ConfigError, load_settings
 
 pytestmark = pytest.mark.anyio
@@ -201,6 +204,18 @@ async def test_other_routes_carry_a_generated_request_id(engine, client, method,
     second = await client.request(method, path)
     assert REQUEST_ID.match(first.headers["x-request-id"])
     assert first.headers["x-request-id"] != second.headers["x-request-id"]
+
+
+async def test_a_bug_answers_500_with_a_request_id_too(engine, make_settings, monkeypatch):
+    async def broken(self, request):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Gateway, "list_models", broken)
+    transport = httpx.ASGITransport(app=create_app(make_settings()), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        r = await client.get("/v1/models")
+    assert_error(r, 500)
+    assert REQUEST_ID.match(r.headers["x-request-id"])
 
 
 # ---------------------------------------------------------------- 429 in OpenAI's shape
