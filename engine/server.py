@@ -72,7 +72,7 @@ class Prompter:
         tok = self.tokenizer
         if gen.kind == "chat":
             if not gen.messages:
-                raise PromptError(invalid("messages must contain at least one message", "messages"))
+                raise Refused("messages must contain at least one message", "messages")
             try:
                 # tool_choice "none": the model is not shown the tools it may not call
                 tools = gen.tools if gen.tool_choice != "none" else None
@@ -80,25 +80,19 @@ class Prompter:
                 text = tok.apply_chat_template(gen.messages, tools=tools, add_generation_prompt=True,
                                                tokenize=False, **thinking)
             except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
-                raise PromptError(invalid(f"the chat template rejected the messages: {exc}", "messages")) from None
+                raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
             return tok.encode(text, add_special_tokens=False)
         if isinstance(gen.prompt, str):
             if not gen.prompt:
-                raise PromptError(invalid("prompt is empty", "prompt"))
+                raise Refused("prompt is empty", "prompt")
             return tok.encode(gen.prompt)
         if not gen.prompt:
-            raise PromptError(invalid("prompt is empty", "prompt"))
+            raise Refused("prompt is empty", "prompt")
         bad = [t for t in gen.prompt if not 0 <= t < self.vocab_size]
         if bad:
-            raise PromptError(invalid(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
-                                      "prompt"))
+            raise Refused(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                                      "prompt")
         return list(gen.prompt)
-
-
-class PromptError(Exception):
-    def __init__(self, error: Error):
-        super().__init__(error.message)
-        self.error = error
 
 
 class EngineServer:
@@ -197,7 +191,8 @@ class EngineServer:
             await _send(conn, msgspec.structs.replace(exc.error, request_id=rid))
             return
         if rid in self._live:
-            await _send(conn, invalid(f"request_id {rid!r} is already generating; use a unique id", "request_id"))
+            await _send(conn, invalid(f"request_id {rid!r} is already generating; use a unique id", "request_id",
+                                      rid=rid))
             return
         self._live.add(rid)
         try:
@@ -214,8 +209,8 @@ class EngineServer:
         rid = gen.request_id
         try:
             tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen)
-        except PromptError as exc:
-            await _send(conn, exc.error)
+        except Refused as exc:
+            await _send(conn, msgspec.structs.replace(exc.error, request_id=rid))
             return
         ctx = self.prompter.context_length
         if len(tokens) >= ctx:

@@ -1,0 +1,156 @@
+"""Hypothesis strategies for hostile input: socket messages and HTTP bodies from the whole space their
+schemas admit, weighted towards the boundaries (NaN, infinities, 64-bit extremes, the vocabulary's edge).
+
+Shared by tests/integration/test_hostile_engine.py and bench/hostile.py (the longer run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from ipc import Generate, SamplingParams
+
+VOCAB = 1024  # the demo model's vocabulary: top_k and token ids around it are the interesting ones
+
+I64 = (-(2**63), 2**63 - 1)
+U64_MAX = 2**64 - 1
+
+floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
+    [0.0, -0.0, 1.0, 2.0, -2.0, 0.5, 1e-300, 1e300, 100.0, -100.0, 101.0])
+ints = (st.integers(-3, 40) | st.integers(min_value=I64[0], max_value=U64_MAX)
+        | st.sampled_from([VOCAB - 1, VOCAB, VOCAB + 1, 2**31, 2**32, 2**63 - 1, U64_MAX, -(2**63)]))
+small_text = st.text(max_size=12)
+json_scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False) | small_text
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(small_text, inner, max_size=3), max_leaves=8)
+
+
+def mostly(good: st.SearchStrategy, bad: st.SearchStrategy, odds: int = 16) -> st.SearchStrategy:
+    """good, with one chance in `odds` of bad: a request then has a few hostile values, not all at once,
+    so examples reach past the first check into admission, the batch and the output path."""
+    return st.integers(0, odds - 1).flatmap(lambda i: bad if i == 0 else good)
+
+
+VALID_SCHEMAS = [
+    {"type": "object"},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
+     "$defs": {"P": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}},
+    {"type": "array", "items": {"type": "number"}, "maxItems": 2},
+    {},
+]
+BROKEN_SCHEMAS = [{"$ref": "#/$defs/missing"}, {"type": "nonsense"}, {"type": "object", "required": 5}]
+schemas = mostly(st.sampled_from(VALID_SCHEMAS),
+                 st.sampled_from(BROKEN_SCHEMAS) | st.dictionaries(small_text, json_values, max_size=3), odds=4)
+
+names = mostly(st.sampled_from(["get_weather", "lookup", "f"]), st.sampled_from(["", "a" * 80]) | small_text)
+tool = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": names}, optional={"description": small_text, "parameters": mostly(schemas, json_values),
+                               "strict": st.booleans()})})
+tools = st.none() | st.lists(mostly(tool, st.dictionaries(small_text, json_values, max_size=2)), min_size=1,
+                             max_size=3)
+tool_choices = mostly(st.none() | st.sampled_from(["auto", "none", "required"])
+                      | st.fixed_dictionaries({"type": st.just("function"),
+                                               "function": st.fixed_dictionaries({"name": names})}),
+                      st.sampled_from(["sometimes", ""]) | st.dictionaries(small_text, json_values, max_size=2))
+
+good_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
+                                      "content": st.text(max_size=40)})
+roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "banana"]) | st.integers(0, 3)
+contents = (small_text | st.none() | st.integers()
+            | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": small_text}),
+                       max_size=2))
+bad_message = st.fixed_dictionaries({"role": roles, "content": contents}, optional={
+    "tool_call_id": small_text, "name": small_text,
+    "tool_calls": st.lists(st.fixed_dictionaries({"id": small_text, "type": st.just("function"), "function":
+                           st.fixed_dictionaries({"name": names, "arguments": small_text | json_values})}),
+                           max_size=2) | json_values,
+    "reasoning_content": small_text})
+messages = st.lists(mostly(good_message, bad_message), min_size=1, max_size=4) | st.just([])
+
+
+def _finite(low: float, high: float) -> st.SearchStrategy[float]:
+    return st.floats(low, high)
+
+
+sampling = st.builds(
+    SamplingParams,
+    max_tokens=mostly(st.integers(1, 8), ints),
+    temperature=mostly(_finite(0, 2), floats),
+    top_p=mostly(_finite(0.01, 1), floats),
+    top_k=mostly(st.integers(0, VOCAB + 2), ints),
+    min_p=mostly(_finite(0, 1), floats),
+    seed=st.none() | ints,
+    stop=mostly(st.lists(st.text(min_size=1, max_size=6), max_size=4), st.lists(st.text(max_size=6), max_size=20)),
+    logit_bias=mostly(st.dictionaries(st.integers(0, VOCAB - 1), _finite(-100, 100), max_size=4),
+                      st.dictionaries(ints, floats, max_size=4)),
+    repetition_penalty=mostly(st.none() | _finite(0.01, 5), floats),
+    presence_penalty=mostly(st.none() | _finite(-2, 2), floats),
+    frequency_penalty=mostly(st.none() | _finite(-2, 2), floats),
+    n=mostly(st.integers(1, 4), st.integers(-2, 20) | st.sampled_from([0, 128, 129, 10**6])),
+    logprobs=st.booleans(),
+    top_logprobs=mostly(st.integers(0, 20), st.integers(-2, 25) | ints),
+)
+request_ids = mostly(st.from_regex(r"[A-Za-z0-9_.:\-]{1,40}", fullmatch=True), st.text(max_size=140))
+
+generates = st.builds(
+    Generate,
+    request_id=request_ids,
+    kind=st.sampled_from(["chat", "completion"]),
+    params=sampling,
+    messages=messages,
+    tools=tools,
+    prompt=mostly(st.text(min_size=1, max_size=40) | st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8),
+                  st.text(max_size=40) | st.lists(ints, max_size=8)),
+    echo=st.booleans(),
+    tool_choice=tool_choices,
+    parallel_tool_calls=st.booleans(),
+    json_schema=st.none() | schemas,
+    enable_thinking=st.none() | st.booleans(),
+)
+
+
+def _optional(**fields: st.SearchStrategy) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+response_formats = mostly(
+    st.sampled_from([{"type": "text"}, {"type": "json_object"}])
+    | st.builds(lambda s, strict: {"type": "json_schema", "json_schema": {"name": "x", "schema": s, "strict": strict}},
+                schemas, st.booleans()),
+    st.dictionaries(small_text, json_values, max_size=2))
+
+# Every field of the OpenAI chat request, each mostly plausible, sometimes at or past its boundary.
+chat_bodies = st.builds(
+    lambda fixed, extra: {**fixed, **extra},
+    st.fixed_dictionaries({"model": mostly(st.sampled_from(["default", "demo-tiny"]), small_text),
+                           "messages": messages}),
+    _optional(
+        max_tokens=mostly(st.integers(1, 8), st.none() | ints),
+        max_completion_tokens=mostly(st.integers(1, 8), st.none() | ints),
+        temperature=mostly(_finite(0, 2), floats),
+        top_p=mostly(_finite(0.01, 1), floats),
+        top_k=mostly(st.integers(-1, VOCAB + 2), ints),
+        min_p=mostly(_finite(0, 1), floats),
+        seed=st.none() | ints,
+        n=mostly(st.integers(1, 3), st.integers(-2, 20) | st.sampled_from([128, 129])),
+        stop=mostly(st.none() | st.text(min_size=1, max_size=5) | st.lists(st.text(min_size=1, max_size=5), max_size=4),
+                    st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=6)),
+        logit_bias=mostly(st.dictionaries(st.integers(0, VOCAB - 1).map(str), _finite(-100, 100), max_size=3),
+                          st.dictionaries(st.integers(-3, VOCAB + 3).map(str) | small_text, floats | json_values,
+                                          max_size=3)),
+        presence_penalty=mostly(_finite(-2, 2), floats),
+        frequency_penalty=mostly(_finite(-2, 2), floats),
+        repetition_penalty=mostly(_finite(0.01, 3), floats),
+        logprobs=st.none() | st.booleans(),
+        top_logprobs=mostly(st.integers(0, 20), st.integers(-2, 25)),
+        tools=tools, tool_choice=tool_choices,
+        parallel_tool_calls=st.none() | st.booleans(), user=small_text,
+        response_format=response_formats,
+        reasoning_effort=st.none() | st.sampled_from(["none", "low", "high"]),
+        stream=st.booleans(), stream_options=st.none() | st.fixed_dictionaries({"include_usage": st.booleans()}),
+        something_else=json_values,
+    ),
+)
