@@ -3,7 +3,8 @@ runs or is refused with a 4xx, and after every example the engine still serves a
 nothing left running or queued.
 
 HOSTILE_EXAMPLES sets how many examples each property draws (CI: a few dozen, derandomized so CI is
-stable); `python -m bench.hostile` runs thousands with fresh randomness.
+stable), HOSTILE_RANKS the engine's ranks (1); `python -m bench.hostile` runs thousands with fresh
+randomness.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.harness import Stack, wait_for
 
 EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "40"))
 RANDOM = os.environ.get("HOSTILE_RANDOM") == "1"
+RANKS = int(os.environ.get("HOSTILE_RANKS", "1"))
 PLAIN = Generate(request_id="chatcmpl-plain", kind="chat", messages=[{"role": "user", "content": "hi"}],
                       params=SamplingParams(max_tokens=3, temperature=0.0))
 
@@ -34,7 +36,7 @@ def small_stack():
     """Small limits, so that every admitted example is short and the capacity checks are in reach."""
     s = Stack(extra={"MAX_TOKENS_DEFAULT": "6", "MAX_TOKENS_LIMIT": "64", "MAX_BATCH": "4", "MAX_QUEUE": "8",
                      "REQUEST_TIMEOUT": "60"})
-    s.procs = {"engine": s.start_engine(), "api": s.start_api()}
+    s.procs = {"engine": s.start_engine(ranks=RANKS), "api": s.start_api()}
     yield s
     for p in s.procs.values():
         p.stop()
@@ -42,8 +44,11 @@ def small_stack():
 
 def still_serving(s: Stack) -> None:
     """The example left the engine whole: a plain request runs to its end, then nothing is in flight."""
-    assert s.procs["engine"].alive(), s.procs["engine"].log_tail()
-    frames = wire.run(s.socket, PLAIN, timeout=30)
+    assert s.procs["engine"].alive(), f"ENGINE DIED:\n{s.procs['engine'].log_tail()}"
+    try:
+        frames = wire.run(s.socket, PLAIN, timeout=30)
+    except OSError as exc:
+        raise AssertionError(f"ENGINE DIED: its socket fails ({exc}):\n{s.procs['engine'].log_tail()}") from None
     assert isinstance(frames[0], Started) and isinstance(frames[-1], Finish), frames
     wait_for(lambda: (lambda i: i.active == 0 and i.queued == 0)(wire.info(s.socket)), 15,
              "no request left running or queued")
