@@ -203,8 +203,12 @@ def test_a_client_that_stops_reading_is_cancelled_instead_of_growing_rank_0s_mem
     try:
         # A tiny receive buffer fills after a few hundred frames; then the engine's outbox fills.
         stalled = wire.Session(s.socket, rcvbuf=4096)
-        stalled.send(gen("chatcmpl-stalled", max_tokens=3500, logit_bias={t: -100.0 for t in range(3)}))
+        stalled.send(gen("chatcmpl-stalled", max_tokens=3500, logit_bias={0: -100.0, 1: -100.0, 2: -100.0}))
         assert isinstance(stalled.recv(), Started)
+        # Others are served meanwhile, whole.
+        no_eos = {t: -100.0 for t in range(3)}
+        frames = wire.run(s.socket, gen("chatcmpl-beside", max_tokens=32, logit_bias=no_eos))
+        assert isinstance(frames[-1], Finish) and frames[-1].completion_tokens == 32, frames
         wait_for(lambda: (lambda i: i.active + i.queued == 0)(wire.info(s.socket)), 30,
                  "rank 0 to cancel the stalled request")
         # Reading now: what the engine had sent, then the connection closed, without the 3500 tokens.
