@@ -46,6 +46,8 @@ def decode_message(body: bytes) -> Msg:
         return _decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise FrameError(f"malformed message: {exc}") from None
+    except RecursionError:
+        raise FrameError("malformed message: nested too deeply") from None
 
 
 class FramedStream:

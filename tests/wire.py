@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import msgspec
+
 from ipc import PROTOCOL_VERSION, Error, Finish, Hello, Info, InfoRequest, Msg, Welcome
 from ipc.framing import HEADER, decode_message, encode_frame
 
@@ -74,3 +76,10 @@ def run(path: Path | str, msg: Msg, *, choices: int = 1, max_frames: int = 10_00
             if isinstance(frame, Error) or finished >= choices:
                 break
     return frames
+
+
+def deeply_nested_generate(depth: int) -> bytes:
+    """The body of a Generate whose message nests `depth` arrays: msgpack itself sets no depth limit."""
+    head = msgspec.msgpack.encode({"type": "generate", "request_id": "x", "kind": "chat", "params": {"max_tokens": 3}})
+    return (b"\x85" + head[1:] + msgspec.msgpack.encode("messages") + b"\x91\x81"
+            + msgspec.msgpack.encode("content") + b"\x91" * depth + b"\xc0")

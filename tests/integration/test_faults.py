@@ -21,6 +21,7 @@ import pytest
 from ipc import PROTOCOL_VERSION, Error, Hello, InfoRequest, Welcome
 from ipc.framing import HEADER, decode_message, encode_frame
 from tests.harness import Stack, wait_for
+from tests.wire import deeply_nested_generate
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 # EOS and pad banned: the demo model then generates until max_tokens
@@ -114,6 +115,7 @@ def test_engine_killed_ends_open_streams_within_2s_then_503_until_it_returns(own
 
 MAX_FRAME = 8 * 1024 * 1024  # the default MAX_FRAME_BYTES the session's engine runs with
 HELLO = encode_frame(Hello(version=PROTOCOL_VERSION, client="hostile"))
+NESTED = deeply_nested_generate(200_000)
 
 
 def exchange(path, data: bytes, *, half_close: bool = True, timeout: float = 15.0) -> list:
@@ -144,6 +146,7 @@ ATTACKS = {
     "oversized request": (HELLO + HEADER.pack(2**32 - 1), "bad_frame"),
     "truncated request": (HELLO + HEADER.pack(50) + encode_frame(InfoRequest())[:8], "bad_frame"),
     "unexpected message": (HELLO + encode_frame(Welcome(version=PROTOCOL_VERSION)), "bad_frame"),
+    "deeply nested request": (HELLO + HEADER.pack(len(NESTED)) + NESTED, "bad_frame"),
 }
 # Sent without closing our side: the engine gives up after its 5 s handshake timeout.
 STALLS = {

@@ -38,6 +38,7 @@ from ipc import (
 from ipc.framing import HEADER, decode_message, encode_frame
 from ipc.messages import Message
 from ipc.probe import fetch_info
+from tests.wire import deeply_nested_generate
 
 TIMEOUT = 5.0
 MAX_FRAME = 64 * 1024
@@ -65,6 +66,12 @@ def test_random_bodies_decode_or_raise_frame_error(body: bytes) -> None:
         assert isinstance(decode_message(body), Msg)
     except FrameError:
         pass
+
+
+@pytest.mark.parametrize("depth", [10_000, 200_000])
+def test_a_message_nested_past_the_decoders_depth_is_a_frame_error(depth: int) -> None:
+    with pytest.raises(FrameError, match="nested too deeply"):
+        decode_message(deeply_nested_generate(depth))
 
 
 @FUZZ
