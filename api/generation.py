@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 import ipc
 from api import schemas
-from api.access import AccessRecord, access_record
+from api.access import AccessRecord, access_record, escape
 from api.engine_client import EngineClient, Generation
 from api.errors import APIError, EngineUnavailable
 from api.schemas import (
@@ -318,7 +318,7 @@ async def _stream(gen: Generation, n: int, shape: Shape, record: AccessRecord) -
             yield event(shape.usage(_usage(gen)))
     except APIError as exc:
         record.outcome = exc.code or exc.type
-        logger.warning("%s: stream ended with an error: %s", gen.request_id, exc.message)
+        logger.warning("%s: stream ended with an error: %s", gen.request_id, escape(exc.message))
         yield error_event(exc)
     yield DONE
 
