@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -15,12 +16,14 @@ from api.access import AccessLog, access_record, escape, request_id_header
 from api.auth import api_key_guard, ops_guard
 from api.cors import cors_middleware
 from api.dashboard import Dashboard
-from api.engine_client import EngineClient
-from api.errors import APIError
+from api.bodies import json_response
+from api.engine_client import SocketEngineClient
+from api.errors import APIError, MethodNotAllowed, NotFound
 from api.generation import CLIENT_CLOSED
-from api.openapi import openapi_route
+from api.health import Health
 from api.metrics import Metrics
-from api.routes import Gateway, json_response
+from api.openai.routes import OpenAIRoutes
+from api.openapi import openapi_route
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -28,20 +31,20 @@ logger = logging.getLogger(__name__)
 
 def create_app(settings: Settings) -> Starlette:
     """The gateway for settings: /v1 (OpenAI API, behind API_KEY when set), /health, /metrics, /dashboard."""
-    engine = EngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
-    gateway = Gateway(settings, engine)
+    engine = SocketEngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
+    openai = OpenAIRoutes(settings, engine)
     metrics = Metrics(engine)
     ops = ops_guard(settings)
     v1 = [
-        Route("/chat/completions", gateway.chat_completions, methods=["POST"]),
-        Route("/completions", gateway.completions, methods=["POST"]),
-        Route("/models", gateway.list_models, methods=["GET"]),
-        Route("/models/{model_id:path}", gateway.get_model, methods=["GET"]),
+        Route("/chat/completions", openai.chat_completions, methods=["POST"]),
+        Route("/completions", openai.completions, methods=["POST"]),
+        Route("/models", openai.list_models, methods=["GET"]),
+        Route("/models/{model_id:path}", openai.get_model, methods=["GET"]),
     ]
     auth = api_key_guard(settings)
     return Starlette(
         routes=[
-            Route("/health", gateway.health, methods=["GET"]),
+            Route("/health", Health(settings, engine).endpoint, methods=["GET"]),
             openapi_route(settings),
             Mount("/v1", routes=v1, middleware=auth),
             Route("/metrics", metrics.endpoint, methods=["GET"], middleware=ops),
@@ -64,23 +67,26 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     record.outcome = record.outcome or exc.code or exc.type  # the access line and dashboard name the error
     if exc.status >= 500:
         logger.warning("%s %s: %s", record.request_id, escape(request.url.path), escape(exc.message))
-    response = json_response(exc.body(), exc.status)
-    response.headers.update(exc.headers)
-    return response
+    return _render(exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404 (unknown route) and 405 (wrong method), as OpenAI error objects."""
+    """Starlette's own 404 (unknown route) and 405 (wrong method), as errors of our hierarchy."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        message = f"Invalid URL ({request.method} {request.url.path})"
+        err: APIError = NotFound(f"Invalid URL ({request.method} {request.url.path})")
     elif exc.status_code == 405:
-        message = f"Method {request.method} is not allowed for {request.url.path}"
+        err = MethodNotAllowed(f"Method {request.method} is not allowed for {request.url.path}")
     else:
-        message = exc.detail
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
-    response = json_response(body, exc.status_code)
-    response.headers.update(exc.headers or {})
+        err = APIError(exc.detail)
+        err.status, err.type = exc.status_code, "invalid_request_error"
+    return _render(err, exc.headers)
+
+
+def _render(err: APIError, headers: Mapping[str, str] | None = None) -> Response:
+    response = json_response(err.body(), err.status)
+    response.headers.update(headers or {})
+    response.headers.update(err.headers)
     return response
 
 
@@ -95,8 +101,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
     Starlette sends this answer outside every middleware, so it names the request itself.
     """
-    body = {"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}}
-    response = json_response(body, 500)
+    response = _render(APIError("internal server error"))
     name, value = request_id_header(access_record(request))
     response.headers[name.decode()] = value.decode("latin-1")
     return response

@@ -12,7 +12,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from api.errors import InvalidRequest
-from api.schemas import encode
+from api.bodies import encode
 from config import Settings
 
 

@@ -20,7 +20,7 @@ from api import health
 from api.access import Completed
 from api.engine_client import EngineClient
 from api.metrics import Metrics
-from api.schemas import encode
+from api.bodies import encode
 from config import Settings
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"

@@ -1,8 +1,10 @@
-"""Talking to engine rank 0 over the Unix socket: info calls and one connection per generation."""
+"""The engine as every dialect's endpoints see it (EngineClient), and its implementation over rank 0's
+Unix socket: info calls and one connection per generation (closing it cancels the request)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 
@@ -59,8 +61,23 @@ class EngineStalled(EngineUnavailable):
     """The engine's socket accepted, but no answer came in time: stuck (e.g. a rank frozen), not stopped."""
 
 
-class EngineClient:
-    """Opens connections to the engine; remembers the last Info for /v1/models."""
+class EngineClient(Protocol):
+    """What endpoints need from the engine; no dialect reaches past it to the transport."""
+
+    last_info: ipc.Info | None  # the last Info seen (served while the engine is briefly away)
+    reconnects: int  # times the engine came back after being lost
+
+    async def info(self, timeout: float) -> ipc.Info:
+        """Model, topology and live state; raises APIError (EngineUnavailable, EngineStalled)."""
+        ...
+
+    async def start(self, msg: ipc.Generate, timeout: float) -> Generation:
+        """Admit msg (its events then come from the Generation) or raise the APIError it was refused with."""
+        ...
+
+
+class SocketEngineClient:
+    """EngineClient over rank 0's Unix socket; remembers the last Info for /v1/models."""
 
     def __init__(self, socket_path: str | Path, *, max_frame: int):
         self.socket_path = str(socket_path)

@@ -59,6 +59,12 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class MethodNotAllowed(APIError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
 class RequestTimeout(APIError):
     """The body did not arrive in time; the rest of it may still come, so the connection is closed."""
 
@@ -97,6 +103,13 @@ class GenerationFailed(APIError):
     code = "generation_failed"
 
 
+class TooManyConnections(APIError):
+    status = 503
+    type = "server_error"
+    code = "too_many_connections"
+    retry_after = 1
+
+
 class EngineUnavailable(APIError):
     status = 503
     type = "server_error"
@@ -112,6 +125,7 @@ class GenerationTimeout(GenerationFailed):
 _BY_STATUS: dict[int, type[APIError]] = {
     400: InvalidRequest,
     404: NotFound,
+    408: RequestTimeout,
     413: RequestTooLarge,
     429: Overloaded,
     500: GenerationFailed,

@@ -19,30 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import ipc
-from api import schemas
 from api.access import AccessRecord, access_record, escape
+from api.bodies import encode
 from api.engine_client import EngineClient, Generation
 from api.errors import APIError, EngineUnavailable
-from api.schemas import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChoiceLogprobs,
-    ChunkChoice,
-    ChunkDelta,
-    Completion,
-    CompletionChoice,
-    CompletionLogprobs,
-    FunctionCall,
-    FunctionCallChunk,
-    ToolCall,
-    ToolCallChunk,
-    Usage,
-    encode,
-)
 from api.sse import DONE, EventStreamResponse, error_event, event
-from ipc.messages import TokenLogprob
+from ipc.messages import TokenLogprob, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +87,8 @@ class Choice:
         return "tool_calls" if reason == "stop" and self.tool_calls else reason
 
 
-class Shape:
-    """How one endpoint spells its response body and its stream chunks."""
+class Renderer:
+    """How one endpoint spells its response body and its stream chunks (a dialect supplies one)."""
 
     def __init__(self, request_id: str, model: str, include_usage: bool) -> None:
         self.request_id, self.model, self.created = request_id, model, int(time.time())
@@ -125,126 +107,32 @@ class Shape:
     def finish(self, index: int, reason: str) -> msgspec.Struct:
         raise NotImplementedError
 
-    def usage(self, usage: Usage) -> msgspec.Struct:
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> msgspec.Struct:
         raise NotImplementedError
 
-    def response(self, choices: list[Choice], usage: Usage) -> msgspec.Struct:
+    def response(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> msgspec.Struct:
         raise NotImplementedError
-
-
-class ChatShape(Shape):
-    def _chunk(self, choices: list[ChunkChoice], usage: Usage | None | msgspec.UnsetType) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage)
-
-    def first(self, index: int) -> ChatCompletionChunk:
-        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))], self.chunk_usage)
-
-    def delta(self, choice: Choice, ev: ipc.Delta | ipc.Finish) -> ChatCompletionChunk | None:
-        if not (ev.text or ev.reasoning or ev.tool_calls or ev.logprobs):
-            return None
-        # Each call arrives whole, so one delta carries its id, name and complete arguments.
-        calls = [ToolCallChunk(index=len(choice.tool_calls) + i, id=c.id, type="function",
-                               function=FunctionCallChunk(name=c.name, arguments=c.arguments))
-                 for i, c in enumerate(ev.tool_calls)]
-        delta = ChunkDelta(
-            content=ev.text if ev.text or not (ev.reasoning or calls) else msgspec.UNSET,
-            tool_calls=calls or msgspec.UNSET,
-            reasoning_content=ev.reasoning or msgspec.UNSET,
-            reasoning=ev.reasoning or msgspec.UNSET,
-        )
-        logprobs = ChoiceLogprobs(content=_chat_logprobs(ev.logprobs)) if self.logprobs else None
-        return self._chunk([ChunkChoice(index=ev.index, delta=delta, logprobs=logprobs)], self.chunk_usage)
-
-    def finish(self, index: int, reason: str) -> ChatCompletionChunk:
-        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason)], self.chunk_usage)
-
-    def usage(self, usage: Usage) -> ChatCompletionChunk:
-        return self._chunk([], usage)
-
-    def response(self, choices: list[Choice], usage: Usage) -> ChatCompletion:
-        out = []
-        for c in choices:
-            content = "".join(c.content)
-            reasoning = "".join(c.reasoning)
-            message = AssistantMessage(
-                # OpenAI answers a turn of only tool calls with content null
-                content=None if c.tool_calls and not content.strip() else content,
-                tool_calls=[ToolCall(id=t.id, function=FunctionCall(name=t.name, arguments=t.arguments))
-                            for t in c.tool_calls] or msgspec.UNSET,
-                reasoning_content=reasoning or msgspec.UNSET,
-                reasoning=reasoning or msgspec.UNSET,
-            )
-            logprobs = ChoiceLogprobs(content=_chat_logprobs(c.logprobs)) if self.logprobs else None
-            out.append(ChatChoice(index=c.index, message=message, logprobs=logprobs, finish_reason=c.reason))
-        return ChatCompletion(id=self.request_id, created=self.created, model=self.model, choices=out, usage=usage)
-
-
-class CompletionShape(Shape):
-    def _body(self, choices: list[CompletionChoice], usage: Usage | None | msgspec.UnsetType) -> Completion:
-        return Completion(id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage)
-
-    def delta(self, choice: Choice, ev: ipc.Delta | ipc.Finish) -> Completion | None:
-        if not (ev.text or ev.logprobs):
-            return None
-        logprobs = _completion_logprobs(ev.logprobs, choice.offset) if self.logprobs else None
-        choice.offset += sum(len(e.token) for e in ev.logprobs)
-        return self._body([CompletionChoice(text=ev.text, index=ev.index, logprobs=logprobs)], self.chunk_usage)
-
-    def finish(self, index: int, reason: str) -> Completion:
-        return self._body([CompletionChoice(text="", index=index, finish_reason=reason)], self.chunk_usage)
-
-    def usage(self, usage: Usage) -> Completion:
-        return self._body([], usage)
-
-    def response(self, choices: list[Choice], usage: Usage) -> Completion:
-        return self._body([
-            CompletionChoice(text="".join(c.content), index=c.index, finish_reason=c.reason,
-                             logprobs=_completion_logprobs(c.logprobs, 0) if self.logprobs else None)
-            for c in choices
-        ], usage)
-
-
-def _chat_logprobs(entries: list[TokenLogprob]) -> list[schemas.TokenLogprob]:
-    return [
-        schemas.TokenLogprob(token=e.token, logprob=e.logprob, bytes=e.bytes, top_logprobs=[
-            schemas.TopLogprob(token=t.token, logprob=t.logprob, bytes=t.bytes) for t in e.top])
-        for e in entries
-    ]
-
-
-def _completion_logprobs(entries: list[TokenLogprob], offset: int) -> CompletionLogprobs:
-    """The legacy shape: parallel lists, alternatives as {token: logprob}, offsets into the text."""
-    offsets = []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e.token)
-    return CompletionLogprobs(
-        tokens=[e.token for e in entries],
-        token_logprobs=[e.logprob for e in entries],
-        top_logprobs=[{t.token: t.logprob for t in e.top} for e in entries],
-        text_offset=offsets,
-    )
 
 
 async def respond(
     request: Request,
     engine: EngineClient,
     msg: ipc.Generate,
-    shape: Shape,
+    renderer: Renderer,
     *,
     stream: bool,
     timeout: float,
 ) -> Response:
     """Start msg on the engine and answer request with a JSON body or an SSE stream."""
     record = access_record(request)
-    shape.logprobs = msg.params.logprobs
+    renderer.logprobs = msg.params.logprobs
     if stream:
         gen = await until_disconnect(request, lambda: engine.start(msg, timeout))
         if gen is not None:
             record.prompt_tokens = gen.prompt_tokens
-            return EventStreamResponse(_stream(gen, msg.params.n, shape, record), on_close=lambda: _close(gen, record))
+            return EventStreamResponse(_stream(gen, msg.params.n, renderer, record), on_close=lambda: _close(gen, record))
     else:
-        body = await until_disconnect(request, lambda: _collect(engine, msg, shape, timeout, record))
+        body = await until_disconnect(request, lambda: _collect(engine, msg, renderer, timeout, record))
         if body is not None:
             return Response(encode(body), media_type="application/json")
     record.outcome = "client_disconnected"
@@ -276,7 +164,7 @@ async def until_disconnect(request: Request, fn: Callable[[], Awaitable[T]]) -> 
     return result
 
 
-async def _collect(engine: EngineClient, msg: ipc.Generate, shape: Shape, timeout: float, record: AccessRecord) -> msgspec.Struct:
+async def _collect(engine: EngineClient, msg: ipc.Generate, renderer: Renderer, timeout: float, record: AccessRecord) -> msgspec.Struct:
     gen = await engine.start(msg, timeout)
     record.prompt_tokens = gen.prompt_tokens
     choices = [Choice(i) for i in range(msg.params.n)]
@@ -291,14 +179,14 @@ async def _collect(engine: EngineClient, msg: ipc.Generate, shape: Shape, timeou
         record.prompt_tokens, record.completion_tokens = gen.prompt_tokens, gen.completion_tokens
         await gen.aclose()
     logger.debug("%s completion: %r", msg.request_id, ["".join(c.content) for c in choices])
-    return shape.response(choices, _usage(gen))
+    return renderer.response(choices, gen.prompt_tokens, gen.completion_tokens)
 
 
-async def _stream(gen: Generation, n: int, shape: Shape, record: AccessRecord) -> AsyncGenerator[bytes, None]:
+async def _stream(gen: Generation, n: int, renderer: Renderer, record: AccessRecord) -> AsyncGenerator[bytes, None]:
     choices = [Choice(i) for i in range(n)]
     try:
         for i in range(n):
-            first = shape.first(i)
+            first = renderer.first(i)
             if first is not None:
                 yield event(first)
         remaining = n
@@ -306,16 +194,16 @@ async def _stream(gen: Generation, n: int, shape: Shape, record: AccessRecord) -
             ev = await _next_event(gen)
             choice = choices[ev.index]
             # Finish carries the choice's last text (the detokeniser's tail), sent before its finish chunk
-            chunk = shape.delta(choice, ev)
+            chunk = renderer.delta(choice, ev)
             choice.add(ev)
             if chunk is not None:
                 yield event(chunk)
             if isinstance(ev, ipc.Finish):
                 remaining -= 1
-                yield event(shape.finish(ev.index, choice.reason))
+                yield event(renderer.finish(ev.index, choice.reason))
         _count(gen, choices)
-        if shape.include_usage:
-            yield event(shape.usage(_usage(gen)))
+        if renderer.include_usage:
+            yield event(renderer.usage(gen.prompt_tokens, gen.completion_tokens))
     except APIError as exc:
         record.outcome = exc.code or exc.type
         logger.warning("%s: stream ended with an error: %s", gen.request_id, escape(exc.message))
@@ -333,11 +221,3 @@ async def _close(gen: Generation, record: AccessRecord) -> None:
     if not gen.done:
         record.outcome = "client_disconnected"
     await gen.aclose()
-
-
-def _usage(gen: Generation) -> Usage:
-    return Usage(
-        prompt_tokens=gen.prompt_tokens,
-        completion_tokens=gen.completion_tokens,
-        total_tokens=gen.prompt_tokens + gen.completion_tokens,
-    )

@@ -13,6 +13,10 @@ from typing import Any
 import msgspec
 
 import ipc
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.bodies import json_response
 from api.engine_client import EngineClient, EngineStalled
 from api.errors import APIError
 from config import Settings
@@ -70,3 +74,16 @@ async def check(engine: EngineClient, settings: Settings, api_started: float) ->
     ok = verdict == "ok"
     body = {"status": "ok" if ok else "unavailable", "api": "ok", "engine": verdict, **head, **details(info)}
     return (200 if ok else 503), body
+
+
+class Health:
+    """GET /health: 200 only when the engine answers and its step loop and every rank are progressing."""
+
+    def __init__(self, settings: Settings, engine: EngineClient) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.started = time.monotonic()
+
+    async def endpoint(self, request: Request) -> Response:
+        status, body = await check(self.engine, self.settings, self.started)
+        return json_response(body, status)

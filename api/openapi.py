@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api import schemas
+from api.openai import protocol
 from api.auth import api_keys
-from api.translate import MODEL_ALIAS
+from api.openai.serving import MODEL_ALIAS
 from config import Settings
 
 REF = "#/components/schemas/{name}"
@@ -104,13 +104,13 @@ def _get(summary: str, ok: dict[str, Any], errors: dict[str, str], auth: bool = 
 def openapi_document(settings: Settings) -> dict[str, Any]:
     """The OpenAPI document of an API started with settings."""
     structs = [
-        schemas.ChatCompletionRequest,
-        schemas.CompletionRequest,
-        schemas.ChatCompletion,
-        schemas.ChatCompletionChunk,
-        schemas.Completion,
-        schemas.ModelList,
-        schemas.Model,
+        protocol.ChatCompletionRequest,
+        protocol.CompletionRequest,
+        protocol.ChatCompletion,
+        protocol.ChatCompletionChunk,
+        protocol.Completion,
+        protocol.ModelList,
+        protocol.Model,
         ErrorResponse,
     ]
     _, components = msgspec.json.schema_components(structs, ref_template=REF)

@@ -10,7 +10,6 @@ ones still open with an error event and `[DONE]`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -19,6 +18,8 @@ from pathlib import Path
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from api.bodies import encode
+from api.errors import APIError, RequestTimeout, TooManyConnections
 from api.generation import end_open_streams
 from config import Settings
 
@@ -29,26 +30,22 @@ FLUSH_SECONDS = 5.0
 LINGER_SECONDS = 1.0  # a refused connection is read (and discarded) this long before it is closed
 
 
-def _response(status: bytes, body: bytes, *extra: bytes) -> bytes:
+def _response(status: bytes, err: APIError) -> bytes:
     """A whole HTTP/1.1 response that closes the connection, written before any request was parsed."""
+    body = encode(err.body())
+    extra = [f"{k.lower()}: {v}".encode() for k, v in err.headers.items() if k.lower() != "connection"]
     head = [b"HTTP/1.1 " + status, b"content-type: application/json", *extra, b"connection: close",
             b"content-length: %d" % len(body)]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-def _error(message: str, code: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": "invalid_request_error" if code == "request_timeout"
-                                 else "server_error", "param": None, "code": code}}).encode()
-
-
 def edge_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a deadline for request headers and a cap on open connections."""
 
-    too_slow = _response(b"408 Request Timeout", _error(
-        f"the request headers did not arrive within HTTP_HEADER_TIMEOUT={header_timeout:g} s", "request_timeout"))
-    too_many = _response(b"503 Service Unavailable", _error(
-        f"the server has too many open connections (MAX_CONNECTIONS={max_connections}); retry shortly",
-        "too_many_connections"), b"retry-after: 1")
+    too_slow = _response(b"408 Request Timeout", RequestTimeout(
+        f"the request headers did not arrive within HTTP_HEADER_TIMEOUT={header_timeout:g} s"))
+    too_many = _response(b"503 Service Unavailable", TooManyConnections(
+        f"the server has too many open connections (MAX_CONNECTIONS={max_connections}); retry shortly"))
 
     class EdgeProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None

@@ -10,7 +10,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.errors import APIError
-from api.schemas import encode
+from api.bodies import encode
 
 DONE = b"data: [DONE]\n\n"
 

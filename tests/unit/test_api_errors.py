@@ -72,7 +72,7 @@ async def test_missing_field_is_named(client):
 
 
 async def test_unknown_fields_are_tolerated_and_logged_at_debug(engine, client, caplog):
-    caplog.set_level(logging.DEBUG, logger="api.decoding")
+    caplog.set_level(logging.DEBUG, logger="api.bodies")
     r = await client.post("/v1/chat/completions", json={**CHAT, "store": True, "metadata": {"a": "b"}})
     assert r.status_code == 200, r.text
     assert "ignoring unknown fields of ChatCompletionRequest: metadata, store" in caplog.text

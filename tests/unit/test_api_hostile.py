@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import ipc
 from api import create_app
-from api.routes import Gateway
+from api.openai.routes import OpenAIRoutes
 from config import ConfigError, load_settings
 
 pytestmark = pytest.mark.anyio
@@ -210,7 +210,7 @@ async def test_a_bug_answers_500_with_a_request_id_too(engine, make_settings, mo
     async def broken(self, request):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(Gateway, "list_models", broken)
+    monkeypatch.setattr(OpenAIRoutes, "list_models", broken)
     transport = httpx.ASGITransport(app=create_app(make_settings()), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         r = await client.get("/v1/models")
@@ -294,7 +294,7 @@ async def test_a_crlf_in_the_path_cannot_forge_an_access_log_line(engine, client
 
 
 async def test_unknown_field_names_are_escaped_in_the_debug_log(engine, client, caplog):
-    caplog.set_level(logging.DEBUG, logger="api.decoding")
+    caplog.set_level(logging.DEBUG, logger="api.bodies")
     await client.post("/v1/chat/completions", json={**CHAT, "x\ny": 1})
     assert any("x\\ny" in r.getMessage() for r in caplog.records)
     assert not any("\n" in r.getMessage() for r in caplog.records)

@@ -15,7 +15,7 @@ from msgspec import UNSET
 
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
-from api.schemas import TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
+from api.openai.protocol import TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
 from config import Settings
 
 MODEL_ALIAS = "default"

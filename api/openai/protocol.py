@@ -1,7 +1,7 @@
 """OpenAI request and response bodies as msgspec Structs (OpenAI names and field order).
 
 Request structs tolerate unknown fields. Parameters we cannot honour are declared as
-`Any = UNSET` so that api/translate.py can refuse them by name instead of ignoring them.
+`Any = UNSET` so that api/openai/serving.py can refuse them by name instead of ignoring them.
 """
 
 from __future__ import annotations
@@ -11,13 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-
-class ParamError(ValueError):
-    """A cross-field rule failed in __post_init__; param names the field, relative to the struct."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+from api.bodies import ParamError
 
 
 Temperature = Annotated[float, Meta(ge=0, le=2)]
@@ -346,11 +340,3 @@ class Model(Struct, kw_only=True):
 class ModelList(Struct, kw_only=True):
     object: str = "list"
     data: list[Model]
-
-
-def encode(obj: Any) -> bytes:
-    """JSON bytes of a response struct or plain value."""
-    return _encoder.encode(obj)
-
-
-_encoder = msgspec.json.Encoder()

@@ -1,23 +1,42 @@
-"""Request bodies: JSON only, read with a size limit and a deadline, decoded into a Struct; every
-failure is an APIError (400, 408, 413, 415), never a 500."""
+"""JSON bodies in and out. Requests: JSON only, read with a size limit and a deadline, decoded into a
+Struct, every failure an APIError (400, 408, 413, 415), never a 500. Responses: one JSON encoder."""
 
 from __future__ import annotations
 
 import logging
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
 from starlette.requests import Request
+from starlette.responses import Response
 
 from api.access import escape
 from api.errors import InvalidRequest, RequestTimeout, RequestTooLarge, UnsupportedMediaType
-from api.schemas import ParamError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+
+
+class ParamError(ValueError):
+    """A cross-field rule failed in __post_init__; param names the field, relative to the struct."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def encode(obj: Any) -> bytes:
+    """JSON bytes of a response struct or plain value."""
+    return _encoder.encode(obj)
+
+
+def json_response(obj: object, status_code: int = 200) -> Response:
+    return Response(encode(obj), status_code=status_code, media_type="application/json")
 
 # "Expected `float` <= 2.0 - at `$.temperature`"; dict keys read "- at `key` in `$.logit_bias`".
 _AT = re.compile(r" - at (?:`key` in )?`\$(?P<path>[^`]*)`$")

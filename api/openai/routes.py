@@ -1,4 +1,4 @@
-"""The HTTP endpoints: OpenAI's /v1 routes and /health, as methods of one Gateway."""
+"""OpenAI's /v1 endpoints (chat and legacy completions, models), as methods of one OpenAIRoutes."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import ipc
-from api import health
 from api.access import access_record
-from api.decoding import decode, read_body, require_json
+from api.bodies import decode, json_response, read_body, require_json
 from api.engine_client import EngineClient
 from api.errors import APIError, EngineUnavailable, InvalidRequest, ModelNotFound
-from api.generation import ChatShape, CompletionShape, Shape, respond
-from api.schemas import ChatCompletionRequest, CompletionRequest, Model, ModelList, encode
-from api.translate import MODEL_ALIAS, chat_generate, completion_generate, new_request_id
+from api.generation import Renderer, respond
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
+from api.openai.render import ChatRenderer, CompletionRenderer
+from api.openai.serving import MODEL_ALIAS, chat_generate, completion_generate, new_request_id
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -31,11 +31,7 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-def json_response(obj: object, status_code: int = 200) -> Response:
-    return Response(encode(obj), status_code=status_code, media_type="application/json")
-
-
-class Gateway:
+class OpenAIRoutes:
     """Holds the settings and the engine client the endpoints share."""
 
     def __init__(self, settings: Settings, engine: EngineClient) -> None:
@@ -44,10 +40,10 @@ class Gateway:
         self.started = time.monotonic()
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, "chat", _chat_decoder, chat_generate, ChatShape)
+        return await self._generate(request, "chat", _chat_decoder, chat_generate, ChatRenderer)
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, "completion", _completion_decoder, completion_generate, CompletionShape)
+        return await self._generate(request, "completion", _completion_decoder, completion_generate, CompletionRenderer)
 
     async def _generate(
         self,
@@ -55,7 +51,7 @@ class Gateway:
         kind: str,
         decoder: msgspec.json.Decoder[Any],
         translate: Callable[[Any, str, Settings], ipc.Generate],
-        shape: type[Shape],
+        renderer: type[Renderer],
     ) -> Response:
         request_id = access_record(request).request_id = new_request_id(kind)
         require_json(request)
@@ -72,7 +68,7 @@ class Gateway:
             request,
             self.engine,
             msg,
-            shape(request_id, self.settings.model_name, include_usage),
+            renderer(request_id, self.settings.model_name, include_usage),
             stream=bool(req.stream),
             timeout=self.settings.REQUEST_TIMEOUT,
         )
@@ -85,11 +81,6 @@ class Gateway:
         if model_id not in (self.settings.model_name, MODEL_ALIAS):
             raise ModelNotFound(f"The model '{model_id}' does not exist. This server serves '{self.settings.model_name}'.")
         return json_response(await self._model())
-
-    async def health(self, request: Request) -> Response:
-        """200 only when the engine answers and its step loop and every rank are progressing."""
-        status, body = await health.check(self.engine, self.settings, self.started)
-        return json_response(body, status)
 
     async def _model(self) -> Model:
         """The served model from fresh Info, or the last Info while the engine is briefly down."""
