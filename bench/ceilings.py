@@ -112,7 +112,7 @@ def run_batch(model, tokenizer, prompts: list[str], max_tokens: int, bias: dict[
               repeats: int, min_seconds: float, plan_broadcast: bool = False) -> dict:
     """BatchGenerator with every prompt inserted at once, greedy, stepped until all finish.
 
-    With plan_broadcast every step first meets through engine.plan.PlanChannel, as our engine's
+    With plan_broadcast every step first meets through engine.lockstep.channel.PlanChannel, as our engine's
     lockstep loop does: the in-process cost of lockstep, without any HTTP or scheduling."""
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
@@ -122,7 +122,8 @@ def run_batch(model, tokenizer, prompts: list[str], max_tokens: int, bias: dict[
         gen = BatchGenerator(model, stop_tokens=[[t] for t in eos], completion_batch_size=32, prefill_batch_size=8)
         channel = None
         if plan_broadcast and "MLX_RANK" in os.environ:
-            from engine.plan import Plan, PlanChannel
+            from engine.lockstep.channel import PlanChannel
+            from engine.lockstep.plan import Plan
 
             group = mx.distributed.init()
             channel = PlanChannel(group, 4096, gen.stream)

@@ -1,4 +1,4 @@
-"""Per-step cost of the plan broadcast: `engine.plan.PlanChannel.broadcast` of a decode plan.
+"""Per-step cost of the plan broadcast: `engine.lockstep.channel.PlanChannel.broadcast` of a decode plan.
 
 Run on every rank under mlx.launch (bench/run.py does it). Rank 0 broadcasts a typical decode
 step's plan (no inserts, no removes) through the real PlanChannel with PLAN_BUFFER_BYTES-sized
@@ -34,7 +34,8 @@ def main() -> int:
     import mlx.core as mx
     import numpy as np
 
-    from engine.plan import Plan, PlanChannel, fingerprint, token_checksum
+    from engine.lockstep.channel import PlanChannel
+    from engine.lockstep.plan import Plan, fingerprint, token_checksum
 
     group = mx.distributed.init(strict=True, backend="ring")
     rank = group.rank()

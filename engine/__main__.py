@@ -79,10 +79,11 @@ def main() -> int:
 
     import mlx.core as mx
 
-    from engine.batch import DesyncError, LockstepBatch
-    from engine.loop import StepLoop
+    from engine.lockstep.batch import DesyncError, LockstepBatch
+    from engine.lockstep.channel import PlanChannel
+    from engine.lockstep.loop import LoopStats, StepLoop
+    from engine.lockstep.plan import PlanError
     from engine.model import ModelError, load
-    from engine.plan import PlanChannel, PlanError
     from engine.ranks import RankReports, decode_hostnames, hostname_row
 
     group = None
@@ -123,29 +124,27 @@ def main() -> int:
         inbound: queue.SimpleQueue = queue.SimpleQueue()
         scheduler = Scheduler(settings.MAX_BATCH, eos, counters)
         created = int(started)
-        loop_ref: list[StepLoop] = []
+        stats = LoopStats()
         reports = RankReports(hosts)
 
         def info() -> Info:
-            lp = loop_ref[0]
             return Info(model=settings.model_name, model_path=loaded.path, context_length=loaded.context_length,
                         ranks=size, backend=settings.BACKEND if size > 1 else "single", created=created,
-                        engine_pid=os.getpid(), uptime=time.time() - started, step=lp.step,
+                        engine_pid=os.getpid(), uptime=time.time() - started, step=stats.step,
                         last_step_age=watchdog.age(), active=counters.active, queued=counters.waiting,
                         max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE,
                         rank_states=reports.snapshot(),
-                        step_time_sum=lp.step_time_sum, step_time_count=lp.step_time_count,
-                        broadcast_time_sum=lp.broadcast_time_sum, broadcast_time_count=lp.broadcast_time_count)
+                        step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
+                        broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count)
 
         limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size,
                         context_length=loaded.context_length, max_batch=settings.MAX_BATCH,
                         max_queue=settings.MAX_QUEUE)
         server = EngineServer(settings, Prompter(tokenizer, limits), counters, inbound, info)
-        loop = StepLoop(batch, channel, watchdog, idle_tick, scheduler, server, inbound, reports)
-        loop_ref.append(loop)
+        loop = StepLoop(batch, channel, watchdog, idle_tick, settings.DRAIN_TIMEOUT, scheduler, server, inbound,
+                        reports, stats)
     else:
-        loop = StepLoop(batch, channel, watchdog, idle_tick)
-    loop.drain_seconds = settings.DRAIN_TIMEOUT
+        loop = StepLoop(batch, channel, watchdog, idle_tick, settings.DRAIN_TIMEOUT)
 
     def on_signal(signum, frame):  # never log in a signal handler
         loop.request_stop()

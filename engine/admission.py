@@ -11,7 +11,7 @@ from ipc import Error, Generate
 from engine import constrained
 from engine.logprobs import TokenTexts
 from engine.output import OutputRules, Router
-from engine.plan import Insert
+from engine.lockstep.plan import Insert
 from engine.scheduler import Request
 
 # Tool formats a forced tool_choice can be enforced for by grammar (engine/constrained.py).

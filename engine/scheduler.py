@@ -13,10 +13,10 @@ from ipc.messages import TokenLogprob
 
 from engine.logprobs import TokenTexts, extract
 from engine.output import Piece, Router
-from engine.plan import Insert, Plan
+from engine.lockstep.plan import Insert, Plan
 
 if TYPE_CHECKING:
-    from engine.batch import StepResults
+    from engine.lockstep.results import StepResults
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import pytest
 from mlx_lm import load
 
 from config import load_settings
-from engine.batch import DesyncError, LockstepBatch
+from engine.lockstep.batch import DesyncError, LockstepBatch
+from engine.lockstep.plan import Insert, Plan
 from engine.model import resolve
-from engine.plan import Insert, Plan
 from tests.harness import MODEL_CACHE
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from engine.plan import Plan, fingerprint, token_checksum
+from engine import mlx_compat
+from engine.lockstep.plan import Plan, fingerprint, token_checksum
+from engine.lockstep.results import StepResults
 from engine.sampling import failpoint_seed, make_processors, make_sampler
 
 log = logging.getLogger(__name__)
@@ -16,20 +17,6 @@ log = logging.getLogger(__name__)
 
 class DesyncError(RuntimeError):
     """This rank's batch differs from rank 0's: continuing would decode garbage."""
-
-
-@dataclass
-class StepResults:
-    """One step's outcome on this rank.
-
-    tokens: (request id, sampled token, finish reason) per decoding request; logprob_rows maps the
-    requests that asked for logprobs to their row over the vocabulary (an mx.array); failed maps the
-    requests this step ended because generating them raised, to the reason (identical on every rank).
-    """
-
-    tokens: list[tuple[str, int, str | None]] = field(default_factory=list)
-    logprob_rows: dict = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
 
 
 class _Guard:
@@ -135,17 +122,15 @@ class LockstepBatch:
 
     def prefill_chunk(self, arriving: int) -> int:
         """Rank 0: tokens per prompt for the next step, so the step's prefill stays within budget."""
-        gen = self.gen
-        room = self.max_batch - len(gen._generation_batch)
-        prefilling = len(gen._prompt_batch) + min(len(gen._unprocessed_sequences) + arriving, room)
+        decoding, prefilling, unprocessed = mlx_compat.batch_occupancy(self.gen)
+        room = self.max_batch - decoding
+        prefilling += min(unprocessed + arriving, room)
         return max(16, self.prefill_budget // max(1, prefilling))
 
     def apply(self, plan: Plan) -> None:
         """Remove, then insert, exactly as the plan says."""
         if plan.prefill_chunk and plan.prefill_chunk != self.gen.prefill_step_size:
-            # mlx-lm reads the chunk from both the generator and its current prompt batch.
-            self.gen.prefill_step_size = plan.prefill_chunk
-            self.gen._prompt_batch.prefill_step_size = plan.prefill_chunk
+            mlx_compat.set_prefill_chunk(self.gen, plan.prefill_chunk)
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
             if uids:

@@ -1,0 +1,54 @@
+"""The plan channel: plans from rank 0 to all ranks through mx.distributed.all_sum on fixed-size buffers."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from engine.lockstep import plan as plans
+from engine.lockstep.plan import Plan
+
+
+class PlanChannel:
+    """Broadcasts plans from rank 0 to all ranks with fixed-size all_sum buffers."""
+
+    def __init__(self, group: mx.distributed.Group | None, buffer_bytes: int, stream=None):
+        # The plan must travel on the model's stream: mlx-lm evaluates the next forward step
+        # asynchronously, and a collective on another stream could interleave with the
+        # model's own all_sums in a different order on each rank.
+        self.stream = stream
+        self.group = group
+        self.size = group.size() if group is not None else 1
+        self.rank = group.rank() if group is not None else 0
+        self.buffer_bytes = buffer_bytes
+        self.collectives = 0
+
+    def all_sum(self, buf: bytes) -> bytes:
+        """One buffer of buffer_bytes summed over every rank."""
+        out = mx.distributed.all_sum(mx.array(np.frombuffer(buf, dtype=np.uint8)), group=self.group,
+                                     stream=self.stream)
+        mx.eval(out)
+        self.collectives += 1
+        return np.asarray(out).tobytes()
+
+    def gather(self, row: list[int]) -> list[list[int]]:
+        """Every rank contributes one row of int32s; every rank gets all rows (all_sum of disjoint rows)."""
+        if self.size == 1:
+            return [list(row)]
+        table = np.zeros((self.size, len(row)), dtype=np.int32)
+        table[self.rank] = row
+        out = mx.distributed.all_sum(mx.array(table), group=self.group, stream=self.stream)
+        mx.eval(out)
+        self.collectives += 1
+        return np.asarray(out).tolist()
+
+    def broadcast(self, plan: Plan | None) -> Plan:
+        """Rank 0 passes its plan, the others None; every rank returns the same Plan."""
+        if self.size == 1:
+            assert plan is not None
+            return plan
+        if self.rank == 0:
+            assert plan is not None
+            plans.send(plan, self.all_sum, self.buffer_bytes)
+            return plan
+        return plans.receive(self.all_sum, self.buffer_bytes, self.rank)

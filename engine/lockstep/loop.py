@@ -1,0 +1,188 @@
+"""The lockstep loop every rank runs: meet, apply the plan, step the batch together.
+
+Only rank 0 decides. A rank waiting inside all_sum busy-waits a whole core, so an idle engine
+never parks in a collective: with several ranks it meets once per IDLE_TICK_MS for an idle plan
+(rank 0 spends the tick waiting on its inbound queue, so a submission ends its wait at once;
+followers sleep the tick, then join the next meeting). A single rank meets no one: it waits on
+its inbound queue for up to a second at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from engine.lockstep.batch import LockstepBatch
+from engine.lockstep.channel import PlanChannel
+from engine.lockstep.plan import Plan
+from engine.ranks import RankReports, local_row
+from engine.scheduler import Scheduler
+from engine.server import EngineServer, Submit, Withdraw
+from engine.watchdog import Watchdog
+from ipc import Error
+
+log = logging.getLogger(__name__)
+
+# How long an idle single rank waits on its inbound queue before looking at reports again.
+ALONE_WAIT_SECONDS = 1.0
+
+
+@dataclass
+class LoopStats:
+    """Rank 0's progress for Info: the next step's number, and cumulative timings Prometheus rates
+    (forward steps, plan broadcasts)."""
+
+    step: int = 0
+    step_time_sum: float = 0.0
+    step_time_count: int = 0
+    broadcast_time_sum: float = 0.0
+    broadcast_time_count: int = 0
+
+
+class StepLoop:
+    """One rank's loop; rank 0 also gets the scheduler, the socket server and their queue."""
+
+    def __init__(self, batch: LockstepBatch, channel: PlanChannel, watchdog: Watchdog, idle_tick: float,
+                 drain_seconds: float, scheduler: Scheduler | None = None, server: EngineServer | None = None,
+                 inbound: queue.SimpleQueue | None = None, reports: RankReports | None = None,
+                 stats: LoopStats | None = None):
+        self.batch = batch
+        self.channel = channel
+        self.watchdog = watchdog
+        self.idle_tick = idle_tick
+        self.drain_seconds = drain_seconds  # DRAIN_TIMEOUT: in-flight requests get this long after a stop
+        self.scheduler = scheduler
+        self.server = server
+        self.inbound = inbound
+        self.reports = reports
+        self.stats = stats if stats is not None else LoopStats()
+        self.rank = channel.rank
+        self.stopping_since: float | None = None
+
+    @property
+    def step(self) -> int:
+        return self.stats.step
+
+    def request_stop(self) -> None:
+        """Signal-safe: the next iteration starts draining (rank 0) or waits for rank 0's shutdown plan."""
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+
+    def run(self) -> None:
+        if self.rank == 0:
+            self._lead()
+        else:
+            self._follow()
+
+    # -- followers -----------------------------------------------------------------------
+    def _follow(self) -> None:
+        while True:
+            self.watchdog.beat("waiting for rank 0's plan")
+            plan = self.channel.broadcast(None)
+            self.batch.verify(plan, self.rank)
+            self.batch.apply(plan)
+            if plan.report:
+                self.channel.gather(local_row(plan.step))
+            if plan.shutdown:
+                log.info("rank %d: shutdown plan received at step %d", self.rank, plan.step)
+                return
+            if plan.idle:
+                self.watchdog.beat("idle")
+                time.sleep(self.idle_tick)
+                continue
+            self.watchdog.beat(f"step {plan.step}")
+            self.batch.step()
+
+    # -- rank 0 ------------------------------------------------------------------------
+    def _lead(self) -> None:
+        sched, server = self.scheduler, self.server
+        assert sched is not None and server is not None and self.inbound is not None
+        single = self.channel.size == 1
+        while True:
+            self._drain_inbound(block=not sched.has_work(), single=single)
+            now = time.monotonic()
+            sched.expire(now)
+            shutdown = self._drained(now)
+            sched.step = self.step
+            if not shutdown and not sched.has_work() and single:
+                server.post(sched.take_events())
+                self.watchdog.beat("idle")
+                if self.reports is not None and self.reports.due(now):
+                    self.reports.update([local_row(self.step)])
+                continue
+            plan = self._next_plan(now, shutdown)
+            self._broadcast(plan)
+            self.batch.apply(plan)
+            if plan.report:
+                self.watchdog.beat(f"gathering rank reports at step {plan.step}")
+                self.reports.update(self.channel.gather(local_row(plan.step)))
+            self.stats.step += 1
+            if plan.shutdown:
+                server.post(sched.take_events())
+                log.info("rank 0: shutdown plan sent at step %d", plan.step)
+                return
+            if not plan.idle:
+                self._step(plan)
+            server.post(sched.take_events())
+
+    def _drained(self, now: float) -> bool:
+        """While stopping: True once nothing is left, or the drain time is up (what is left ends with a 503)."""
+        if self.stopping_since is None:
+            return False
+        sched = self.scheduler
+        self.server.accepting = False
+        if sched.has_work() and now - self.stopping_since <= self.drain_seconds:
+            return False
+        for rid in [*(r.rid for r in sched.waiting), *sched.running]:
+            sched.cancel(rid, Error(status=503, error_type="engine_unavailable", code="shutting_down",
+                                    request_id=rid, message="the engine shut down before this request "
+                                    "finished; retry when it is back"))
+        return True
+
+    def _next_plan(self, now: float, shutdown: bool) -> Plan:
+        sched = self.scheduler
+        plan = sched.next_plan(self.batch.fingerprint(self.step), self.batch.last_check,
+                               idle=not sched.has_work(), shutdown=shutdown)
+        if not plan.idle:
+            plan = msgspec.structs.replace(plan, prefill_chunk=self.batch.prefill_chunk(len(plan.inserts)))
+        if self.reports is not None and self.reports.due(now) and not plan.shutdown:
+            plan = msgspec.structs.replace(plan, report=True)
+        return plan
+
+    def _broadcast(self, plan: Plan) -> None:
+        self.watchdog.beat(f"broadcasting plan {plan.step}")
+        t0 = time.perf_counter()
+        self.channel.broadcast(plan)
+        self.stats.broadcast_time_sum += time.perf_counter() - t0
+        self.stats.broadcast_time_count += 1
+
+    def _step(self, plan: Plan) -> None:
+        self.watchdog.beat(f"step {plan.step}")
+        t0 = time.perf_counter()
+        results = self.batch.step()
+        self.stats.step_time_sum += time.perf_counter() - t0
+        self.stats.step_time_count += 1
+        self.scheduler.absorb(results)
+
+    def _drain_inbound(self, block: bool, single: bool) -> None:
+        """Move submissions and withdrawals into the scheduler. With block (no work), wait for the first
+        one up to one idle tick (a second when alone), except while stopping."""
+        timeout = (ALONE_WAIT_SECONDS if single else self.idle_tick) if block else None
+        first = True
+        while True:
+            try:
+                if first and timeout is not None and self.stopping_since is None:
+                    item = self.inbound.get(timeout=timeout)
+                else:
+                    item = self.inbound.get_nowait()
+            except queue.Empty:
+                return
+            first = False
+            if isinstance(item, Submit):
+                self.scheduler.submit(item.request)
+            elif isinstance(item, Withdraw):
+                self.scheduler.cancel(item.rid)

@@ -1,0 +1,106 @@
+"""Step plans: what rank 0 decided for one step, and how a plan travels in fixed-size buffers.
+
+Rank 0 contributes the encoded plan, every other rank zeros, so the sum is the plan on every
+rank. The buffer has a fixed size (identical shapes on all ranks are what keep the collective
+in step); a plan larger than one buffer goes in several, the first carrying the total length so
+followers know how many more to join. The collective itself is passed in (`AllSum`), so this
+module needs no MLX and its chunking is tested without it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+
+import msgspec
+
+_LEN = struct.Struct(">I")
+
+# Sums one buffer of the channel's size over all ranks and returns the sum's bytes.
+AllSum = Callable[[bytes], bytes]
+
+
+class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A request joining the batch: everything a rank needs to decode it identically."""
+
+    rid: str
+    tokens: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int = 0
+    logit_bias: dict[int, float] = {}
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # rank 0 keeps the sampled token's logprob row for requests that asked (the others ignore it)
+    logprobs: bool = False
+    # an llguidance grammar every rank compiles into the same token mask (engine/decoding/constrained.py)
+    grammar: str = ""
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One step's decisions; every rank applies exactly this and nothing else."""
+
+    step: int
+    # Fingerprint of the batch composition before this plan applies, and a checksum of
+    # the tokens every rank sampled in the previous work step: followers compare both.
+    fingerprint: int
+    token_check: int
+    inserts: list[Insert] = []
+    removes: list[str] = []
+    idle: bool = False
+    shutdown: bool = False
+    # Prompt tokens per sequence for this step's prefill chunk (0: unchanged).
+    prefill_chunk: int = 0
+    # Every rank reports its state after applying this plan (rank 0 asks about once a second).
+    report: bool = False
+
+
+class PlanError(RuntimeError):
+    """A plan that does not decode: the ranks' collectives are out of step."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Plan)
+
+
+def fingerprint(step: int, rids: list[str]) -> int:
+    """A cheap digest of which requests are in the batch, in order, at a step."""
+    return zlib.crc32("\x00".join(rids).encode(), step & 0xFFFFFFFF)
+
+
+def token_checksum(tokens: list[int]) -> int:
+    """Digest of one step's sampled tokens (order matters)."""
+    return zlib.crc32(struct.pack(f">{len(tokens)}I", *tokens)) if tokens else 0
+
+
+def chunks(plan: Plan, buffer_bytes: int) -> Iterator[bytes]:
+    """The plan as zero-padded buffers of buffer_bytes: its length, then its msgpack encoding."""
+    payload = _encoder.encode(plan)
+    data = _LEN.pack(len(payload)) + payload
+    for offset in range(0, len(data), buffer_bytes):
+        yield data[offset : offset + buffer_bytes].ljust(buffer_bytes, b"\0")
+
+
+def send(plan: Plan, all_sum: AllSum, buffer_bytes: int) -> None:
+    """Rank 0: contribute the plan, one all_sum per buffer."""
+    for buf in chunks(plan, buffer_bytes):
+        all_sum(buf)
+
+
+def receive(all_sum: AllSum, buffer_bytes: int, rank: int) -> Plan:
+    """Every other rank: contribute zeros until the whole plan has arrived; raises PlanError."""
+    zeros = bytes(buffer_bytes)
+    first = all_sum(zeros)
+    (length,) = _LEN.unpack_from(first)
+    data = bytearray(first)
+    while len(data) < length + _LEN.size:
+        data += all_sum(zeros)
+    try:
+        return _decoder.decode(bytes(data[_LEN.size : _LEN.size + length]))
+    except msgspec.DecodeError as exc:
+        raise PlanError(f"rank {rank}: received an undecodable plan ({exc}); the ranks are out of step") from None

@@ -1,0 +1,61 @@
+"""engine/mlx_compat.py against the installed mlx-lm: each private internal it reaches still exists and means
+what the engine assumes. An mlx-lm upgrade that moves one fails here first."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator
+
+from config import load_settings
+from engine import mlx_compat
+from engine.model import resolve
+from tests.harness import MODEL_CACHE
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    settings = load_settings({"MODEL": "demo-tiny", "MODEL_CACHE_DIR": str(MODEL_CACHE)}, env_file="/dev/null")
+    return load(str(resolve(settings)))
+
+
+def test_batch_occupancy_follows_prompts_from_waiting_to_decoding(loaded):
+    model, tok = loaded
+    gen = BatchGenerator(model, stop_tokens=[[t] for t in sorted(tok.eos_token_ids)], completion_batch_size=4,
+                         prefill_batch_size=4, prefill_step_size=16)
+    assert mlx_compat.batch_occupancy(gen) == (0, 0, 0)
+    gen.insert([[5, 6, 7], [8, 9, 10, 11]], max_tokens=[8, 8])
+    assert mlx_compat.batch_occupancy(gen) == (0, 0, 2)
+    for _ in range(3):
+        gen.next()
+    decoding, prefilling, waiting = mlx_compat.batch_occupancy(gen)
+    assert (decoding, prefilling, waiting) == (2, 0, 0)
+    mlx_compat.set_prefill_chunk(gen, 32)
+    assert gen.prefill_step_size == 32
+    gen.close()
+
+
+def test_a_detokenizer_keeps_its_leading_space(loaded):
+    _, tok = loaded
+    ids = tok.encode(" hello", add_special_tokens=False)
+    detok = tok.detokenizer
+    mlx_compat.keep_leading_space(detok)
+    for t in ids:
+        detok.add_token(t)
+    detok.finalize()
+    assert detok.text == " hello"
+
+
+def test_byte_level_pieces_decode_to_each_tokens_bytes(loaded):
+    _, tok = loaded
+    pieces = mlx_compat.byte_level_pieces(tok)
+    table = mlx_compat.byte_decoder()
+    assert pieces is not None and len(pieces) >= len(tok.get_vocab()) - 10
+    (tid,) = tok.encode(" the", add_special_tokens=False)
+    assert bytes(table[c] for c in pieces[tid]) == b" the"
+
+
+def test_hf_tokenizer_is_the_wrapped_tokenizer(loaded):
+    _, tok = loaded
+    hf = mlx_compat.hf_tokenizer(tok)
+    assert hf.encode("hi there", add_special_tokens=False) == tok.encode("hi there", add_special_tokens=False)
