@@ -51,7 +51,7 @@ def _eos(path: str) -> list[int]:
 
 
 def chat_tokens(tokenizer, content: str) -> list[int]:
-    """The prompt exactly as our engine builds it (engine/server.py Prompter)."""
+    """The prompt exactly as our engine builds it (engine/rank0/admission.py Prompter)."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                          tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)

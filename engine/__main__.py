@@ -115,14 +115,16 @@ def main() -> int:
     hosts = decode_hostnames(channel.gather(hostname_row()))
     server = None
     if rank == 0:
-        from engine.scheduler import Counters, Scheduler
-        from engine.server import EngineServer, Prompter
-        from engine.validate import Limits
+        from engine.rank0.admission import Prompter
+        from engine.rank0.logprobs import extract
+        from engine.rank0.scheduler import Counters, Scheduler
+        from engine.rank0.server import EngineServer
+        from engine.rank0.validate import Limits
         from ipc import Info
 
         counters = Counters()
         inbound: queue.SimpleQueue = queue.SimpleQueue()
-        scheduler = Scheduler(settings.MAX_BATCH, eos, counters)
+        scheduler = Scheduler(settings.MAX_BATCH, eos, counters, extract)
         created = int(started)
         stats = LoopStats()
         reports = RankReports(hosts)

@@ -20,7 +20,7 @@ def failpoint_seed(kind: str) -> int | None:
     """Tests only: ENGINE_FAILPOINT="<kind>:<seed>" makes requests with that seed fail inside the step.
 
     "sampler": the request's sampler raises from its third token on, as a value mlx-lm rejects would;
-    "step": the whole batched step raises (engine/batch.py), losing every request in it.
+    "step": the whole batched step raises (engine/lockstep/batch.py), losing every request in it.
     """
     mode, _, seed = os.environ.get("ENGINE_FAILPOINT", "").partition(":")
     return int(seed) if mode == kind and seed.isdigit() else None

@@ -19,11 +19,11 @@ import msgspec
 from engine.lockstep.batch import LockstepBatch
 from engine.lockstep.channel import PlanChannel
 from engine.lockstep.plan import Plan
+from engine.rank0 import errors
+from engine.rank0.scheduler import Scheduler, Submit, Withdraw
+from engine.rank0.server import EngineServer
 from engine.ranks import RankReports, local_row
-from engine.scheduler import Scheduler
-from engine.server import EngineServer, Submit, Withdraw
 from engine.watchdog import Watchdog
-from ipc import Error
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +138,8 @@ class StepLoop:
         if sched.has_work() and now - self.stopping_since <= self.drain_seconds:
             return False
         for rid in [*(r.rid for r in sched.waiting), *sched.running]:
-            sched.cancel(rid, Error(status=503, error_type="engine_unavailable", code="shutting_down",
-                                    request_id=rid, message="the engine shut down before this request "
-                                    "finished; retry when it is back"))
+            sched.cancel(rid, errors.shutting_down(rid, "the engine shut down before this request finished; "
+                                                        "retry when it is back"))
         return True
 
     def _next_plan(self, now: float, shutdown: bool) -> Plan:

@@ -11,8 +11,8 @@ import json
 import pytest
 from mlx_lm.tokenizer_utils import load
 
-from engine.logprobs import TokenTexts
-from engine.output import OutputRules, Router
+from engine.rank0.logprobs import TokenTexts
+from engine.rank0.output import OutputRules, Router
 from tests.harness import MODEL_CACHE
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -17,7 +17,7 @@ import pytest
 from mlx_lm.tokenizer_utils import load
 from pydantic import BaseModel, Field
 
-from engine.output import OutputRules, Router
+from engine.rank0.output import OutputRules, Router
 from tests.harness import MODEL_CACHE
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -53,3 +53,43 @@ def test_package_imports_nothing_forbidden(package: str) -> None:
     assert package in loaded
     bad = sorted(m for m in loaded for p in FORBIDDEN[package] if _matches(m, p))
     assert not bad, f"importing {package} loaded modules it must never import: {bad}"
+
+
+# The engine's logic that unit tests drive without MLX: the plan and its chunking, scheduling, admission.
+MLX_FREE_ENGINE = ["engine.lockstep.plan", "engine.lockstep.results", "engine.rank0.errors", "engine.rank0.piece",
+                   "engine.rank0.scheduler", "engine.rank0.validate"]
+
+IMPORT_ONE = """
+import importlib, json, sys
+importlib.import_module(sys.argv[1])
+print(json.dumps(sorted(sys.modules)))
+"""
+
+# Imports every test module of tests/unit (with its conftest) as pytest would, then lists what got loaded.
+IMPORT_UNIT_TESTS = """
+import importlib.util, json, pathlib, sys
+for path in sorted(pathlib.Path("tests/unit").glob("*.py")):
+    spec = importlib.util.spec_from_file_location("unit_" + path.stem, path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _loaded(code: str, *args: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", MLX_FREE_ENGINE)
+def test_engine_logic_imports_no_mlx(module: str) -> None:
+    loaded = _loaded(IMPORT_ONE, module)
+    assert module in loaded
+    bad = sorted(m for m in loaded for p in HEAVY if _matches(m, p))
+    assert not bad, f"importing {module} loaded {bad}"
+
+
+def test_the_unit_tests_import_no_mlx() -> None:
+    bad = sorted(m for m in _loaded(IMPORT_UNIT_TESTS) for p in HEAVY if _matches(m, p))
+    assert not bad, f"tests/unit loaded {bad}: unit tests run without MLX"

@@ -172,7 +172,7 @@ async def _attack_then_probe(path: Path, data: bytes) -> tuple[list[Msg], object
         try:
             with anyio.fail_after(TIMEOUT):
                 msg = await conn.recv()
-        except (FrameError, TruncatedFrame, TimeoutError) as exc:  # as engine/server.py does
+        except (FrameError, TruncatedFrame, TimeoutError) as exc:  # as engine/rank0/server.py does
             await conn.send(Error(status=400, error_type="invalid_request_error", code="bad_frame", message=str(exc)))
             return
         if isinstance(msg, InfoRequest):

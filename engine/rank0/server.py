@@ -13,15 +13,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import anyio
-import msgspec
 
 from config import Settings
-from engine import validate
-from engine.admission import Admission, Refused
-from engine.scheduler import Counters, Request
+from engine.rank0 import errors, validate
+from engine.rank0.admission import Prompter
+from engine.rank0.errors import Refused, invalid_request
+from engine.rank0.scheduler import Counters, Submit, Withdraw
 from ipc import (
     Cancel,
     ConnectionClosed,
@@ -41,58 +40,6 @@ from ipc.connection import HANDSHAKE_TIMEOUT
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
-
-
-@dataclass
-class Submit:
-    request: Request
-
-
-@dataclass
-class Withdraw:
-    rid: str
-
-
-def invalid(message: str, param: str | None = None, code: str | None = None, rid: str = "") -> Error:
-    return Error(status=400, error_type="invalid_request_error", message=message, param=param, code=code,
-                 request_id=rid)
-
-
-class Prompter:
-    """Chat template and tokenisation on rank 0, with the errors a client can cause."""
-
-    def __init__(self, tokenizer, limits: validate.Limits):
-        self.tokenizer = tokenizer
-        self.limits = limits
-        self.context_length = limits.context_length
-        self.vocab_size = limits.vocab_size
-        self.admission = Admission(tokenizer, self.vocab_size, self.context_length)
-
-    def tokens(self, gen: Generate) -> list[int]:
-        tok = self.tokenizer
-        if gen.kind == "chat":
-            if not gen.messages:
-                raise Refused("messages must contain at least one message", "messages")
-            try:
-                # tool_choice "none": the model is not shown the tools it may not call
-                tools = gen.tools if gen.tool_choice != "none" else None
-                thinking = {} if gen.enable_thinking is None else {"enable_thinking": gen.enable_thinking}
-                text = tok.apply_chat_template(gen.messages, tools=tools, add_generation_prompt=True,
-                                               tokenize=False, **thinking)
-            except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
-                raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
-            return tok.encode(text, add_special_tokens=False)
-        if isinstance(gen.prompt, str):
-            if not gen.prompt:
-                raise Refused("prompt is empty", "prompt")
-            return tok.encode(gen.prompt)
-        if not gen.prompt:
-            raise Refused("prompt is empty", "prompt")
-        bad = [t for t in gen.prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise Refused(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
-                                      "prompt")
-        return list(gen.prompt)
 
 
 class EngineServer:
@@ -166,8 +113,8 @@ class EngineServer:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
                 msg = await conn.recv()
         except (FrameError, TruncatedFrame, TimeoutError) as exc:
-            await _send(conn, invalid(str(exc) or f"no complete request within {HANDSHAKE_TIMEOUT:g} s",
-                                      code="bad_frame"))
+            await _send(conn, invalid_request(str(exc) or f"no complete request within {HANDSHAKE_TIMEOUT:g} s",
+                                              code="bad_frame"))
             return
         except ConnectionClosed:
             return
@@ -176,32 +123,30 @@ class EngineServer:
         elif isinstance(msg, Generate):
             await self._generate(conn, msg)
         else:
-            await _send(conn, invalid(f"unexpected {type(msg).__name__.lower()} message; send info or generate",
-                                      code="bad_frame"))
+            await _send(conn, invalid_request(f"unexpected {type(msg).__name__.lower()} message; send info or "
+                                              "generate", code="bad_frame"))
 
     async def _generate(self, conn: FramedStream, gen: Generate) -> None:
         rid = gen.request_id
         if not self.accepting:
-            await _send(conn, Error(status=503, error_type="engine_unavailable", code="shutting_down",
-                                    message="the engine is shutting down; retry shortly", request_id=rid))
+            await _send(conn, errors.shutting_down(rid, "the engine is shutting down; retry shortly"))
             return
         try:
             gen = validate.check(gen, self.prompter.limits)
         except Refused as exc:
-            await _send(conn, msgspec.structs.replace(exc.error, request_id=rid))
+            await _send(conn, exc.to(rid))
             return
         if rid in self._live:
-            await _send(conn, invalid(f"request_id {rid!r} is already generating; use a unique id", "request_id",
-                                      rid=rid))
+            await _send(conn, invalid_request(f"request_id {rid!r} is already generating; use a unique id",
+                                              "request_id", request_id=rid))
             return
         self._live.add(rid)
         try:
             await self._admit_and_stream(conn, gen)
         except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
             log.exception("request %s failed before reaching the batch", rid)
-            await _send(conn, Error(status=500, error_type="server_error", code="generation_failed", request_id=rid,
-                                    message="the engine failed to admit this request (see the engine log); "
-                                            "other requests are unaffected"))
+            await _send(conn, errors.generation_failed(rid, "the engine failed to admit this request (see the engine "
+                                                            "log); other requests are unaffected"))
         finally:
             self._live.discard(rid)
 
@@ -210,11 +155,11 @@ class EngineServer:
         try:
             tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen)
         except Refused as exc:
-            await _send(conn, msgspec.structs.replace(exc.error, request_id=rid))
+            await _send(conn, exc.to(rid))
             return
         ctx = self.prompter.context_length
         if len(tokens) >= ctx:
-            await _send(conn, invalid(
+            await _send(conn, invalid_request(
                 f"This model's maximum context length is {ctx} tokens, but the prompt has {len(tokens)} tokens; "
                 "shorten the prompt", "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded", rid))
             return
@@ -227,14 +172,11 @@ class EngineServer:
             requests = await anyio.to_thread.run_sync(self.prompter.admission.requests, gen, tokens, outbox, deadline)
         except Refused as exc:
             send.close()
-            await _send(conn, msgspec.structs.replace(exc.error, request_id=rid))
+            await _send(conn, exc.to(rid))
             return
         if not self.counters.admit(len(requests), self.settings.MAX_BATCH + self.settings.MAX_QUEUE):
             send.close()
-            await _send(conn, Error(status=429, error_type="rate_limit_error", code="queue_full", request_id=rid,
-                                    message=f"the engine is full ({self.settings.MAX_BATCH} running and "
-                                            f"{self.settings.MAX_QUEUE} waiting sequences at most); "
-                                            "retry after a moment"))
+            await _send(conn, errors.queue_full(rid, self.settings.MAX_BATCH, self.settings.MAX_QUEUE))
             return
         for request in requests:
             self.inbound.put(Submit(request))
@@ -256,10 +198,7 @@ class EngineServer:
             log.warning("request %s: the client stopped reading (%d events waiting); cancelled", rid,
                         self.settings.OUTPUT_BUFFER_EVENTS)
             with anyio.move_on_after(1.0, shield=True):
-                await _send(conn, Error(
-                    status=408, error_type="invalid_request_error", code="client_not_reading", request_id=rid,
-                    message=f"the client stopped reading its output ({self.settings.OUTPUT_BUFFER_EVENTS} events "
-                            "waited, OUTPUT_BUFFER_EVENTS); the request was cancelled"))
+                await _send(conn, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
 
     async def _relay(self, conn: FramedStream, receive, choices: int) -> bool:
         """Forward the request's events until its last one (an Error, or each choice's Finish);

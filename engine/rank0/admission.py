@@ -1,29 +1,23 @@
-"""Rank 0: one admitted Generate becomes n batch requests (its choices), each with what every rank
-needs to decode it identically (seed, grammar) and what rank 0 needs to report it (router, logprobs)."""
+"""Rank 0 turns an admitted Generate into work: its prompt into tokens (the Prompter), then into n
+batch requests (its choices), each with what every rank needs to decode it identically (seed,
+grammar) and what rank 0 needs to report it (router, logprobs)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from ipc import Error, Generate
-
-from engine import constrained
-from engine.logprobs import TokenTexts
-from engine.output import OutputRules, Router
+from engine import constrained, mlx_compat
 from engine.lockstep.plan import Insert
-from engine.scheduler import Request
+from engine.rank0 import validate
+from engine.rank0.errors import Refused
+from engine.rank0.logprobs import TokenTexts
+from engine.rank0.output import OutputRules, Router
+from engine.rank0.scheduler import Request
+from ipc import Generate
 
 # Tool formats a forced tool_choice can be enforced for by grammar (engine/constrained.py).
 FORCEABLE_PARSERS = {"json_tools"}
-
-
-class Refused(Exception):
-    """The request cannot be honoured; error is the 400 the client gets."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.error = Error(status=400, error_type="invalid_request_error", message=message, param=param, code=code)
 
 
 class Admission:
@@ -53,11 +47,7 @@ class Admission:
         out = []
         for i in range(p.n):
             detok = self.tokenizer.detokenizer
-            if hasattr(detok, "_maybe_trim_space"):
-                # mlx-lm's BPE detokeniser drops a leading space; a byte-level BPE space is a byte the
-                # model sampled, so the text keeps it and stays equal to the tokens' bytes.
-                detok._maybe_trim_space = _keep
-
+            mlx_compat.keep_leading_space(detok)
             insert = Insert(
                 rid=gen.request_id if i == 0 else f"{gen.request_id}/{i}",
                 tokens=tokens, max_tokens=min(p.max_tokens, self.context_length - len(tokens)),
@@ -70,8 +60,7 @@ class Admission:
             )
             out.append(Request(
                 insert=insert, outbox=outbox, prompt_tokens=len(tokens), deadline=deadline,
-                detok=detok, router=Router(self.rules, machine, initial, tools,
-                                                               gen.parallel_tool_calls),
+                detok=detok, router=Router(self.rules, machine, initial, tools, gen.parallel_tool_calls),
                 group=gen.request_id, index=i, top_logprobs=p.top_logprobs,
                 texts=self.texts if p.logprobs else None, echo=echo,
             ))
@@ -104,5 +93,39 @@ class Admission:
         return grammar
 
 
-def _keep(text: str) -> str:
-    return text
+
+class Prompter:
+    """Chat template and tokenisation on rank 0, with the errors a client can cause."""
+
+    def __init__(self, tokenizer: Any, limits: validate.Limits):
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.context_length = limits.context_length
+        self.vocab_size = limits.vocab_size
+        self.admission = Admission(tokenizer, self.vocab_size, self.context_length)
+
+    def tokens(self, gen: Generate) -> list[int]:
+        """The prompt's token ids; raises Refused."""
+        tok = self.tokenizer
+        if gen.kind == "chat":
+            if not gen.messages:
+                raise Refused("messages must contain at least one message", "messages")
+            try:
+                # tool_choice "none": the model is not shown the tools it may not call
+                tools = gen.tools if gen.tool_choice != "none" else None
+                thinking = {} if gen.enable_thinking is None else {"enable_thinking": gen.enable_thinking}
+                text = tok.apply_chat_template(gen.messages, tools=tools, add_generation_prompt=True,
+                                               tokenize=False, **thinking)
+            except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
+                raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
+            return tok.encode(text, add_special_tokens=False)
+        if isinstance(gen.prompt, str):
+            if not gen.prompt:
+                raise Refused("prompt is empty", "prompt")
+            return tok.encode(gen.prompt)
+        if not gen.prompt:
+            raise Refused("prompt is empty", "prompt")
+        bad = [t for t in gen.prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise Refused(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
+        return list(gen.prompt)

@@ -10,31 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_lm.generate import TextStateMachine
 
+from engine.rank0.piece import Piece
 from ipc.messages import ToolCall
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Piece:
-    """What one step adds to a choice."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.content or self.reasoning or self.tool_calls)
-
-    def add(self, other: Piece) -> None:
-        self.content += other.content
-        self.reasoning += other.reasoning
-        self.tool_calls.extend(other.tool_calls)
 
 
 class OutputRules:

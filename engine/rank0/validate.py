@@ -15,7 +15,7 @@ import msgspec
 
 from ipc import Generate, SamplingParams
 
-from engine.admission import Refused
+from engine.rank0.errors import Refused
 
 # What one request may ask for, whatever the API in front allows.
 MAX_CHOICES = 128

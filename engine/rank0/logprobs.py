@@ -11,8 +11,8 @@ import re
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.tokenizer_utils import _byte_decoder
 
+from engine import mlx_compat
 from ipc.messages import TokenLogprob, TopLogprob
 
 # JSON has no -inf; OpenAI writes tokens that cannot occur with this floor.
@@ -26,7 +26,7 @@ class TokenTexts:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self._cache: dict[int, tuple[str, list[int]]] = {}
-        self._pieces: list[str] | None = getattr(tokenizer._detokenizer, "tokenmap", None)  # byte-level BPE
+        self._pieces = mlx_compat.byte_level_pieces(tokenizer)
 
     def get(self, tid: int) -> tuple[str, list[int]]:
         hit = self._cache.get(tid)
@@ -39,7 +39,7 @@ class TokenTexts:
         if self._pieces is not None:
             if tid >= len(self._pieces):
                 return b""
-            table = _byte_decoder()
+            table = mlx_compat.byte_decoder()
             return b"".join(bytes([table[c]]) if c in table else c.encode() for c in self._pieces[tid])
         piece = self.tokenizer.convert_ids_to_tokens(tid)
         if piece is None:

@@ -1,24 +1,30 @@
-"""Rank 0's decisions: admission, step plans, and turning sampled tokens into client events."""
+"""Rank 0's decisions: admission, step plans, and turning sampled tokens into client events.
+
+No MLX here: what needs it (the logprob extraction, each choice's detokenizer and router) is
+passed in, so unit tests drive the scheduler with fakes.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from engine.lockstep.plan import Insert, Plan
+from engine.lockstep.results import StepResults
+from engine.rank0 import errors
+from engine.rank0.piece import Piece
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 
-from engine.logprobs import TokenTexts, extract
-from engine.output import Piece, Router
-from engine.lockstep.plan import Insert, Plan
-
-if TYPE_CHECKING:
-    from engine.lockstep.results import StepResults
-
 log = logging.getLogger(__name__)
+
+# (sampled token, its logprob row, how many alternatives) per asking choice -> one TokenLogprob each;
+# the first argument is the choices' token texts (engine/rank0/logprobs.py: extract).
+ExtractLogprobs = Callable[[Any, list[tuple[int, Any, int]]], list[TokenLogprob]]
 
 
 @dataclass
@@ -32,12 +38,12 @@ class Request:
     outbox: Any  # anyio MemoryObjectSendStream, written only on the server's event loop
     prompt_tokens: int
     deadline: float
-    detok: Any
-    router: Router
+    detok: Any  # mlx-lm's streaming detokenizer: add_token, finalize, last_segment
+    router: Any  # engine/rank0/output.py Router: feed, finish
     group: str = ""
     index: int = 0
     top_logprobs: int = 0
-    texts: TokenTexts | None = None  # set when the request asked for logprobs
+    texts: Any = None  # engine/rank0/logprobs.py TokenTexts, set when the request asked for logprobs
     echo: str = ""  # completions with echo: the prompt text, sent before the first token
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
@@ -46,6 +52,20 @@ class Request:
     @property
     def rid(self) -> str:
         return self.insert.rid
+
+
+@dataclass
+class Submit:
+    """Socket thread -> step loop: a choice to schedule."""
+
+    request: Request
+
+
+@dataclass
+class Withdraw:
+    """Socket thread -> step loop: the client of this request (every choice of it) has gone."""
+
+    rid: str
 
 
 @dataclass
@@ -68,10 +88,11 @@ class Counters:
 class Scheduler:
     """Builds each step's plan and converts its results into Delta/Finish/Error events."""
 
-    def __init__(self, max_batch: int, eos_token_ids: set[int], counters: Counters):
+    def __init__(self, max_batch: int, eos_token_ids: set[int], counters: Counters, extract: ExtractLogprobs):
         self.max_batch = max_batch
         self.eos = eos_token_ids
         self.counters = counters
+        self.extract = extract
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}
         self.to_remove: list[str] = []
@@ -100,12 +121,7 @@ class Scheduler:
     def expire(self, now: float) -> None:
         """Requests past REQUEST_TIMEOUT end with an error, in any phase."""
         for req in [r for r in (*self.waiting, *self.running.values()) if r.deadline < now and not r.done]:
-            self.cancel(
-                req.rid,
-                Error(status=504, error_type="timeout", code="request_timeout", request_id=req.group or req.rid,
-                      message="the request exceeded REQUEST_TIMEOUT before it finished; raise REQUEST_TIMEOUT "
-                              "or ask for fewer tokens"),
-            )
+            self.cancel(req.rid, errors.timed_out(req.group or req.rid))
 
     def next_plan(self, fingerprint: int, token_check: int, *, idle: bool = False, shutdown: bool = False) -> Plan:
         inserts = []
@@ -170,9 +186,9 @@ class Scheduler:
         if req is None or req.done:
             return
         self.running.pop(req.rid, None)
-        error = Error(status=500, error_type="server_error", code="generation_failed", request_id=req.group or req.rid,
-                      message=f"generation failed on the engine ({reason}); the request was ended and the engine "
-                              "keeps serving; retry, and report it if it happens again")
+        error = errors.generation_failed(
+            req.group or req.rid, f"generation failed on the engine ({reason}); the request was ended and the "
+                                  "engine keeps serving; retry, and report it if it happens again")
         self._close(req, error)
         if req.group:
             self.cancel(req.group, error)  # its other choices stop too: nobody reads them any more
@@ -191,7 +207,7 @@ class Scheduler:
         texts = owners[0].texts if owners else None
         if texts is None:
             return
-        for req, entry in zip(owners, extract(texts, asks)):
+        for req, entry in zip(owners, self.extract(texts, asks)):
             req.logprobs.append(entry)
 
     def _send(self, req: Request, piece: Piece) -> None:

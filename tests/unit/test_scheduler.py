@@ -1,0 +1,257 @@
+"""Rank 0's scheduler without MLX: admission order, cancel in every phase, expiry, n > 1, echo, failures.
+
+Each choice's detokenizer and router are fakes (a token becomes the text "<id>"), and so is the
+logprob extraction the scheduler is given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.lockstep.plan import Insert
+from engine.lockstep.results import StepResults
+from engine.rank0.errors import shutting_down
+from engine.rank0.piece import Piece
+from engine.rank0.scheduler import Counters, Request, Scheduler
+from ipc import Delta, Error, Finish
+from ipc.messages import TokenLogprob
+
+EOS = 0
+
+
+class Detok:
+    """Streams "<id>" per token, like mlx-lm's detokenizer streams text."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+
+    def add_token(self, token: int) -> None:
+        self.pending += f"<{token}>"
+
+    def finalize(self) -> None:
+        pass
+
+    @property
+    def last_segment(self) -> str:
+        text, self.pending = self.pending, ""
+        return text
+
+
+class Router:
+    """All text is content; text containing `stop` ends the choice there."""
+
+    def __init__(self, stop: str | None = None) -> None:
+        self.stop = stop
+
+    def feed(self, text: str) -> tuple[Piece, bool]:
+        if self.stop is not None and self.stop in text:
+            return Piece(content=text.split(self.stop)[0]), True
+        return Piece(content=text), False
+
+    def finish(self) -> Piece:
+        return Piece()
+
+
+def extract(texts, asks):
+    return [TokenLogprob(token=f"<{tok}>", logprob=-float(k), bytes=[]) for tok, _row, k in asks]
+
+
+def make(max_batch: int = 8) -> tuple[Scheduler, Counters]:
+    counters = Counters()
+    return Scheduler(max_batch, {EOS}, counters, extract), counters
+
+
+def request(rid: str, *, group: str = "", index: int = 0, deadline: float = math.inf, echo: str = "",
+            stop: str | None = None, top_logprobs: int = -1, outbox: list | None = None) -> Request:
+    return Request(insert=Insert(rid=rid, tokens=[1, 2, 3], max_tokens=8, logprobs=top_logprobs >= 0),
+                   outbox=outbox if outbox is not None else [], prompt_tokens=3, deadline=deadline,
+                   detok=Detok(), router=Router(stop), group=group or rid, index=index,
+                   top_logprobs=max(top_logprobs, 0), texts="texts" if top_logprobs >= 0 else None, echo=echo)
+
+
+def admit(sched: Scheduler, *reqs: Request) -> None:
+    """What the socket thread does: reserve room, then submit."""
+    assert sched.counters.admit(len(reqs), capacity=100)
+    for r in reqs:
+        sched.submit(r)
+
+
+def plan(sched: Scheduler):
+    return sched.next_plan(fingerprint=0, token_check=0, idle=not sched.has_work())
+
+
+def events(sched: Scheduler) -> list[tuple[object, object]]:
+    return sched.take_events()
+
+
+def messages(sched: Scheduler) -> list:
+    return [msg for _, msg in events(sched)]
+
+
+def test_requests_join_the_batch_in_arrival_order_never_beyond_max_batch() -> None:
+    sched, counters = make(max_batch=2)
+    admit(sched, request("a"), request("b"), request("c"))
+    assert counters.waiting == 3
+    joined = []
+    for _ in range(3):
+        joined += [i.rid for i in plan(sched).inserts]
+        assert len(sched.running) <= 2
+    assert joined == ["a", "b"]  # full: c waits
+    assert (counters.waiting, counters.active) == (1, 2)
+    sched.absorb(StepResults(tokens=[("a", 5, "length"), ("b", 6, None)]))
+    assert [i.rid for i in plan(sched).inserts] == ["c"]
+    assert (counters.waiting, counters.active) == (0, 2)
+
+
+@pytest.mark.xfail(reason="next_plan counts each request it inserts twice (in running and in inserts), so one "
+                          "plan fills only about half of the free slots; the rest join in later steps")
+def test_one_plan_fills_every_free_slot() -> None:
+    sched, _ = make(max_batch=4)
+    admit(sched, *(request(r) for r in "abcd"))
+    assert [i.rid for i in plan(sched).inserts] == list("abcd")
+
+
+def test_tokens_stream_as_deltas_and_the_last_one_finishes_the_choice() -> None:
+    sched, counters = make()
+    admit(sched, request("a"))
+    plan(sched)
+    sched.absorb(StepResults(tokens=[("a", 5, None)]))
+    sched.absorb(StepResults(tokens=[("a", 6, None)]))
+    sched.absorb(StepResults(tokens=[("a", EOS, "stop")]))  # the EOS that ends it is not text
+    got = messages(sched)
+    assert [type(m) for m in got] == [Delta, Delta, Finish]
+    assert [m.text for m in got] == ["<5>", "<6>", ""]
+    assert got[-1].finish_reason == "stop" and got[-1].completion_tokens == 3 and got[-1].prompt_tokens == 3
+    assert not sched.has_work() and counters.active == 0
+
+
+def test_a_stop_string_ends_the_choice_and_the_batch_lets_it_go() -> None:
+    sched, _ = make()
+    admit(sched, request("a", stop="<6>"))
+    plan(sched)
+    sched.absorb(StepResults(tokens=[("a", 5, None)]))
+    sched.absorb(StepResults(tokens=[("a", 6, None)]))
+    got = messages(sched)
+    assert isinstance(got[-1], Finish) and got[-1].finish_reason == "stop"
+    assert plan(sched).removes == ["a"]
+
+
+def test_cancel_while_queued_leaves_the_queue_and_never_reaches_a_plan() -> None:
+    sched, counters = make(max_batch=1)
+    admit(sched, request("a"), request("b"))
+    plan(sched)
+    sched.cancel("b")  # its client went away: nobody to tell
+    assert counters.waiting == 0 and messages(sched) == []
+    sched.absorb(StepResults(tokens=[("a", 5, "length")]))
+    nxt = plan(sched)
+    assert nxt.inserts == [] and nxt.removes == []
+
+
+def test_cancel_with_a_reason_tells_the_client() -> None:
+    sched, _ = make(max_batch=1)
+    admit(sched, request("a"), request("b"))
+    plan(sched)
+    reason = shutting_down("b", "stopping")
+    sched.cancel("b", reason)
+    assert messages(sched) == [reason]
+
+
+def test_cancel_while_prefilling_removes_it_in_the_next_plan() -> None:
+    sched, counters = make()
+    admit(sched, request("a"))
+    plan(sched)  # inserted; no token yet (still prefilling)
+    sched.cancel("a")
+    assert plan(sched).removes == ["a"]
+    assert counters.active == 0 and not sched.has_work() and messages(sched) == []
+
+
+def test_cancel_while_decoding_drops_tokens_already_on_their_way() -> None:
+    sched, _ = make()
+    admit(sched, request("a"))
+    plan(sched)
+    sched.absorb(StepResults(tokens=[("a", 5, None)]))
+    events(sched)
+    sched.cancel("a")
+    sched.absorb(StepResults(tokens=[("a", 6, None)]))  # the step that ran before the remove
+    assert messages(sched) == []
+    assert plan(sched).removes == ["a"]
+
+
+def test_cancel_after_finish_changes_nothing() -> None:
+    sched, _ = make()
+    admit(sched, request("a"))
+    plan(sched)
+    sched.absorb(StepResults(tokens=[("a", 5, "length")]))
+    events(sched)
+    sched.cancel("a", shutting_down("a", "too late"))
+    assert messages(sched) == [] and not sched.has_work()
+    assert plan(sched).removes == []
+
+
+def test_expired_requests_end_with_a_timeout_in_any_phase() -> None:
+    sched, counters = make(max_batch=1)
+    admit(sched, request("run", deadline=10.0), request("wait", deadline=10.0))
+    plan(sched)
+    sched.expire(now=5.0)
+    assert messages(sched) == []
+    sched.expire(now=11.0)
+    got = messages(sched)
+    assert sorted(m.request_id for m in got) == ["run", "wait"]
+    assert all(isinstance(m, Error) and m.status == 504 and m.code == "request_timeout" for m in got)
+    assert counters.waiting == 0
+    assert plan(sched).removes == ["run"]
+
+
+def test_n_choices_share_the_request_id_and_finish_each() -> None:
+    sched, _ = make()
+    out: list = []
+    admit(sched, request("g", outbox=out), request("g/1", group="g", index=1, outbox=out))
+    assert [i.rid for i in plan(sched).inserts] == ["g", "g/1"]
+    sched.absorb(StepResults(tokens=[("g", 5, "length"), ("g/1", 6, None)]))
+    sched.absorb(StepResults(tokens=[("g/1", 7, "length")]))
+    got = [(type(m).__name__, m.request_id, m.index, m.text) for _, m in events(sched)]
+    assert got == [("Finish", "g", 0, "<5>"), ("Delta", "g", 1, "<6>"), ("Finish", "g", 1, "<7>")]
+
+
+def test_cancelling_a_request_cancels_every_choice() -> None:
+    sched, _ = make(max_batch=1)
+    admit(sched, request("g"), request("g/1", group="g", index=1))
+    plan(sched)
+    sched.cancel("g")
+    assert plan(sched).removes == ["g"] and not sched.has_work()
+
+
+def test_a_failed_choice_ends_its_whole_group_with_one_error_and_others_go_on() -> None:
+    sched, counters = make()
+    group: list = []
+    other: list = []
+    admit(sched, request("g", outbox=group), request("g/1", group="g", index=1, outbox=group),
+          request("x", outbox=other))
+    plan(sched)
+    sched.absorb(StepResults(tokens=[("g/1", 6, None), ("x", 7, None)], failed={"g": "ValueError: bad"}))
+    got = events(sched)
+    errors = [m for box, m in got if box is group]
+    assert len(errors) == 2 and all(isinstance(m, Error) and m.status == 500 for m in errors)
+    assert {m.request_id for m in errors} == {"g"} and "ValueError: bad" in errors[0].message
+    assert [m.text for box, m in got if box is other] == ["<7>"]
+    nxt = plan(sched)
+    assert nxt.removes == ["g/1"]  # the failed choice is already gone from every rank's batch
+    assert counters.active == 1
+
+
+def test_echo_sends_the_prompt_before_the_first_token() -> None:
+    sched, _ = make()
+    admit(sched, request("a", echo="Once upon"))
+    plan(sched)
+    assert [(type(m), m.text, m.completion_tokens) for m in messages(sched)] == [(Delta, "Once upon", 0)]
+
+
+def test_logprobs_come_from_the_extraction_the_scheduler_was_given() -> None:
+    sched, _ = make()
+    admit(sched, request("a", top_logprobs=2), request("b"))
+    plan(sched)
+    sched.absorb(StepResults(tokens=[("a", 5, None), ("b", 6, None)], logprob_rows={"a": "row"}))
+    got = {m.request_id: m.logprobs for m in messages(sched)}
+    assert got == {"a": [TokenLogprob(token="<5>", logprob=-2.0, bytes=[])], "b": []}
