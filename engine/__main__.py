@@ -56,13 +56,14 @@ def _socket_is_live(path) -> bool:
 def main() -> int:
     _detach_stdin()
     from config import ConfigError, load_settings
+    from ipc.lifecycle import ExitCause
 
     rank = _rank_from_env()
     try:
         settings = load_settings()
     except ConfigError as exc:
         print(f"rank{rank} configuration error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCause.CONFIG
     _setup_logging(settings.LOG_LEVEL, rank, settings.log_dir)
     # `kill -USR1 <pid>` dumps every thread's stack to the log: the first question about a hang.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -70,7 +71,7 @@ def main() -> int:
 
     if rank == 0 and _socket_is_live(settings.socket_path):
         log.error("another engine is already serving on %s; stop it first (./launch.sh stop)", settings.socket_path)
-        return 1
+        return ExitCause.FAILED
 
     from engine.watchdog import Watchdog
 
@@ -79,12 +80,13 @@ def main() -> int:
 
     import mlx.core as mx
 
+    from engine.decoding.constrained import Grammars
     from engine.lockstep.batch import DesyncError, LockstepBatch
     from engine.lockstep.channel import PlanChannel
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.lockstep.plan import PlanError
     from engine.model import ModelError, load
-    from engine.ranks import RankReports, decode_hostnames, hostname_row
+    from engine.ranks import RankReports, decode_hostnames, hostname_row, local_row
 
     group = None
     if "MLX_RANK" in os.environ:
@@ -98,14 +100,17 @@ def main() -> int:
         loaded = load(settings, group)
     except ModelError as exc:
         log.error("%s", exc)
-        return 1
+        return ExitCause.FAILED
     log.info("rank %d of %d joined: model %s loaded from %s (context %d) in %.1f s, pid %d, host %s",
              rank, size, settings.model_name, loaded.path, loaded.context_length, time.time() - started,
              os.getpid(), socket.gethostname())
 
     tokenizer = loaded.tokenizer
     eos = set(tokenizer.eos_token_ids)
-    batch = LockstepBatch(loaded.model, eos, settings.PREFILL_TOKENS_PER_STEP, settings.MAX_BATCH)
+    # Every rank samples, so every rank compiles grammars against its own tokenizer.
+    grammars = Grammars(tokenizer)
+    grammars.warm_up_in_background()
+    batch = LockstepBatch(loaded.model, eos, settings.PREFILL_TOKENS_PER_STEP, settings.MAX_BATCH, grammars)
     channel = PlanChannel(group if size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("starting the step loop")
@@ -113,6 +118,9 @@ def main() -> int:
 
     # One startup exchange names every rank's host for status and /health.
     hosts = decode_hostnames(channel.gather(hostname_row()))
+    # ...and every rank announces its pid before rank 0 serves: the supervisor learns the ranks from
+    # Info.rank_states, complete from rank 0's first answer.
+    announced = channel.gather(local_row(0))
     server = None
     if rank == 0:
         from engine.rank0.admission import Prompter
@@ -128,6 +136,7 @@ def main() -> int:
         created = int(started)
         stats = LoopStats()
         reports = RankReports(hosts)
+        reports.update(announced)
 
         def info() -> Info:
             return Info(model=settings.model_name, model_path=loaded.path, context_length=loaded.context_length,
@@ -142,7 +151,7 @@ def main() -> int:
         limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size,
                         context_length=loaded.context_length, max_batch=settings.MAX_BATCH,
                         max_queue=settings.MAX_QUEUE)
-        server = EngineServer(settings, Prompter(tokenizer, limits), counters, inbound, info)
+        server = EngineServer(settings, Prompter(tokenizer, limits, grammars), counters, inbound, info)
         loop = StepLoop(batch, channel, watchdog, idle_tick, settings.DRAIN_TIMEOUT, scheduler, server, inbound,
                         reports, stats)
     else:
@@ -159,23 +168,23 @@ def main() -> int:
             server.start()
         except OSError as exc:
             log.error("cannot serve on %s: %s", settings.socket_path, exc)
-            return 1
+            return ExitCause.FAILED
         log.info("rank 0 serving %s on %s (%d rank%s, backend %s)", settings.model_name, settings.socket_path,
                  size, "s" if size > 1 else "", settings.BACKEND if size > 1 else "single")
     try:
         loop.run()
     except (DesyncError, PlanError) as exc:
         log.critical("%s; ending the engine (no silent divergence)", exc)
-        return 3
+        return ExitCause.DESYNC
     except RuntimeError as exc:
         # mlx raises RuntimeError when a collective loses its peer ("[ring] connection to a peer was lost").
         log.critical("rank %d: %s; a peer rank is gone, ending this rank", rank, exc)
-        return 4
+        return ExitCause.PEER_LOST
     finally:
         if server is not None:
             server.stop()
     log.info("rank %d stopped cleanly", rank)
-    return 0
+    return ExitCause.CLEAN
 
 
 if __name__ == "__main__":

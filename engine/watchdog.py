@@ -2,7 +2,7 @@
 
 A rank stuck in a collective (its peer died or froze) cannot notice by itself: the
 collective busy-waits in C++. This thread watches the loop's heartbeat from outside.
-Rank 0 also watches the supervisor that started it (engine/supervise.py): an engine whose
+Rank 0 also watches the supervisor that started it (ops/supervisor.py): an engine whose
 supervisor was killed would serve on with no one to restart it or end it on a rank failure,
 and with its output going nowhere, so rank 0 stops it (drain, then exit) instead.
 """
@@ -18,12 +18,12 @@ import threading
 import time
 from pathlib import Path
 
+from ipc.lifecycle import SUPERVISOR_ENV, ExitCause
+
 log = logging.getLogger(__name__)
 
-EXIT_STALLED = 70
+EXIT_STALLED = ExitCause.STALLED
 LAST_WORDS_SECONDS = 2.0  # what logging the CRITICAL line may take before the exit happens anyway
-# "<host> <pid>" of the supervisor, set by engine/supervise.py for the engine it starts.
-SUPERVISOR_ENV = "ENGINE_SUPERVISOR"
 SUPERVISOR_CHECK_EVERY = 2.0  # seconds
 
 
