@@ -78,9 +78,5 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
     except (OSError, ValueError) as exc:
         raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
-    # Every rank samples, so every rank compiles response_format grammars against its own tokenizer.
-    from engine.constrained import use_tokenizer
-
-    use_tokenizer(tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
                        vocab_size=vocab_size(config) or len(tokenizer))

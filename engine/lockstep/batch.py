@@ -8,9 +8,10 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from engine import mlx_compat
+from engine.decoding.constrained import Grammars
+from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
 from engine.lockstep.plan import Plan, fingerprint, token_checksum
 from engine.lockstep.results import StepResults
-from engine.sampling import failpoint_seed, make_processors, make_sampler
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,10 @@ def _reason(exc: BaseException) -> str:
 class LockstepBatch:
     """Applies plans and runs steps; identical calls on every rank give identical state."""
 
-    def __init__(self, model, eos_token_ids: set[int], prefill_tokens_per_step: int, max_batch: int):
+    def __init__(self, model, eos_token_ids: set[int], prefill_tokens_per_step: int, max_batch: int,
+                 grammars: Grammars | None = None):
         self.model = model
+        self.grammars = grammars  # without them, a request with a grammar fails alone
         self.eos = eos_token_ids
         self.prefill_budget = prefill_tokens_per_step
         self.max_batch = max_batch
@@ -151,7 +154,7 @@ class LockstepBatch:
         ready, samplers, processors = [], [], []
         for ins in inserts:
             try:
-                sampler, procs = make_sampler(ins), make_processors(ins)
+                sampler, procs = make_sampler(ins), make_processors(ins, self.grammars)
             except Exception as exc:
                 log.exception("request %s: its sampler could not be built; ending it", ins.rid)
                 self.failed[ins.rid] = _reason(exc)

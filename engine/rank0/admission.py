@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine import constrained, mlx_compat
+from engine import mlx_compat
+from engine.decoding.constrained import GrammarError, Grammars
 from engine.lockstep.plan import Insert
 from engine.rank0 import validate
 from engine.rank0.errors import Refused
@@ -16,15 +17,16 @@ from engine.rank0.output import OutputRules, Router
 from engine.rank0.scheduler import Request
 from ipc import Generate
 
-# Tool formats a forced tool_choice can be enforced for by grammar (engine/constrained.py).
+# Tool formats a forced tool_choice can be enforced for by grammar (engine/decoding/constrained.py).
 FORCEABLE_PARSERS = {"json_tools"}
 
 
 class Admission:
     """What rank 0 derives once from the tokenizer to admit requests."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, context_length: int):
+    def __init__(self, tokenizer: Any, vocab_size: int, context_length: int, grammars: Grammars):
         self.tokenizer = tokenizer
+        self.grammars = grammars
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.rules = OutputRules(tokenizer)
@@ -82,11 +84,11 @@ class Admission:
                         f"{'a forced tool_choice' if forced else 'response_format together with tools'} is not "
                         "supported for it; use tool_choice 'auto'" + ("" if forced else " without response_format"),
                         param, "unsupported_parameter")
-                grammar = constrained.tool_grammar(tools, choice, gen.parallel_tool_calls, start, end,
-                                                   None if forced else gen.json_schema)
+                grammar = self.grammars.tool_grammar(tools, choice, gen.parallel_tool_calls, start, end,
+                                                     None if forced else gen.json_schema)
             else:
-                grammar = constrained.json_grammar(gen.json_schema or {})
-        except constrained.GrammarError as exc:
+                grammar = self.grammars.json_grammar(gen.json_schema or {})
+        except GrammarError as exc:
             if exc.param:
                 raise Refused(str(exc), exc.param) from None
             raise Refused(f"cannot enforce {param}: {exc}", param) from None
@@ -97,12 +99,12 @@ class Admission:
 class Prompter:
     """Chat template and tokenisation on rank 0, with the errors a client can cause."""
 
-    def __init__(self, tokenizer: Any, limits: validate.Limits):
+    def __init__(self, tokenizer: Any, limits: validate.Limits, grammars: Grammars):
         self.tokenizer = tokenizer
         self.limits = limits
         self.context_length = limits.context_length
         self.vocab_size = limits.vocab_size
-        self.admission = Admission(tokenizer, self.vocab_size, self.context_length)
+        self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars)
 
     def tokens(self, gen: Generate) -> list[int]:
         """The prompt's token ids; raises Refused."""

@@ -12,8 +12,8 @@ import os
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
+from engine.decoding.constrained import GrammarError, Grammars
 from engine.lockstep.plan import Insert
-
 
 
 def failpoint_seed(kind: str) -> int | None:
@@ -61,10 +61,11 @@ def make_sampler(ins: Insert) -> SeededSampler | None:
     return SeededSampler(ins.seed, ins.temperature, ins.top_p, ins.top_k, ins.min_p)
 
 
-def make_processors(ins: Insert) -> list:
+def make_processors(ins: Insert, grammars: Grammars | None) -> list:
     """mlx-lm's logits processors for the request's bias and penalties, then its grammar mask.
 
-    The mask goes last so that no bias can revive a token the grammar forbids.
+    The mask goes last so that no bias can revive a token the grammar forbids. Raises GrammarError
+    for a grammar when there are no grammars to compile it with.
     """
     processors = make_logits_processors(
         logit_bias=ins.logit_bias or None,
@@ -73,7 +74,7 @@ def make_processors(ins: Insert) -> list:
         frequency_penalty=ins.frequency_penalty,
     )
     if ins.grammar:
-        from engine.constrained import GrammarProcessor
-
-        processors.append(GrammarProcessor(ins.grammar))
+        if grammars is None:
+            raise GrammarError("this batch was built without grammars")
+        processors.append(grammars.processor(ins.grammar))
     return processors

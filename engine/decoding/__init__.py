@@ -1,0 +1,1 @@
+"""Decoding on every rank: per-request samplers, and grammars that mask what a request may sample."""

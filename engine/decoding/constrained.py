@@ -1,0 +1,222 @@
+"""Constrained decoding with llguidance: grammars written on rank 0, masks applied on every rank.
+
+Every rank samples its own copy of each token, so every rank must mask the logits identically:
+rank 0 turns response_format and forced tool calls into grammar text carried by the plan's
+Insert, and each rank compiles that text against its own copy of the tokenizer. llguidance is a
+small Rust wheel (Linux and macOS arm64) with no torch dependency, which is why it was chosen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from typing import Any
+
+import llguidance
+import mlx.core as mx
+import numpy as np
+
+from engine import mlx_compat
+
+log = logging.getLogger(__name__)
+
+# Compact separators and no free whitespace: a model cannot pad JSON with endless blanks, and the
+# text reads like json.dumps' default.
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Tool schemas come from clients as they are: unknown keywords are ignored rather than refused.
+TOOL_OPTIONS: dict[str, Any] = {**JSON_OPTIONS, "lenient": True}
+# A function declared without parameters takes none, as OpenAI reads it: its arguments are {}.
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+class GrammarError(ValueError):
+    """A schema or tool definition that cannot become a grammar; the message says why.
+
+    param, when set, names the request field at fault and the message is a whole sentence.
+    """
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class Grammars:
+    """Grammars compiled against one rank's tokenizer: rank 0 writes and checks them, every rank
+    builds from them the matchers that mask its logits."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._lock = threading.Lock()
+        self._ll: llguidance.LLTokenizer | None = None
+
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's view of the tokenizer, built on first use (about a second for 150k tokens)."""
+        with self._lock:
+            if self._ll is None:
+                import llguidance.hf
+
+                try:
+                    self._ll = llguidance.hf.from_tokenizer(mlx_compat.hf_tokenizer(self.tokenizer),
+                                                            eos_token=sorted(self.tokenizer.eos_token_ids))
+                except Exception as exc:  # a tokenizer llguidance cannot read fails in its own ways
+                    raise GrammarError(f"this model's tokenizer does not support constrained decoding: {exc}") \
+                        from None
+            return self._ll
+
+    def warm_up_in_background(self) -> None:
+        """Build llguidance's view now, in a thread of its own, so that the first constrained request
+        does not stall the step loop of every rank while it is built."""
+        threading.Thread(target=self._warm_up, name="llguidance-tokenizer", daemon=True).start()
+
+    def _warm_up(self) -> None:
+        try:
+            self.ll_tokenizer()
+        except GrammarError as exc:
+            log.info("constrained decoding unavailable: %s", exc)
+
+    def json_grammar(self, schema: dict[str, Any]) -> str:
+        """Grammar text for one JSON value matching schema, checked; raises GrammarError."""
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            self.check(grammar)
+        except ValueError as exc:  # GrammarError included
+            raise GrammarError(f"invalid JSON schema: {_reason(str(exc))}") from None
+        return grammar
+
+    def tool_grammar(self, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, start: str,
+                     end: str, json_schema: dict[str, Any] | None = None) -> str:
+        """Checked grammar for the json_tools format (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`).
+
+        choice "required" allows any declared tool, a named choice only that one; parallel allows
+        several calls in a row. With choice "auto" and a json_schema, the output is either the JSON
+        answer or tool calls. Raises GrammarError, naming the tool whose schema is at fault.
+        """
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        bodies, schemas = _tool_bodies(tools, named)
+        if not bodies:
+            raise GrammarError(f"tool_choice names a function that is not in tools: {named!r}")
+        lines = [
+            "start: calls",
+            f"call: {self._literal(start)} \"\\n\" body \"\\n\" {self._literal(end)}",
+            "body: " + " | ".join(bodies),
+            'calls: call ("\\n" call)*' if parallel and named is None else "calls: call",
+        ]
+        if json_schema is not None and choice == "auto":
+            answer = {**json_schema, "x-guidance": JSON_OPTIONS}
+            lines[0] = f"start: calls | %json {json.dumps(answer)}"
+            schemas.append(("response_format", "response_format", answer))
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(lines))
+            self.check(grammar)
+        except ValueError as exc:  # GrammarError included
+            self._blame(schemas)
+            raise GrammarError(_reason(str(exc))) from None
+        return grammar
+
+    def _blame(self, schemas: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Raise GrammarError naming the first schema that fails on its own (only after the whole failed)."""
+        for what, param, schema in schemas:
+            try:
+                self.check(llguidance.LLMatcher.grammar_from_json_schema(schema))
+            except ValueError as exc:  # GrammarError included
+                raise GrammarError(f"{what} is not a JSON schema that can be enforced: {_reason(str(exc))}",
+                                   param) from None
+
+    def _literal(self, marker: str) -> str:
+        """A marker in lark: a single special token by id (llguidance never matches those as text), else text."""
+        ids = self.tokenizer.encode(marker, add_special_tokens=False)
+        if len(ids) == 1 and self.ll_tokenizer().is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+        return json.dumps(marker)
+
+    def check(self, grammar: str) -> None:
+        """Raise GrammarError unless grammar compiles and admits some text: rank 0 checks before any rank
+        builds a matcher (a schema whose references only loop compiles, then allows no token at all)."""
+        matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
+        if not matcher.is_error():
+            matcher.compute_bitmask()
+            if matcher.is_error():
+                log.debug("grammar allows no first token: %s", matcher.get_error())
+                raise GrammarError("no value can satisfy it")
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error())
+
+    def processor(self, grammar: str) -> GrammarProcessor:
+        """The logits processor that enforces grammar for one request."""
+        return GrammarProcessor(self.ll_tokenizer(), grammar)
+
+
+def _tool_bodies(tools: list[dict[str, Any]], named: str | None) -> tuple[list[str], list[tuple[str, str, dict]]]:
+    """One lark alternative per allowed tool, and (what, param, schema) of each for blaming."""
+    bodies, schemas = [], []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function", {})
+        name = fn.get("name")
+        if named is not None and name != named:
+            continue
+        param = f"tools[{i}].function.parameters"
+        params = fn.get("parameters")
+        if params is None:
+            params = NO_ARGUMENTS
+        elif not isinstance(params, dict):
+            raise GrammarError(f"{param} (function {name!r}) must be a JSON schema object", param)
+        elif not params:
+            params = {"type": "object"}
+        # The arguments are a %json of their own rather than a property of one wrapper schema, so
+        # the tool's schema stays a root and its "#/$defs/..." references resolve in it.
+        params = {**params, "x-guidance": TOOL_OPTIONS}
+        head = json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
+        bodies.append(f'{json.dumps(head)} %json {json.dumps(params)} "}}"')
+        schemas.append((f"{param} (function {name!r})", param, params))
+    return bodies, schemas
+
+
+def _reason(error: str) -> str:
+    """llguidance's error as one short line: without the grammar listing or matcher state it appends."""
+    text = error.split("\n<state>", 1)[0]
+    text = re.split(r"\n +\d+ \| ", text, maxsplit=1)[0]
+    text = re.sub(r"^at \d+\(\d+\): ", "", text).removeprefix("failed to compile JSON schema: ")
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class GrammarProcessor:
+    """An mlx-lm logits processor that masks every token the grammar cannot accept next.
+
+    It reads the newest sampled token from the context mlx-lm passes in, which forces that token
+    to be evaluated: only constrained requests pay that synchronisation.
+    """
+
+    def __init__(self, ll: llguidance.LLTokenizer, grammar: str):
+        # log_level 0: llguidance would print to stderr; a failure is logged here, once
+        self.matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+        self.eos = sorted(ll.eos_tokens)
+        self.seen: int | None = None
+        self.failed = False
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self.seen is None:
+            self.seen = tokens.size  # the first call sees only the prompt
+        elif tokens.size > self.seen:
+            new, self.seen = tokens[self.seen :].tolist(), tokens.size
+            for token in new:
+                # mlx-lm steps once more before a finished sequence leaves the batch, so the EOS that
+                # ended it can arrive here; a stopped matcher would count it as an error.
+                if self.matcher.is_stopped():
+                    break
+                self.matcher.consume_token(token)
+        width = logits.shape[-1]
+        allowed = np.zeros(width, dtype=bool)
+        if self.matcher.is_error():
+            if not self.failed:
+                self.failed = True
+                # The error quotes the grammar (the client's schema) and the text so far: DEBUG only.
+                log.warning("grammar matcher failed; ending the sequence")
+                log.debug("grammar matcher error: %s", self.matcher.get_error())
+            allowed[self.eos] = True  # unreachable while masking works; end rather than decode garbage
+        else:
+            bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            n = min(width, bits.size)
+            allowed[:n] = bits[:n].astype(bool)
+        return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
