@@ -81,7 +81,6 @@ def main() -> int:
     import mlx.core as mx
 
     from engine.decoding.constrained import Grammars
-    from engine.decoding.constrained import Grammars
     from engine.lockstep.batch import DesyncError, LockstepBatch
     from engine.lockstep.channel import PlanChannel
     from engine.lockstep.loop import LoopStats, StepLoop
