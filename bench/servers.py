@@ -10,57 +10,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ops.procs import Group, free_port, free_port_run, http_status, poll
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 MLX_LAUNCH = str(Path(PYTHON).parent / "mlx.launch")
 # Every rank points its fd 0 at /dev/null before running the command: with the launcher's
 # stdin an open, silent pipe, one byte then makes each forwarding thread hit EPIPE and stop
-# spinning (the workaround described in STYLE.md and README.md).
+# spinning (the workaround described in README.md).
 DETACH_STDIN = ["bash", "-c", 'exec 0</dev/null; exec "$@"', "detach"]
-
-
-def free_port(span: int = 1) -> int:
-    """A port p such that p..p+span-1 were all free a moment ago (mlx.launch uses one per rank)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + span > 65535:
-            continue
-        if all(_port_free(port + i) for i in range(1, span)):
-            return port
-    raise RuntimeError("no free port range found")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """The HTTP status of a GET, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
+# A process group of one server under test: stop() ends all of it.
+Proc = Group
 
 
 def launch_cmd(ranks: int, port: int, command: list[str]) -> list[str]:
@@ -69,81 +36,17 @@ def launch_cmd(ranks: int, port: int, command: list[str]) -> list[str]:
             "--cwd", str(REPO), "--", *command]
 
 
-@dataclass
-class Proc:
-    """A process group we started; stop() ends all of it."""
-
-    name: str
-    popen: subprocess.Popen
-    log: Path
-    stdin_pipe: object = None  # the launcher's open stdin, kept open for its whole life
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def release_stdin(self) -> None:
-        """Write the one byte that quiets mlx.launch (after the ranks have detached their stdin)."""
-        if self.stdin_pipe is not None:
-            try:
-                self.stdin_pipe.write(b"x")
-                self.stdin_pipe.flush()
-            except OSError:
-                pass
-
-    def _killpg(self, sig: int) -> None:
-        try:
-            os.killpg(self.popen.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.alive():
-            self._killpg(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        # Whatever is left of the group (ranks the launcher did not reap) gets KILL.
-        self._killpg(signal.SIGKILL)
-        try:
-            self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.stdin_pipe is not None:
-            try:
-                self.stdin_pipe.close()
-            except OSError:
-                pass
-
-
 def spawn(name: str, cmd: list[str], log: Path, env: dict, *, stdin_pipe: bool = False) -> Proc:
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-                                 start_new_session=True)
-    return Proc(name, popen, log, popen.stdin if stdin_pipe else None)
+    return Group.spawn(cmd, log, name=name, stdin_pipe=stdin_pipe, env=env, cwd=REPO)
 
 
 def wait_http_ok(procs: list[Proc], url: str, timeout: float) -> None:
     """Poll url until it answers 200; fail fast when one of procs exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            if not p.alive():
-                raise RuntimeError(f"{p.name} exited with {p.popen.returncode} before serving:\n{p.log_tail()}")
-        if http_status(url) == 200:
-            return
-        time.sleep(0.2)
+    if poll(lambda: http_status(url) == 200, timeout, 0.2, alive=lambda: all(p.alive() for p in procs)):
+        return
+    for p in procs:
+        if not p.alive():
+            raise RuntimeError(f"{p.name} exited with {p.popen.returncode} before serving:\n{p.log_tail()}")
     raise RuntimeError(f"{url} did not answer 200 within {timeout:.0f} s:\n"
                        + "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in procs))
 
@@ -151,17 +54,18 @@ def wait_http_ok(procs: list[Proc], url: str, timeout: float) -> None:
 def wait_log_lines(proc: Proc, pattern: str, count: int, timeout: float) -> None:
     """Wait until proc's log holds count lines matching pattern (e.g. one per rank)."""
     rx = re.compile(pattern)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def enough() -> bool:
         try:
             text = proc.log.read_text(errors="replace")
         except OSError:
             text = ""
-        if sum(1 for line in text.splitlines() if rx.search(line)) >= count:
-            return
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
-        time.sleep(0.1)
+        return sum(1 for line in text.splitlines() if rx.search(line)) >= count
+
+    if poll(enough, timeout, alive=proc.alive):
+        return
+    if not proc.alive():
+        raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
     raise RuntimeError(f"{proc.name}: {count} lines matching {pattern!r} did not appear in {timeout:.0f} s:\n"
                        f"{proc.log_tail()}")
 
@@ -220,7 +124,7 @@ def start_ours(work: Workdir, model: str, cache_dir: Path, ranks: int, timeout: 
                **settings: str) -> Server:
     """Our engine (1 rank directly, N ranks through mlx.launch) and our API, ready when /health is 200."""
     api_port = free_port()
-    ring_port = free_port(ranks)
+    ring_port = free_port_run(ranks)
     tag = f"ours-{ranks}r-{api_port}"
     env_file = work.root / "empty.env"
     env_file.touch()
@@ -270,7 +174,7 @@ def start_mlx_lm(work: Workdir, model_path: Path, ranks: int, *, stdin_fix: bool
         launcher = None
         label = "mlx_lm.server 1 rank"
     else:
-        ring_port = free_port(ranks)
+        ring_port = free_port_run(ranks)
         full = launch_cmd(ranks, ring_port, DETACH_STDIN + cmd if stdin_fix else cmd)
         proc = spawn("mlx_lm.server", full, work.log(tag), env, stdin_pipe=stdin_fix)
         launcher = proc
@@ -292,7 +196,7 @@ def run_launched(work: Workdir, name: str, ranks: int, command: list[str], timeo
     env = dict(os.environ)
     env.update(env_extra or {})
     log = work.log(name)
-    proc = spawn(name, launch_cmd(ranks, free_port(ranks), command), log, env, stdin_pipe=True)
+    proc = spawn(name, launch_cmd(ranks, free_port_run(ranks), command), log, env, stdin_pipe=True)
     try:
         wait_log_lines(proc, r"BENCH-DETACHED", ranks, min(timeout, 120.0))
         proc.release_stdin()

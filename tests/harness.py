@@ -7,49 +7,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ops.procs import Group, free_port, free_port_run, http_status, poll
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 MLX_LAUNCH = str(Path(PYTHON).parent / "mlx.launch")
 # Shared by every test run: the demo model is generated once, deterministically.
 MODEL_CACHE = REPO / ".cache" / "models"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_run(n: int) -> int:
-    """The first of n consecutive free ports (the ring backend listens on port, port+1, ...)."""
-    for _ in range(50):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for k in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + k))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports found")
 
 
 def short_dir(prefix: str) -> Path:
@@ -61,48 +32,8 @@ class PortTaken(RuntimeError):
     """A rank could not bind its ring port."""
 
 
-@dataclass
-class Proc:
-    """A process group we started; stop() ends all of it."""
-
-    popen: subprocess.Popen
-    log: Path
-    stdin_holder: object = None
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.alive():
-            self.signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        # Whatever is left of the group (ranks the launcher did not reap) gets KILL.
-        self.signal(signal.SIGKILL)
-        try:
-            self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.stdin_holder is not None:
-            self.stdin_holder.close()
+# A process group a test started: stop() ends all of it.
+Proc = Group
 
 
 @dataclass
@@ -155,33 +86,23 @@ class Stack:
         env = self.env(**more)
         if ranks == 1:
             cmd = [PYTHON, "-m", "engine"]
-            stdin = subprocess.DEVNULL
         else:
             hosts = ",".join(["127.0.0.1"] * ranks)
             cmd = [MLX_LAUNCH, "--hosts", hosts, "--backend", "ring", "--starting-port", env["RING_PORT"],
                    "--cwd", str(REPO), "--", PYTHON, "-m", "engine"]
             env["HOSTS"] = hosts
-            # An open, silent stdin pipe keeps mlx.launch's forwarding loop from spinning.
-            stdin = subprocess.PIPE
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=stdin, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        proc = Proc(popen, log, popen.stdin if stdin == subprocess.PIPE else None)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                proc.stop()  # reap what is left of the group and close our end of its stdin
-                if "Couldn't bind socket" in proc.log_tail():
-                    raise PortTaken(proc.log_tail())
-                raise RuntimeError(f"engine exited with {popen.returncode} before serving:\n{proc.log_tail()}")
-            if self.probe() is not None:
-                if proc.stdin_holder is not None:
-                    proc.stdin_holder.write(b"x")
-                    proc.stdin_holder.flush()
-                return proc
-            time.sleep(0.2)
-        proc.stop()
-        raise RuntimeError(f"engine did not answer on {self.socket} within {timeout:.0f} s:\n{proc.log_tail()}")
+        # Several ranks: an open, silent stdin pipe keeps mlx.launch's forwarding loop from spinning.
+        proc = Group.spawn(cmd, log, stdin_pipe=ranks > 1, env=env, cwd=REPO)
+        if poll(self.probe, timeout, 0.2, alive=proc.alive) is not None:
+            proc.release_stdin()
+            return proc
+        exited = not proc.alive()
+        proc.stop()  # reap what is left of the group and close our end of its stdin
+        if not exited:
+            raise RuntimeError(f"engine did not answer on {self.socket} within {timeout:.0f} s:\n{proc.log_tail()}")
+        if "Couldn't bind socket" in proc.log_tail():
+            raise PortTaken(proc.log_tail())
+        raise RuntimeError(f"engine exited with {proc.popen.returncode} before serving:\n{proc.log_tail()}")
 
     def probe(self) -> dict | None:
         if not self.socket.exists():
@@ -192,39 +113,18 @@ class Stack:
 
     def start_api(self, timeout: float = 60.0, **more: str) -> Proc:
         log = self.root / f"api-{time.monotonic_ns()}.log"
-        with open(log, "ab") as out:
-            popen = subprocess.Popen([PYTHON, "-m", "api"], cwd=REPO, env=self.env(**more),
-                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        proc = Proc(popen, log)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                raise RuntimeError(f"API exited with {popen.returncode}:\n{proc.log_tail()}")
-            if http_status(self.base_url + "/health") is not None:
-                return proc
-            time.sleep(0.1)
+        proc = Group.spawn([PYTHON, "-m", "api"], log, env=self.env(**more), cwd=REPO)
+        if poll(lambda: http_status(self.base_url + "/health") is not None, timeout, alive=proc.alive):
+            return proc
+        if not proc.alive():
+            raise RuntimeError(f"API exited with {proc.popen.returncode}:\n{proc.log_tail()}")
         proc.stop()
         raise RuntimeError(f"API did not answer on {self.base_url} within {timeout:.0f} s:\n{proc.log_tail()}")
 
 
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """The HTTP status of a GET, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 def wait_for(predicate, timeout: float, what: str):
     """Poll predicate until it returns a truthy value (returned), or fail naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    value = poll(predicate, timeout, 0.05)
+    if not value:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return value

@@ -1,6 +1,6 @@
 """launch.sh under test: its own folders and ports, and a check that stop leaves nothing behind.
 
-Used by the fault tests that go through launch.sh (and so through engine/supervise.py).
+Used by the fault tests that go through launch.sh (and so through ops/supervisor.py).
 """
 
 from __future__ import annotations
@@ -8,32 +8,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 
+from ops.procs import free_port_run, processes
 from tests.harness import MODEL_CACHE, REPO, free_port, short_dir, wait_for
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free a moment ago: the ring backend takes one per rank."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65535:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 1))
-                    return port
-                except OSError:
-                    continue
-    raise RuntimeError("no two consecutive free ports found")
 
 
 def live_processes() -> dict[int, int]:
     """pid -> process group of every process that is not a zombie."""
-    out = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "pgid=", "-o", "stat="], capture_output=True, text=True,
-                         timeout=10).stdout
-    rows = (line.split() for line in out.splitlines())
-    return {int(r[0]): int(r[1]) for r in rows if len(r) >= 3 and not r[2].startswith("Z")}
+    return {r.pid: r.pgid for r in processes()}
 
 
 class Launch:
@@ -51,7 +34,7 @@ class Launch:
             "MODEL_CACHE_DIR": str(MODEL_CACHE),
             "API_HOST": "127.0.0.1",
             "API_PORT": str(self.api_port),
-            "RING_PORT": str(free_port_pair()),
+            "RING_PORT": str(free_port_run(2)),
             "HOSTS": "127.0.0.1",
             **settings,
         }

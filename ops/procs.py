@@ -1,0 +1,243 @@
+"""Process groups, free ports and readiness waits: the one copy ops/, tests/ and bench/ share.
+
+Everything we start runs in a session of its own, so its process group holds the launcher, its
+forwarding threads and every local rank; stopping means signalling the group, never one pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TypeVar
+
+T = TypeVar("T")
+
+KILL_WAIT = 5.0  # seconds for the kernel to tear down what got SIGKILL
+
+
+# ---- readiness --------------------------------------------------------------------------------
+
+
+def poll(predicate: Callable[[], T], timeout: float, interval: float = 0.1, *,
+         alive: Callable[[], bool] | None = None) -> T | None:
+    """Call predicate until it returns something truthy (returned); None once alive() turns false
+    or timeout passes (ask alive() which)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if alive is not None and not alive():
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The HTTP status of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+# ---- ports ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_run(n: int) -> int:
+    """The first of n consecutive free ports (the ring backend listens on port, port+1, ...)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for k in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
+# ---- processes and groups ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One process as `ps` lists it."""
+
+    pid: int
+    pgid: int
+    state: str  # the first letter of ps's STAT: R, S, T (stopped), Z (zombie), ...
+
+
+def processes() -> list[Row]:
+    """Every process of this host but zombies (which linger until their parent reaps them)."""
+    try:
+        ps = subprocess.Popen(["ps", "-A", "-o", "pid=", "-o", "pgid=", "-o", "stat="], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+        out, _ = ps.communicate(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit() and not parts[2].startswith("Z"):
+            if int(parts[0]) != ps.pid:
+                rows.append(Row(int(parts[0]), int(parts[1]), parts[2][0]))
+    return rows
+
+
+def group_members(pgid: int, spare: Iterable[int] = ()) -> dict[int, str]:
+    """Live processes of process group pgid but those in spare: pid -> state letter."""
+    skip = set(spare)
+    return {r.pid: r.state for r in processes() if r.pgid == pgid and r.pid not in skip}
+
+
+def pid_exists(pid: int, *, group: bool = False) -> bool:
+    """kill -0 (of the process group with group): true for anything we could signal, zombies included."""
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group runs (orphaned ranks included; zombies not)."""
+    return pid_exists(pgid, group=True) and bool(group_members(pgid))
+
+
+def process_alive(pid: int) -> bool:
+    """True while pid itself runs, not as a zombie."""
+    return pid_exists(pid) and any(r.pid == pid for r in processes())
+
+
+def _send(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(pgid: int, grace: float, *, spare: Iterable[int] = (),
+               on_kill: Callable[[dict[int, str]], None] | None = None) -> bool:
+    """TERM the group, wait up to grace for it to end, then KILL what is left; True once it is gone.
+
+    Stopped (frozen) processes get KILL at once: they never act on TERM. With spare (the caller,
+    when it leads the group itself) the others are signalled one by one instead of as a group.
+    """
+    spare = set(spare)
+    members = group_members(pgid, spare)
+    _send([pid for pid, state in members.items() if state == "T"], signal.SIGKILL)
+    if spare:
+        _send([pid for pid, state in members.items() if state != "T"], signal.SIGTERM)
+    else:
+        signal_group(pgid, signal.SIGTERM)
+    if poll(lambda: not group_members(pgid, spare), grace):
+        return True
+    left = group_members(pgid, spare)
+    if on_kill is not None and left:
+        on_kill(left)
+    if spare:
+        _send(left, signal.SIGKILL)
+    else:
+        signal_group(pgid, signal.SIGKILL)
+    return bool(poll(lambda: not group_members(pgid, spare), KILL_WAIT))
+
+
+def spawn_group(cmd: list[str], log_path, *, stdin=subprocess.DEVNULL, env: dict | None = None,
+                cwd=None) -> subprocess.Popen:
+    """Start cmd in a new session (its pid is its process group) with stdout and stderr appended to log_path."""
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=stdin, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+@dataclass
+class Group:
+    """A process group we started and wait for (tests, benchmarks); stop() ends all of it."""
+
+    popen: subprocess.Popen
+    log: Path
+    name: str = ""
+    stdin: IO[bytes] | None = None  # mlx.launch's open, silent stdin, kept open for its whole life
+
+    @classmethod
+    def spawn(cls, cmd: list[str], log: Path, *, name: str = "", stdin_pipe: bool = False, env: dict | None = None,
+              cwd=None) -> Group:
+        popen = spawn_group(cmd, log, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL, env=env, cwd=cwd)
+        return cls(popen, Path(log), name, popen.stdin)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def signal(self, sig: int) -> None:
+        signal_group(self.popen.pid, sig)
+
+    def release_stdin(self) -> None:
+        """The one byte that quiets mlx.launch once its ranks have pointed their own stdin at /dev/null."""
+        if self.stdin is not None:
+            try:
+                self.stdin.write(b"x")
+                self.stdin.flush()
+            except OSError:
+                pass
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """TERM the group, KILL what is left after timeout (ranks the launcher did not reap), then reap."""
+        stop_group(self.popen.pid, timeout)
+        try:
+            self.popen.wait(KILL_WAIT)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.stdin is not None:
+            try:
+                self.stdin.close()
+            except OSError:
+                pass
