@@ -1,6 +1,6 @@
 """A rank killed or frozen: the whole engine ends, `launch.sh status` names the rank, and with
 ENGINE_RESTART=always the engine comes back by itself. Two real ranks over the ring backend,
-started the way users start them: through launch.sh (and so through engine/supervise.py).
+started the way users start them: through launch.sh (and so through ops/supervisor.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DESIGN.md's import table, enforced: api/, ipc/ and config/ never pull in MLX or the engine."""
+"""The import boundaries, enforced: api/, ipc/, config/ and ops/ never pull in MLX or the engine."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ HEAVY = ["mlx", "mlx_lm", "transformers"]
 
 FORBIDDEN = {
     "ipc": [*HEAVY, "engine", "api", "starlette", "uvicorn", "config"],
-    "config": [*HEAVY, "engine", "api", "starlette", "uvicorn"],
+    "config": [*HEAVY, "engine", "api", "starlette", "uvicorn", "ops"],
+    # The process lifecycle: it starts the engine and the API, and imports neither.
+    "ops": [*HEAVY, "engine", "api", "starlette", "uvicorn", "tokenizers"],
     # The API must restart in well under a second: no MLX, no tokenizer.
     "api": [*HEAVY, "engine", "tokenizers"],
 }

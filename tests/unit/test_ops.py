@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import ipc
 from ipc.messages import RankState
 from api import health
-from config.cluster import rdma_matrix_faults
+from ops.cluster import rdma_matrix_faults
 
 pytestmark = pytest.mark.anyio
 

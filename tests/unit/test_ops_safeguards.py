@@ -52,7 +52,7 @@ def test_an_unwritable_folder_is_one_sentence_naming_the_variable(tmp_path, bloc
 def test_the_supervisor_names_an_unwritable_run_dir(tmp_path, blocked):
     env = {**os.environ, "ENV_FILE": str(tmp_path / "none.env"), "RUN_DIR": str(blocked / "run"),
            "SOCKET_PATH": str(tmp_path / "e.sock")}
-    r = subprocess.run([sys.executable, "-m", "engine.supervise", "--", "true"], env=env, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "ops.supervisor", "--", "true"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [

@@ -1,4 +1,4 @@
-"""The supervisor's reading of the engine's output: which rank failed, from the lines it relays.
+"""The supervisor's verdict: which rank failed, from the ranks rank 0 announced and the lines it relays.
 
 The real thing (two ranks, one killed or frozen) is tests/multirank/test_rank_faults.py.
 """
@@ -8,30 +8,29 @@ from __future__ import annotations
 import pytest
 
 from config import load_settings
-from engine.supervise import Observed, Supervisor, describe_exit
+from ipc.messages import RankState
+from ops.failures import Observed, describe_exit
+from ops.supervisor import Supervisor
 
-JOINED = [
-    "2026-11-22 13:49:18,181 rank0 INFO engine: rank 0 of 2 joined: model demo-tiny loaded from /m (context 4096) "
-    "in 0.1 s, pid 798, host mac-1",
-    "2026-11-22 13:49:18,185 rank1 INFO engine: rank 1 of 2 joined: model demo-tiny loaded from /m (context 4096) "
-    "in 0.0 s, pid 799, host mac-2",
-]
+# What rank 0's Info.rank_states announces about a two-rank engine.
+JOINED = [RankState(rank=0, host="mac-1", pid=798), RankState(rank=1, host="mac-2", pid=799)]
 WATCHDOG = ("2026-11-22 13:52:32,544 rank0 CRITICAL engine.watchdog: rank 0: no progress for 5.6 s while "
             "broadcasting plan 10 (WATCHDOG_TIMEOUT=5 s): a peer rank is dead or frozen; ending this rank")
 
 
-def supervisor(tmp_path, lines: list[str]) -> Supervisor:
+def supervisor(tmp_path, lines: list) -> Supervisor:
     settings = load_settings({"RUN_DIR": str(tmp_path)}, "/nonexistent/.env")
     sup = Supervisor(settings, ["/venv/bin/mlx.launch", "--", "python", "-m", "engine"])
+    sup.observed.announce([x for x in lines if isinstance(x, RankState)], 2 if JOINED[0] in lines else 0)
     for line in lines:
-        sup.observed.read(line)
+        if isinstance(line, str):
+            sup.observed.read(line)
     return sup
 
 
-def test_joined_lines_give_each_rank_its_pid_and_host():
+def test_announced_ranks_give_each_rank_its_pid_and_host():
     obs = Observed()
-    for line in JOINED:
-        obs.read(line)
+    obs.announce(JOINED, 2)
     assert obs.size == 2
     assert (obs.ranks[0].pid, obs.ranks[0].host) == (798, "mac-1")
     assert (obs.ranks[1].pid, obs.ranks[1].host) == (799, "mac-2")

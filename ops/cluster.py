@@ -1,13 +1,12 @@
-"""`python -m config.cluster check|sync`: the cluster preflight and project sync behind launch.sh.
+"""`./launch.sh check|sync`: the cluster preflight and project sync.
 
-check runs config/hostprobe.py on every host (locally for 127.0.0.1/localhost, else over ssh),
+check runs ops/hostprobe.py on every host (locally for 127.0.0.1/localhost, else over ssh),
 compares what each reports with rank 0's host, prints a table with a verdict per host and
 exits 1 on any fault. sync copies the project and .env to the remote hosts with rsync.
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import json
 import shlex
@@ -16,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config.settings import REPO_ROOT, ConfigError, Settings, load_settings
+from config import REPO_ROOT, Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 PROBE = Path(__file__).resolve().parent / "hostprobe.py"
@@ -232,19 +231,3 @@ def sync(settings: Settings) -> int:
                 break
     print("sync: done" if not failed else f"sync: {failed} host(s) failed", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m config.cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["check", "sync"])
-    args = parser.parse_args(argv)
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
-    return check(settings) if args.command == "check" else sync(settings)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 Standard library only and self-contained: `./launch.sh check` pipes this file into
 `ssh HOST python - ARGS`, so it runs even where the project is missing or broken.
-It reports facts; config.cluster compares them across hosts and decides what is a fault.
+It reports facts; ops.cluster compares them across hosts and decides what is a fault.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 # The files that must be identical on every host (the ranks run in lockstep).
-CODE_DIRS = ("api", "engine", "ipc", "config")
+CODE_DIRS = ("api", "engine", "ipc", "config", "ops")
 CODE_FILES = ("pyproject.toml", "launch.sh")
 DEMO_PREFIX = "demo-"
 
@@ -61,8 +61,7 @@ def model_facts(model: str, root: Path) -> dict:
         gen = root / "engine" / "demo_model.py"
         if not gen.is_file():
             return {"ok": False, "problem": f"the demo model generator {gen} is missing"}
-        match = re.search(r"^VERSION = (\d+)", gen.read_text(errors="replace"), re.M)
-        return {"ok": True, "identity": f"{model} generator v{match.group(1) if match else '?'} {file_hash(gen)[:8]}"}
+        return {"ok": True, "identity": f"{model} generator v{generator_version(root)} {file_hash(gen)[:8]}"}
     if model.startswith(("/", ".", "~")):
         path = Path(model).expanduser()
         path = path if path.is_absolute() else root / path
@@ -83,6 +82,18 @@ def model_facts(model: str, root: Path) -> dict:
         if (snap / "config.json").is_file():
             return {"ok": True, "identity": f"config.json {file_hash(snap / 'config.json')}", "path": str(snap)}
     return {"ok": False, "problem": f"MODEL {model} is not in the Hugging Face cache ({repo}): download it on this host"}
+
+
+def generator_version(root: Path) -> str:
+    """The demo model generator's VERSION, as the generator itself states it (in this host's project)."""
+    python = root / ".venv" / "bin" / "python"
+    cmd = [str(python) if python.exists() else sys.executable, "-c",
+           "from engine.demo_model import VERSION; print(VERSION)"]
+    try:
+        r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip().isdigit() else "?"
 
 
 def rdma_ports() -> dict[str, str] | None:

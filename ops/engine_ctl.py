@@ -1,0 +1,136 @@
+"""Start, wait for and stop the engine: every rank, under ops.supervisor, in one process group."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from config import REPO_ROOT
+from ops.layout import Die, Layout, ceil_seconds, log_size, say, show_log_tail
+from ops.pidfile import PidFile, stop_recorded
+from ops.probe import drop_stale_socket, engine_info
+from ops.procs import group_alive, poll, process_alive, spawn_group
+
+PROBE_TIMEOUT = 2.0  # seconds per readiness probe of engine rank 0
+PROGRESS_EVERY = 15.0  # seconds between "still loading" lines
+# jaccl: seconds between an engine stop and the next start. The RDMA driver releases the old ranks'
+# queue pairs and registered memory only after they exit; new ranks must not open the devices sooner.
+JACCL_COOLDOWN = 10
+LOCAL = ("127.0.0.1", "localhost", "::1")
+
+
+class EngineCtl:
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.settings = layout.settings
+        self.pids = PidFile(layout.engine_pid)
+        self.stopped_at = layout.run_dir / "engine.stopped-at"
+
+    def info(self):
+        """Rank 0's Info, or None when it does not answer."""
+        return engine_info(self.settings.socket_path, PROBE_TIMEOUT)
+
+    def needs_launcher(self) -> bool:
+        """mlx.launch, unless a single local rank can run directly."""
+        s = self.settings
+        return bool(s.HOSTFILE) or s.ranks > 1 or s.hosts[0] not in LOCAL
+
+    def command(self) -> list[str]:
+        s = self.settings
+        py = sys.executable
+        if not self.needs_launcher():
+            return [py, "-m", "engine"]
+        cmd = [str(Path(py).parent / "mlx.launch"), "--backend", s.BACKEND, "--starting-port", str(s.RING_PORT),
+               "--cwd", str(REPO_ROOT)]
+        cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", s.HOSTS]
+        # Remote ranks do not inherit our environment: forward the variables set in it (as the user
+        # wrote them, before resolution) so every rank resolves the same settings as rank 0.
+        for key in type(s).__struct_fields__:
+            if key != "API_KEY" and key in os.environ:
+                cmd += ["--env", f"{key}={os.environ[key]}"]
+        return [*cmd, "--", py, "-m", "engine"]
+
+    def start(self) -> int:
+        s = self.settings
+        self.layout.prepare_dirs()
+        self.cooldown()
+        with open(self.layout.engine_log, "a") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} launch.sh: starting engine: model {s.MODEL}, "
+                      f"hosts {s.HOSTFILE or s.HOSTS}, backend {s.BACKEND} ===\n")
+        # The supervisor leads the engine's process group: it ends every rank when one dies or
+        # freezes, records which in engine.state.json, restarts the engine when ENGINE_RESTART=always,
+        # and gives mlx.launch the open, silent stdin that keeps it from spinning a core.
+        popen = spawn_group([sys.executable, "-m", "ops.supervisor", "--", *self.command()], self.layout.engine_log,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.pids.write(popen.pid)
+        return popen.pid
+
+    def wait_ready(self, pid: int) -> bool:
+        s = self.settings
+        limit = ceil_seconds(s.ENGINE_START_TIMEOUT)
+        started = time.monotonic()
+        next_note = [started + PROGRESS_EVERY]
+        say(f"waiting for engine rank 0 on {s.socket_path} (up to {limit}s; loading {s.MODEL})")
+
+        def answers() -> bool:
+            if time.monotonic() >= next_note[0]:
+                say(f"  still loading ({time.monotonic() - started:.0f}s; ./launch.sh logs engine shows progress)")
+                next_note[0] += PROGRESS_EVERY
+            return self.info() is not None
+
+        if poll(answers, limit, 0.5, alive=lambda: group_alive(pid)):
+            say(f"engine ready after {time.monotonic() - started:.0f}s")
+            return True
+        if not group_alive(pid):
+            say("the engine exited during start-up")
+        else:
+            say(f"engine rank 0 did not answer within {limit}s (ENGINE_START_TIMEOUT)")
+        return False
+
+    def launch(self) -> int | None:
+        """Start the engine and wait for rank 0; on failure show the log, stop it and return None."""
+        offset = log_size(self.layout.engine_log)
+        pid = self.start()
+        if self.wait_ready(pid):
+            return pid
+        show_log_tail(self.layout.engine_log, offset)
+        self.stop(quiet=True)
+        return None
+
+    def stop(self, quiet: bool = False) -> None:
+        was_running = self.pids.running() is not None
+        stop_recorded("engine", self.pids, self.layout.engine_stop_timeout, quiet=quiet)
+        if was_running and self.settings.BACKEND == "jaccl":
+            self.stopped_at.write_text(f"{int(time.time())}\n")
+        # Killed engines cannot unlink their socket; it was ours, since start refuses a foreign one.
+        if self.settings.socket_path.is_socket() and not drop_stale_socket(self.settings.socket_path):
+            say(f"note: an engine not started by this launch.sh answers on {self.settings.socket_path}; left running")
+
+    def refuse_unsupervised(self) -> None:
+        """The group runs but its supervisor (the leader) is gone: only restart-engine (or stop) puts that right."""
+        pid = self.pids.running()
+        if pid is not None and not process_alive(pid):
+            raise Die(1, f"the engine runs without its supervisor (pid {pid} is gone): run ./launch.sh "
+                         "restart-engine to restart it under supervision")
+
+    def refuse_running(self) -> None:
+        pid = self.pids.clear_stale()
+        if pid is not None:
+            raise Die(1, f"the engine is already running (process group {pid}); use ./launch.sh status, stop or restart")
+        if self.info() is not None:
+            raise Die(1, f"another engine is already serving on {self.settings.socket_path} (not started by this "
+                         "launch.sh); stop it or set SOCKET_PATH")
+
+    def cooldown(self) -> None:
+        if self.settings.BACKEND != "jaccl":
+            return
+        try:
+            at = int(self.stopped_at.read_text().strip())
+        except (OSError, ValueError):
+            return
+        wait = at + JACCL_COOLDOWN - int(time.time())
+        if wait > 0:
+            say(f"jaccl: waiting {wait}s for the RDMA devices of the stopped ranks to be released (JACCL_COOLDOWN)")
+            time.sleep(wait)

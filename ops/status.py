@@ -1,0 +1,140 @@
+"""`./launch.sh status`: what runs, in words; exit 0 all up, 1 partly up or dead, 3 all stopped."""
+
+from __future__ import annotations
+
+import time
+
+from ipc.messages import Info
+from ops.api_ctl import ApiCtl
+from ops.engine_ctl import EngineCtl
+from ops.layout import Layout
+from ops.pidfile import PidFile
+from ops.procs import process_alive
+from ops.state import ACTIVE, read_state, state_path
+
+UP, STOPPED = 0, 3
+PARTLY = 1
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def describe_info(i: Info) -> str:
+    """A readable view of rank 0's Info."""
+    lines = [
+        f"  model     {i.model}  ({i.model_path}, context {i.context_length} tokens)",
+        f"  ranks     {i.ranks}, backend {i.backend}, engine pid {i.engine_pid}, up {_duration(i.uptime)}",
+        f"  step      {i.step}  (last step {i.last_step_age:.1f}s ago)",
+        f"  requests  {i.active} active of {i.max_batch} slots, {i.queued} queued of {i.max_queue}",
+    ]
+    for r in i.rank_states:
+        used = r.host_memory_total - r.host_memory_available
+        lines.append(f"  rank {r.rank:<4} {r.host or '?'}  pid {r.pid}  step {r.step}  reported {r.report_age:.1f}s ago"
+                     f"  memory {_size(r.active_memory)} (cache {_size(r.cache_memory)}, peak {_size(r.peak_memory)})"
+                     f"  host {_size(used)} of {_size(r.host_memory_total)} used")
+    return "\n".join(lines)
+
+
+def describe_failures(layout: Layout, pid: int) -> str:
+    """What the engine's supervisor (pid) recorded about failed ranks and restarts; "" when nothing."""
+    s = read_state(state_path(layout.run_dir), pid)
+    if s is None:
+        return ""
+    f = s.last_failure
+    out = []
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.time)) if f else ""
+    if s.state == "restarting" and f:
+        wait = max(0.0, (s.next_restart_at or 0) - time.time())
+        out.append(f"  RESTARTING in {wait:.0f}s (ENGINE_RESTART=always): at {when} {f.summary}")
+    elif s.state == "starting" and s.restarts and f:
+        out.append(f"  RESTARTING now (restart {s.restarts}, ENGINE_RESTART=always): at {when} {f.summary}")
+    elif f:
+        out.append(f"  last failure  at {when}: {f.summary}")
+    if f and f.detail:
+        out.append(f"                its last words: {f.detail}")
+    if s.restarts:
+        out.append(f"  restarts      {s.restarts} since start (ENGINE_RESTART={s.restart})")
+    return "\n".join(out)
+
+
+def _engine_dead(layout: Layout, pid: int) -> list[str]:
+    failures = describe_failures(layout, pid)
+    state = read_state(state_path(layout.run_dir), pid)
+    if state is not None and state.state in ACTIVE:
+        # The supervisor never recorded an end: it was killed, and the engine ended with it.
+        out = [f"engine   DEAD: its supervisor (pid {pid}) was killed or crashed without recording why, and the engine",
+               "         stopped with it (nothing restarts it, whatever ENGINE_RESTART says): run ./launch.sh start"]
+        out += [failures] if failures else []
+    elif failures:
+        out = [f"engine   DEAD: a rank failed and the engine ended (process group {pid} is gone)", failures]
+    else:
+        out = [f"engine   DEAD: process group {pid} is gone but its pid file remains (crashed, or ended by the watchdog)"]
+    out.append(f"         last lines of {layout.engine_log}:")
+    try:
+        out += [f"         | {line}" for line in layout.engine_log.read_text(errors="replace").splitlines()[-5:]]
+    except OSError:
+        pass
+    return out
+
+
+def engine_status(layout: Layout, engine: EngineCtl) -> tuple[str, list[str]]:
+    s = layout.settings
+    pid = engine.pids.running()
+    if pid is not None and not process_alive(pid):
+        return "unsupervised", [
+            f"engine   UNSUPERVISED: its supervisor (pid {pid}) is gone, yet processes of its group still run",
+            "         nothing restarts the engine or ends it when a rank fails (ENGINE_RESTART no longer applies),",
+            "         and its output reaches no log: run ./launch.sh restart-engine"]
+    info = engine.info()
+    if pid is not None and info is not None:
+        return "up", [f"engine   running, rank 0 answering   process group {pid}   socket {s.socket_path}",
+                      describe_info(info), *filter(None, [describe_failures(layout, pid)])]
+    if pid is not None:
+        return "degraded", [
+            f"engine   running but rank 0 NOT answering (still loading, restarting, or hung)   process group {pid}",
+            f"         model {s.MODEL}, hosts {s.HOSTFILE or s.HOSTS}; see {layout.engine_log}",
+            *filter(None, [describe_failures(layout, pid)])]
+    recorded = engine.pids.read()
+    if recorded is not None:
+        return "dead", _engine_dead(layout, recorded)
+    if info is not None:
+        return "foreign", [f"engine   an engine not started by this launch.sh answers on {s.socket_path}",
+                           describe_info(info)]
+    return "stopped", ["engine   stopped"]
+
+
+def api_status(layout: Layout, api: ApiCtl) -> tuple[str, list[str]]:
+    pid = api.pids.running()
+    if pid is not None:
+        code = api.health()
+        if code == "200":
+            return "up", [f"api      running   pid {pid}   {layout.api_url}   (/health 200)"]
+        return "degraded", [f"api      running but /health answers {code}   pid {pid}   {layout.api_url}"]
+    recorded = api.pids.read()
+    if recorded is not None:
+        return "dead", [f"api      DEAD: pid {recorded} is gone but its pid file remains; see {layout.api_log}"]
+    return "stopped", ["api      stopped"]
+
+
+def status(layout: Layout) -> int:
+    engine_state, lines = engine_status(layout, EngineCtl(layout))
+    api_state, more = api_status(layout, ApiCtl(layout))
+    lines += more
+    for path in layout.draining_files():
+        pid = PidFile(path).running()
+        if pid is not None:
+            lines.append(f"api      previous API (process group {pid}), replaced by restart-api, finishing its open "
+                         f"requests (API_DRAIN_TIMEOUT={layout.settings.API_DRAIN_TIMEOUT}s)")
+    lines.append(f"logs     {layout.engine_log}   {layout.api_log}")
+    print("\n".join(lines), flush=True)
+    if engine_state == "up" and api_state == "up":
+        return UP
+    if engine_state == "stopped" and api_state == "stopped":
+        return STOPPED
+    return PARTLY
