@@ -7,10 +7,19 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+import msgspec
 
 import ipc
 from api.access import tokens_arrived
-from api.errors import APIError, EngineUnavailable, GenerationFailed, GenerationTimeout, RequestTooLarge, from_wire
+from api.errors import (
+    APIError,
+    EngineUnavailable,
+    GenerationFailed,
+    GenerationTimeout,
+    InvalidRequest,
+    RequestTooLarge,
+    from_wire,
+)
 
 
 class Generation:
@@ -125,6 +134,11 @@ class SocketEngineClient:
         except ipc.FrameTooLarge:
             await _close(conn)
             raise RequestTooLarge("the request is larger than the engine accepts (MAX_FRAME_BYTES)") from None
+        except (OverflowError, RecursionError, ValueError, TypeError, msgspec.EncodeError) as exc:
+            # free-form JSON the schemas cannot bound: an integer beyond 64 bits in a tool schema, say
+            await _close(conn)
+            raise InvalidRequest(f"Invalid request: a value in it cannot be sent to the engine ({exc}); "
+                                 "integers must fit in 64 bits.") from None
         except ipc.ConnectionClosed:
             # send() found the engine gone (e.g. it stopped right after the handshake)
             await _close(conn)

@@ -19,6 +19,8 @@ from api.openai.protocol import TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage
 from config import Settings
 
 MODEL_ALIAS = "default"
+# Free-form JSON (tool schemas, response_format schemas, tool-call arguments) may nest this deep.
+MAX_JSON_DEPTH = 64
 
 # name -> (is the value harmless?, what we accept). Absent parameters are never checked.
 Refusal = tuple[Callable[[Any], bool], str]
@@ -77,7 +79,9 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
     else:
         max_tokens = _max_tokens(req.max_tokens, "max_tokens", settings)
     tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-    return _sendable(ipc.Generate(
+    for i, tool in enumerate(tools or ()):
+        _shallow(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
+    return ipc.Generate(
         request_id=request_id,
         kind="chat",
         params=_sampling(req, max_tokens, logprobs=bool(req.logprobs), top=req.top_logprobs or 0),
@@ -87,7 +91,7 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
         parallel_tool_calls=req.parallel_tool_calls is not False,
         json_schema=_json_schema(req.response_format),
         enable_thinking=False if req.reasoning_effort == "none" else None,
-    ))
+    )
 
 
 def completion_generate(req: CompletionRequest, request_id: str, settings: Settings) -> ipc.Generate:
@@ -99,29 +103,27 @@ def completion_generate(req: CompletionRequest, request_id: str, settings: Setti
         raise InvalidRequest(
             "Unsupported parameter: 'echo' together with 'logprobs' needs the prompt's logprobs, which this "
             "server does not compute.", param="echo", code="unsupported_parameter")
-    return _sendable(ipc.Generate(
+    return ipc.Generate(
         request_id=request_id,
         kind="completion",
         params=_sampling(req, _max_tokens(req.max_tokens, "max_tokens", settings),
                          logprobs=req.logprobs is not None, top=req.logprobs or 0),
         prompt=_engine_prompt(req.prompt),
         echo=bool(req.echo),
-    ))
+    )
 
 
-def _sendable(msg: ipc.Generate) -> ipc.Generate:
-    """msg, once it is known to encode for the socket.
-
-    The request schemas bound what they type; free-form JSON (tool schemas, tool call arguments)
-    can still hold what msgpack cannot carry, such as an integer beyond 64 bits.
-    """
-    try:
-        ipc.encode_frame(msg)
-    except (OverflowError, RecursionError, ValueError, TypeError, msgspec.EncodeError) as exc:
-        raise InvalidRequest(
-            f"Invalid request: a value in it cannot be sent to the engine ({exc}). Integers must fit in 64 bits "
-            "and JSON must not nest too deeply.") from None
-    return msg
+def _shallow(value: Any, param: str) -> None:
+    """Refuse free-form JSON (schemas, tool-call arguments) nested deeper than MAX_JSON_DEPTH: the engine
+    turns it into grammars and templates, each of which recurses once per level."""
+    level = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [v for item in level for v in (item.values() if isinstance(item, dict) else
+                                                 item if isinstance(item, list) else ())]
+        if not level:
+            return
+    raise InvalidRequest(f"Invalid value for '{param}': JSON nested deeper than {MAX_JSON_DEPTH} levels; "
+                         "flatten it.", param=param)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
@@ -147,7 +149,9 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     if fmt.type == "json_object":
         return {"type": "object"}
     assert fmt.json_schema is not UNSET
-    return fmt.json_schema.schema or {}
+    schema = fmt.json_schema.schema or {}
+    _shallow(schema, "response_format.json_schema.schema")
+    return schema
 
 
 def _max_tokens(value: int | None, param: str, settings: Settings) -> int:
@@ -197,9 +201,10 @@ def _engine_message(message: ChatMessage) -> dict[str, Any]:
         if isinstance(args, str):
             try:
                 call["function"]["arguments"] = json.loads(args or "{}")
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise InvalidRequest("Invalid value for 'messages': a tool call's arguments are not JSON.",
                                      param="messages") from None
+            _shallow(call["function"]["arguments"], "messages")
     return out
 
 

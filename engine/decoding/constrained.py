@@ -12,6 +12,8 @@ import json
 import logging
 import re
 import threading
+import time
+from collections import OrderedDict
 from typing import Any
 
 import llguidance
@@ -19,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine import mlx_compat
+from engine.lockstep.plan import GRAMMAR_CACHE_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,10 @@ JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": 
 TOOL_OPTIONS: dict[str, Any] = {**JSON_OPTIONS, "lenient": True}
 # A function declared without parameters takes none, as OpenAI reads it: its arguments are {}.
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+# Compiling a grammar happens on every rank inside the step (a follower learns it from the plan), so
+# it holds up the whole batch: rank 0 refuses a grammar that takes longer than this to compile.
+COMPILE_LIMIT_SECONDS = 2.0
+
 
 class GrammarError(ValueError):
     """A schema or tool definition that cannot become a grammar; the message says why.
@@ -49,6 +56,8 @@ class Grammars:
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
         self._ll: llguidance.LLTokenizer | None = None
+        # compiled once per rank, by text: n choices, and a schema sent again, share one compile
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
 
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
         """llguidance's view of the tokenizer, built on first use (about a second for 150k tokens)."""
@@ -131,20 +140,46 @@ class Grammars:
         return json.dumps(marker)
 
     def check(self, grammar: str) -> None:
-        """Raise GrammarError unless grammar compiles and admits some text: rank 0 checks before any rank
-        builds a matcher (a schema whose references only loop compiles, then allows no token at all)."""
-        matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
-        if not matcher.is_error():
-            matcher.compute_bitmask()
-            if matcher.is_error():
-                log.debug("grammar allows no first token: %s", matcher.get_error())
-                raise GrammarError("no value can satisfy it")
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error())
+        """Raise GrammarError unless grammar compiles in time and admits some text: rank 0 checks before
+        any rank builds a matcher (a schema whose references only loop compiles, then allows no token)."""
+        t0 = time.monotonic()
+        compiled = self._compile(grammar)
+        took = time.monotonic() - t0
+        if compiled.is_error():
+            raise GrammarError(compiled.get_error())
+        if took > COMPILE_LIMIT_SECONDS:
+            self._forget(grammar)
+            raise GrammarError(f"it is too complex to enforce: compiling it took {took:.1f} s, more than the "
+                               f"{COMPILE_LIMIT_SECONDS:g} s every rank may spend on one; simplify the schema")
+        probe = compiled.deep_copy()
+        probe.compute_bitmask()
+        if probe.is_error():
+            self._forget(grammar)
+            log.debug("grammar allows no first token: %s", probe.get_error())
+            raise GrammarError("no value can satisfy it")
 
     def processor(self, grammar: str) -> GrammarProcessor:
-        """The logits processor that enforces grammar for one request."""
-        return GrammarProcessor(self.ll_tokenizer(), grammar)
+        """The logits processor that enforces grammar for one request (a copy of the compiled grammar)."""
+        return GrammarProcessor(self._compile(grammar).deep_copy())
+
+    def _compile(self, grammar: str) -> llguidance.LLMatcher:
+        with self._lock:
+            compiled = self._compiled.get(grammar)
+            if compiled is not None:
+                self._compiled.move_to_end(grammar)
+                return compiled
+        # Outside the lock: a long compile on rank 0's admission thread must not stall the step thread.
+        compiled = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
+        if not compiled.is_error():
+            with self._lock:
+                self._compiled[grammar] = compiled
+                while len(self._compiled) > GRAMMAR_CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+        return compiled
+
+    def _forget(self, grammar: str) -> None:
+        with self._lock:
+            self._compiled.pop(grammar, None)
 
 
 def _tool_bodies(tools: list[dict[str, Any]], named: str | None) -> tuple[list[str], list[tuple[str, str, dict]]]:
@@ -181,6 +216,10 @@ def _reason(error: str) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+class GrammarFailed(RuntimeError):
+    """The matcher refused a token its own mask allowed: the output can no longer match the grammar."""
+
+
 class GrammarProcessor:
     """An mlx-lm logits processor that masks every token the grammar cannot accept next.
 
@@ -188,12 +227,9 @@ class GrammarProcessor:
     to be evaluated: only constrained requests pay that synchronisation.
     """
 
-    def __init__(self, ll: llguidance.LLTokenizer, grammar: str):
-        # log_level 0: llguidance would print to stderr; a failure is logged here, once
-        self.matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
-        self.eos = sorted(ll.eos_tokens)
+    def __init__(self, matcher: llguidance.LLMatcher):
+        self.matcher = matcher
         self.seen: int | None = None
-        self.failed = False
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self.seen is None:
@@ -206,17 +242,15 @@ class GrammarProcessor:
                 if self.matcher.is_stopped():
                     break
                 self.matcher.consume_token(token)
+        if self.matcher.is_error():
+            # The error quotes the grammar (the client's schema) and the text so far: DEBUG only. The
+            # request ends with an error rather than with output that breaks its schema.
+            log.debug("grammar matcher error: %s", self.matcher.get_error())
+            raise GrammarFailed("the output could not be kept to the requested format (the grammar "
+                                "refused a token its own mask allowed)")
         width = logits.shape[-1]
         allowed = np.zeros(width, dtype=bool)
-        if self.matcher.is_error():
-            if not self.failed:
-                self.failed = True
-                # The error quotes the grammar (the client's schema) and the text so far: DEBUG only.
-                log.warning("grammar matcher failed; ending the sequence")
-                log.debug("grammar matcher error: %s", self.matcher.get_error())
-            allowed[self.eos] = True  # unreachable while masking works; end rather than decode garbage
-        else:
-            bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-            n = min(width, bits.size)
-            allowed[:n] = bits[:n].astype(bool)
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        n = min(width, bits.size)
+        allowed[:n] = bits[:n].astype(bool)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))

@@ -153,6 +153,9 @@ class LockstepBatch:
         """Insert what can be built; a request whose sampler or grammar cannot be made fails alone."""
         ready, samplers, processors = [], [], []
         for ins in inserts:
+            if ins.rid in self.uid_of:  # rank 0 never plans this; a second sequence would orphan the first
+                self.failed[ins.rid] = "another sequence already runs under this request id"
+                continue
             try:
                 sampler, procs = make_sampler(ins), make_processors(ins, self.grammars)
             except Exception as exc:
@@ -197,7 +200,7 @@ class LockstepBatch:
             rid = self.rid_of[r.uid]
             if r.finish_reason is not None:
                 finished.add(rid)
-                del self.uid_of[rid]
+                self.uid_of.pop(rid, None)
                 del self.rid_of[r.uid]
             if rid in self.failed:
                 continue  # its token came from a fallback; the request ends with an error instead

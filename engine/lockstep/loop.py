@@ -182,6 +182,6 @@ class StepLoop:
                 return
             first = False
             if isinstance(item, Submit):
-                self.scheduler.submit(item.request)
+                self.scheduler.submit(item.requests)
             elif isinstance(item, Withdraw):
                 self.scheduler.cancel(item.rid)

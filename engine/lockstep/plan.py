@@ -21,6 +21,11 @@ _LEN = struct.Struct(">I")
 AllSum = Callable[[bytes], bytes]
 
 
+# Compiled grammars every rank keeps, by text (engine/decoding/constrained.py). Compiling happens inside
+# the step on every rank, so rank 0 plans at most one grammar outside this cache per step.
+GRAMMAR_CACHE_SIZE = 32
+
+
 class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """A request joining the batch: everything a rank needs to decode it identically."""
 

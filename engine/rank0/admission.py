@@ -4,6 +4,7 @@ grammar) and what rank 0 needs to report it (router, logprobs)."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -31,6 +32,7 @@ class Admission:
         self.context_length = context_length
         self.rules = OutputRules(tokenizer)
         self.texts = TokenTexts(tokenizer)
+        self.special_texts = _special_texts(tokenizer)
 
     def requests(self, gen: Generate, tokens: list[int], outbox: Any, deadline: float) -> list[Request]:
         """The choices of gen, ready for the scheduler; raises Refused."""
@@ -75,6 +77,9 @@ class Admission:
         if not forced and gen.json_schema is None:
             return ""
         param = "tool_choice" if forced else "response_format"
+        self._refuse_special_text(gen.json_schema, "response_format")
+        for i, tool in enumerate(tools or ()):
+            self._refuse_special_text(tool, f"tools[{i}]")
         try:
             if tools is not None and (forced or gen.json_schema is not None):
                 start, end = self.rules.tool or (None, None)
@@ -94,7 +99,16 @@ class Admission:
             raise Refused(f"cannot enforce {param}: {exc}", param) from None
         return grammar
 
-
+    def _refuse_special_text(self, value: Any, param: str) -> None:
+        """A grammar cannot make the model spell a special token's text inside JSON (the tokenizer reads
+        it as that one token, which the grammar then refuses): say so instead of ending mid-output."""
+        if value is None:
+            return
+        text = json.dumps(value, ensure_ascii=False)
+        for special in self.special_texts:
+            if special in text:
+                raise Refused(f"{param} contains {special!r}, the text of one of this model's special tokens, "
+                              "which constrained output cannot contain; remove it", param)
 
 class Prompter:
     """Chat template and tokenisation on rank 0, with the errors a client can cause."""
@@ -131,3 +145,9 @@ class Prompter:
         if bad:
             raise Refused(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
         return list(gen.prompt)
+
+
+def _special_texts(tokenizer: Any) -> list[str]:
+    """The text of every token the tokenizer adds whole (<|im_end|>, <tool_call>, ...)."""
+    added = getattr(mlx_compat.hf_tokenizer(tokenizer), "added_tokens_decoder", {}) or {}
+    return sorted({t.content for t in added.values() if len(getattr(t, "content", "")) > 1})

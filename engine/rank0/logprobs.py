@@ -70,7 +70,12 @@ def extract(texts: TokenTexts, asks: list[tuple[int, mx.array, int]]) -> list[To
             pairs = sorted(zip(top[1].tolist(), top[0].tolist()), key=lambda p: -p[0])
             for value, tid in pairs:
                 text, raw = texts.get(tid)
-                alternatives.append(TopLogprob(token=text, logprob=max(value, FLOOR), bytes=raw))
+                alternatives.append(TopLogprob(token=text, logprob=_floor(value), bytes=raw))
         text, raw = texts.get(tok)
-        out.append(TokenLogprob(token=text, logprob=max(lp.item(), FLOOR), bytes=raw, top=alternatives))
+        out.append(TokenLogprob(token=text, logprob=_floor(lp.item()), bytes=raw, top=alternatives))
     return out
+
+
+def _floor(value: float) -> float:
+    """A number OpenAI's schema accepts: -inf (a masked token) and NaN (an overflowed row) become FLOOR."""
+    return value if value >= FLOOR else FLOOR  # NaN compares false

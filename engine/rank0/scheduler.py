@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.lockstep.plan import Insert, Plan
+from engine.lockstep.plan import GRAMMAR_CACHE_SIZE, Insert, Plan
 from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.piece import Piece
@@ -56,9 +56,9 @@ class Request:
 
 @dataclass
 class Submit:
-    """Socket thread -> step loop: a choice to schedule."""
+    """Socket thread -> step loop: every choice of one request, admitted or refused together."""
 
-    request: Request
+    requests: list[Request]
 
 
 @dataclass
@@ -98,9 +98,24 @@ class Scheduler:
         self.to_remove: list[str] = []
         self.step = 0
         self.events: list[tuple[Any, Any]] = []
+        # The grammars every rank has compiled, in the ranks' own LRU order (they insert what we plan).
+        self.grammars: OrderedDict[str, None] = OrderedDict()
 
-    def submit(self, req: Request) -> None:
-        self.waiting.append(req)
+    def submit(self, requests: list[Request]) -> None:
+        """Queue every choice of one request, unless one of its ids still names a sequence in the engine
+        (a client reusing the id of a request it just abandoned, before the batch has let that go)."""
+        busy = {*self.running, *self.to_remove, *(r.rid for r in self.waiting)}
+        if any(req.rid in busy for req in requests):
+            self._left_queue(len(requests))
+            first = requests[0]
+            error = errors.invalid_request(f"request_id {first.group or first.rid!r} still names a request the "
+                                           "engine is ending; use a unique id for every request", "request_id",
+                                           "request_id_in_use", first.group or first.rid)
+            self._close(first, error)
+            for req in requests[1:]:
+                req.done = True
+            return
+        self.waiting.extend(requests)
 
     def cancel(self, rid: str, reason: Error | None = None) -> None:
         """Drop a request (every choice of it) wherever it is; its client gets `reason` if one is given."""
@@ -124,16 +139,28 @@ class Scheduler:
             self.cancel(req.rid, errors.timed_out(req.group or req.rid))
 
     def next_plan(self, fingerprint: int, token_check: int, *, idle: bool = False, shutdown: bool = False) -> Plan:
+        # The batch applies removes before inserts: their slots are free for this plan's inserts.
+        removes, self.to_remove = self.to_remove, []
+        for rid in removes:
+            self.running.pop(rid, None)
         inserts = []
-        while self.waiting and len(self.running) + len(inserts) < self.max_batch and not shutdown:
+        new_grammar = False
+        while self.waiting and len(self.running) < self.max_batch and not shutdown:
+            grammar = self.waiting[0].insert.grammar
+            if grammar and grammar not in self.grammars:
+                if new_grammar:
+                    break  # every rank compiles it inside the step: one new grammar per step
+                new_grammar = True
+            if grammar:
+                self.grammars[grammar] = None
+                self.grammars.move_to_end(grammar)
+                if len(self.grammars) > GRAMMAR_CACHE_SIZE:
+                    self.grammars.popitem(last=False)
             req = self.waiting.popleft()
             self.running[req.rid] = req
             inserts.append(req.insert)
             if req.echo:
                 self._send(req, Piece(content=req.echo))
-        removes, self.to_remove = self.to_remove, []
-        for rid in removes:
-            self.running.pop(rid, None)
         # One update, so the socket thread never sees a sequence in neither count (or both).
         with self.counters.lock:
             self.counters.waiting -= len(inserts)

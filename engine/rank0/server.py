@@ -178,8 +178,7 @@ class EngineServer:
             send.close()
             await _send(conn, errors.queue_full(rid, self.settings.MAX_BATCH, self.settings.MAX_QUEUE))
             return
-        for request in requests:
-            self.inbound.put(Submit(request))
+        self.inbound.put(Submit(requests))
         finished = False
         try:
             await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))

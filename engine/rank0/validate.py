@@ -6,6 +6,7 @@ A value that passes here must never raise inside a batched step (where it would 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 MAX_LOGIT_BIAS = 100.0
 MAX_PENALTY = 2.0  # presence/frequency: OpenAI's range
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 MAX_TOOLS = 128
 # Choice i > 0 of request r runs as "r/i": a slash in an id could collide with another request's choice.
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
@@ -55,6 +57,8 @@ def check(gen: Generate, limits: Limits) -> Generate:
     if gen.kind == "chat":
         _messages(gen.messages)
         _tools(gen.tools, gen.tool_choice)
+        _json_only(gen.tools, "tools")
+    _json_only(gen.json_schema, "response_format")
     if params is not gen.params:
         gen = msgspec.structs.replace(gen, params=params)
     return gen
@@ -75,9 +79,9 @@ def _sampling(p: SamplingParams, limits: Limits) -> SamplingParams:
     _finite_in("min_p", p.min_p, 0.0, 1.0)
     if p.top_k < 0:
         raise Refused(f"top_k must be 0 (no limit) or a positive number of tokens, got {p.top_k}", "top_k")
-    if p.repetition_penalty is not None and not (math.isfinite(p.repetition_penalty) and p.repetition_penalty > 0):
-        raise Refused(f"repetition_penalty must be a finite number greater than 0, got {p.repetition_penalty}",
-                      "repetition_penalty")
+    if p.repetition_penalty is not None:
+        # beyond these the penalised logits overflow to inf and the row to NaN
+        _finite_in("repetition_penalty", p.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(p, name)
         if value is not None:
@@ -139,6 +143,14 @@ def _tools(tools: list[dict[str, Any]] | None, choice: Any) -> None:
         raise Refused(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or {{\"type\": \"function\", "
                       f"\"function\": {{\"name\": <one of the tools>}}}}; tools: {', '.join(names) or 'none'}",
                       "tool_choice")
+
+
+def _json_only(value: Any, param: str) -> None:
+    """Schemas become grammar text through json.dumps: values JSON cannot hold (msgpack bytes) are refused."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise Refused(f"{param} must hold only JSON values ({type(exc).__name__}: {str(exc)[:80]})", param) from None
 
 
 def _show(value: str) -> str:

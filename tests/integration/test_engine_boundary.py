@@ -4,6 +4,7 @@ a batched step ends only the requests it belongs to."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import math
 
 import httpx
@@ -222,3 +223,123 @@ def test_a_client_that_stops_reading_is_cancelled_instead_of_growing_rank_0s_mem
         served_normally(s.socket)
     finally:
         engine.stop()
+
+
+# ---- found by red-teaming: grammars, reused ids, values JSON cannot hold -----------------------------
+
+def wide_schema(properties: int) -> dict:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(properties)}}
+
+
+def test_a_schema_too_costly_to_compile_on_every_rank_is_refused_and_the_engine_serves_on(stack):
+    body = {"model": "default", "messages": CHAT, "max_tokens": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": wide_schema(5000)}}}
+    r = post(stack, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert "too complex" in r.json()["error"]["message"]
+    served_normally(stack.socket)
+
+
+def test_many_choices_of_one_costly_schema_compile_it_once_instead_of_stalling_every_rank():
+    # Compiling this schema takes most of a second; thirty-two compiles inside one step outlasted the
+    # watchdog and ended the engine.
+    s = Stack(extra={"WATCHDOG_TIMEOUT": "6"})
+    engine, api = s.start_engine(), s.start_api()
+    try:
+        schema = {"type": "object", "properties": {"a": {"enum": [f"value number {i}" for i in range(50_000)]}},
+                  "required": ["a"]}
+        body = {"model": "default", "messages": CHAT, "max_tokens": 2, "n": 32,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        r = post(s, body)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 32
+        served_normally(s.socket)
+        assert engine.alive()
+    finally:
+        api.stop()
+        engine.stop()
+
+
+def test_reusing_a_request_id_the_engine_is_still_ending_never_orphans_a_sequence(stack):
+    long = dict(max_tokens=3000, logit_bias={0: -100.0, 1: -100.0, 2: -100.0})
+    for attempt in range(8):
+        rid = f"chatcmpl-reused-{attempt}"
+        with wire.Session(stack.socket) as first:
+            first.send(gen(rid, **long))
+            assert isinstance(first.recv(), Started)
+            first.recv()
+        # At once, under the same id: refused while the old sequence is being let go, else served whole.
+        frames = wire.run(stack.socket, gen(rid, max_tokens=6))
+        if isinstance(frames[-1], Error):
+            assert frames[-1].code == "request_id_in_use" and frames[-1].param == "request_id", frames[-1]
+        else:
+            assert isinstance(frames[-1], Finish) and frames[-1].completion_tokens == 6, frames
+        served_normally(stack.socket)
+
+
+@pytest.mark.parametrize("where", ["tools", "response_format"])
+def test_bytes_in_a_schema_over_the_socket_are_refused_by_name(stack, where):
+    schema = {"type": "object", "x": b"\x00"}
+    if where == "tools":
+        msg = Generate(request_id="chatcmpl-bytes", kind="chat", messages=CHAT, tool_choice="required",
+                       tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                       params=SamplingParams(max_tokens=4))
+    else:
+        msg = Generate(request_id="chatcmpl-bytes", kind="chat", messages=CHAT, json_schema=schema,
+                       params=SamplingParams(max_tokens=4))
+    frames = wire.run(stack.socket, msg)
+    assert isinstance(frames[0], Error) and (frames[0].status, frames[0].param) == (400, where), frames
+
+
+@pytest.mark.parametrize("field", ["const", "tool name"])
+def test_special_token_text_in_constrained_output_is_refused_instead_of_ending_mid_json(stack, field):
+    body = {"model": "default", "messages": CHAT, "max_tokens": 16, "seed": 0}
+    if field == "const":
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"const": "x<|endoftext|>y"}}, "required": ["a"]}}}
+    else:
+        body["tools"] = [{"type": "function", "function": {"name": "<|im_end|>", "parameters": {"type": "object"}}}]
+        body["tool_choice"] = "required"
+    r = post(stack, body)
+    assert r.status_code == 400, r.text
+    assert "special token" in r.json()["error"]["message"]
+
+
+def test_constrained_output_that_cannot_continue_ends_with_an_error_not_broken_json(stack):
+    # Every value of this schema is infinite: the grammar gives up mid-output.
+    endless = {"$defs": {"N": {"type": "object", "properties": {"c": {"$ref": "#/$defs/N"}}, "required": ["c"]}},
+               "$ref": "#/$defs/N"}
+    r = post(stack, {"model": "default", "messages": CHAT, "max_tokens": 64, "temperature": 0,
+                     "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": endless}}})
+    if r.status_code == 200:
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "length" or json.loads(choice["message"]["content"]) is not None, r.text
+    else:
+        assert r.json()["error"]["code"] in ("generation_failed", None), r.text
+    served_normally(stack.socket)
+
+
+def post_raw(stack, body: str) -> httpx.Response:
+    with httpx.Client(timeout=60) as http:
+        return http.post(stack.base_url + "/v1/chat/completions", content=body,
+                         headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("depth", [70, 959, 960, 961, 5000])
+def test_deeply_nested_free_form_json_is_a_400_naming_where(stack, depth):
+    deep = "[" * depth + "1" + "]" * depth  # written by hand: json.dumps itself recurses per level
+    chat = json.dumps(CHAT)
+    tool = ('{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": %s}}}' % deep)
+    r = post_raw(stack, '{"model": "default", "max_tokens": 2, "messages": %s, "tools": [%s]}' % (chat, tool))
+    assert r.status_code == 400, r.text
+    turns = json.dumps([*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "ARGS"}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "3"}]).replace('"ARGS"', json.dumps(deep))
+    r = post_raw(stack, '{"model": "default", "max_tokens": 2, "messages": %s}' % turns)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+
+
+def test_a_repetition_penalty_that_would_overflow_the_logits_is_refused(stack):
+    r = post(stack, {"model": "default", "messages": CHAT, "max_tokens": 2, "temperature": 0,
+                     "repetition_penalty": 1e-45, "logprobs": True, "top_logprobs": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty", r.text
