@@ -163,7 +163,7 @@ class EngineCollector(Collector):
                                 value=info.uptime)
         yield GaugeMetricFamily(f"{PREFIX}_engine_last_step_age_seconds",
                                 "Seconds since the step loop's last step or idle heartbeat.", value=info.last_step_age)
-        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "Plans the step loop ran (idle ticks included).",
+        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "Plans the step loop made (on several ranks, idle ticks too; a single rank plans only work).",
                                   value=info.step)
         yield SummaryMetricFamily(f"{PREFIX}_engine_step_seconds", "Batched forward steps on rank 0.",
                                   count_value=info.step_time_count, sum_value=info.step_time_sum)

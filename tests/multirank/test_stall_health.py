@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.harness import Stack
+from tests.harness import Stack, wait_for
 
 pytestmark = pytest.mark.multirank
 
@@ -26,10 +26,7 @@ def test_sigstop_rank1_turns_health_503_and_sigcont_recovers():
     stopped: int | None = None
     try:
         get = lambda path: httpx.get(s.base_url + path, timeout=15)  # noqa: E731
-        deadline = time.monotonic() + 30
-        while len(get("/health").json().get("rank_states") or []) < 2:  # the first rank reports
-            assert time.monotonic() < deadline, get("/health").text
-            time.sleep(0.2)
+        wait_for(lambda: len(get("/health").json().get("rank_states") or []) >= 2, 30, "both ranks' first reports")
         r = get("/health")
         assert r.status_code == 200, r.text
         rank1 = next(rank for rank in r.json()["rank_states"] if rank["rank"] == 1)
@@ -37,11 +34,10 @@ def test_sigstop_rank1_turns_health_503_and_sigcont_recovers():
 
         os.kill(rank1["pid"], signal.SIGSTOP)
         stopped = frozen_at = time.monotonic()
-        while (r := get("/health")).status_code == 200:
-            assert time.monotonic() - frozen_at < STALL_SECONDS + SLACK, "still 200 past the deadline"
-            time.sleep(0.2)
+        r = wait_for(lambda: (lambda r: r if r.status_code != 200 else None)(get("/health")), STALL_SECONDS + SLACK,
+                     "/health to stop answering 200 once rank 1 is frozen")
         took = time.monotonic() - frozen_at
-        assert r.status_code == 503 and took < STALL_SECONDS + SLACK, (took, r.text)
+        assert r.status_code == 503, (took, r.text)
         body = r.json()
         assert body["status"] == "unavailable" and body["api"] == "ok"
         assert body["engine"].startswith("stalled: "), body
@@ -50,10 +46,8 @@ def test_sigstop_rank1_turns_health_503_and_sigcont_recovers():
 
         os.kill(rank1["pid"], signal.SIGCONT)
         stopped = None
-        deadline = time.monotonic() + 15
-        while (r := get("/health")).status_code != 200:
-            assert time.monotonic() < deadline, r.text
-            time.sleep(0.2)
+        r = wait_for(lambda: (lambda r: r if r.status_code == 200 else None)(get("/health")), 15,
+                     "/health to answer 200 again once rank 1 runs")
         assert r.json()["engine"] == "ok"
         assert engine.alive()
     finally:
