@@ -151,6 +151,12 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "components": {"schemas": components},
     }
     doc["paths"]["/health"]["get"]["responses"]["503"]["content"] = _json("Health")
+    _annotate(doc, auth)
+    return doc
+
+
+def _annotate(doc: dict[str, Any], auth: bool) -> None:
+    """Every response names its request (x-request-id); with a key, /v1 needs a bearer token."""
     for item in doc["paths"].values():
         for operation in item.values():
             for response in operation["responses"].values():
@@ -161,7 +167,6 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             if path.startswith("/v1/"):
                 for operation in item.values():
                     operation["security"] = [{"bearerAuth": []}]
-    return doc
 
 
 def openapi_route(settings: Settings) -> Route:

@@ -39,76 +39,83 @@ def _response(status: bytes, err: APIError) -> bytes:
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-def edge_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline for request headers and a cap on open connections."""
+class EdgeProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for request headers and a cap on open connections;
+    edge_protocol() makes one configured with the settings."""
 
+    header_timeout = 10.0
+    max_connections = 512
+    too_slow = b""  # the whole 408 response
+    too_many = b""  # the whole 503 response
+    _header_timer: asyncio.TimerHandle | None = None
+    _waiting_cycle: object = None
+    _got_bytes = False
+    _refused = False
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            # Refused before it can hold anything: no request parsed, no task started. The close
+            # lingers a moment, reading what the client still sends, so it gets the 503, not a reset.
+            self._waiting_cycle = False
+            self._refused = True
+            transport.write(self.too_many)
+            if transport.can_write_eof():
+                transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, transport.close)
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._waiting_cycle is not False and self._header_timer is None:
+            # A kept-alive connection's next request: its headers are timed from the first byte.
+            self._arm()
+        self._got_bytes = True
+        super().data_received(data)
+        if self._waiting_cycle is not False and self.cycle is not self._waiting_cycle:
+            self._headers_done()
+
+    def on_response_complete(self) -> None:
+        finished = self.cycle
+        super().on_response_complete()  # may parse a pipelined request into a new cycle
+        if not self.transport.is_closing():
+            # Idle until the next request's first byte: uvicorn's keep-alive timeout applies.
+            self._waiting_cycle, self._got_bytes = finished, False
+            if self.cycle is not finished:
+                self._headers_done()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._headers_done()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _headers_done(self) -> None:
+        self._waiting_cycle = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self._got_bytes:
+            self.transport.write(self.too_slow)
+        self.transport.close()
+
+
+def edge_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
+    """EdgeProtocol with these limits and the answers it gives when they are reached."""
     too_slow = _response(b"408 Request Timeout", RequestTimeout(
         f"the request headers did not arrive within HTTP_HEADER_TIMEOUT={header_timeout:g} s"))
     too_many = _response(b"503 Service Unavailable", TooManyConnections(
         f"the server has too many open connections (MAX_CONNECTIONS={max_connections}); retry shortly"))
-
-    class EdgeProtocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _waiting_cycle: object = None
-        _got_bytes = False
-        _refused = False
-
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                # Refused before it can hold anything: no request parsed, no task started. The close
-                # lingers a moment, reading what the client still sends, so it gets the 503, not a reset.
-                self._waiting_cycle = False
-                self._refused = True
-                transport.write(too_many)
-                if transport.can_write_eof():
-                    transport.write_eof()
-                self.loop.call_later(LINGER_SECONDS, transport.close)
-                return
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            if self._refused:
-                return
-            if self._waiting_cycle is not False and self._header_timer is None:
-                # A kept-alive connection's next request: its headers are timed from the first byte.
-                self._arm()
-            self._got_bytes = True
-            super().data_received(data)
-            if self._waiting_cycle is not False and self.cycle is not self._waiting_cycle:
-                self._headers_done()
-
-        def on_response_complete(self) -> None:
-            finished = self.cycle
-            super().on_response_complete()  # may parse a pipelined request into a new cycle
-            if not self.transport.is_closing():
-                # Idle until the next request's first byte: uvicorn's keep-alive timeout applies.
-                self._waiting_cycle, self._got_bytes = finished, False
-                if self.cycle is not finished:
-                    self._headers_done()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._headers_done()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
-
-        def _headers_done(self) -> None:
-            self._waiting_cycle = False
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if self.transport.is_closing():
-                return
-            if self._got_bytes:
-                self.transport.write(too_slow)
-            self.transport.close()
-
-    return EdgeProtocol
+    return type("EdgeProtocol", (EdgeProtocol,), {"header_timeout": header_timeout, "max_connections": max_connections,
+                                                  "too_slow": too_slow, "too_many": too_many})
 
 
 def listen(host: str, port: int, *, take_over: bool) -> socket.socket:
