@@ -49,8 +49,6 @@ class Generation:
             if isinstance(msg, ipc.Delta):
                 self.completion_tokens = msg.completion_tokens
                 return msg
-            if msg.finish_reason == "cancelled":
-                raise EngineUnavailable("the engine cancelled the request (is it shutting down?)")
             self.done = True
             self.prompt_tokens, self.completion_tokens = msg.prompt_tokens, msg.completion_tokens
             return msg

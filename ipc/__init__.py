@@ -12,7 +12,6 @@ from ipc.framing import (
 )
 from ipc.messages import (
     PROTOCOL_VERSION,
-    Cancel,
     Delta,
     Error,
     Finish,
@@ -29,7 +28,6 @@ from ipc.messages import (
 
 __all__ = [
     "PROTOCOL_VERSION",
-    "Cancel",
     "ConnectionClosed",
     "Delta",
     "EngineUnavailable",

@@ -26,7 +26,6 @@ def version_mismatch(theirs: int) -> Error:
     """The error both sides send when protocol versions differ."""
     return Error(
         status=503,
-        error_type="engine_unavailable",
         code="protocol_version_mismatch",
         message=(
             f"protocol version mismatch: peer speaks v{theirs}, this side speaks "
@@ -75,17 +74,17 @@ async def accept_handshake(conn: FramedStream) -> bool:
         with anyio.fail_after(HANDSHAKE_TIMEOUT):
             hello = await conn.recv()
     except TimeoutError:
-        await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
+        await _send_quietly(conn, Error(status=400, code="bad_frame",
                                         message=f"handshake failed: no complete hello within {HANDSHAKE_TIMEOUT:g} s"))
         return False
     except (FrameError, TruncatedFrame) as exc:
-        await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
+        await _send_quietly(conn, Error(status=400, code="bad_frame",
                                         message=f"handshake failed: {str(exc) or type(exc).__name__}"))
         return False
     except ConnectionClosed:
         return False
     if not isinstance(hello, Hello):
-        await _send_quietly(conn, Error(status=400, error_type="invalid_request_error", code="bad_frame",
+        await _send_quietly(conn, Error(status=400, code="bad_frame",
                                         message=f"expected hello as the first frame, got {type(hello).__name__.lower()}"))
         return False
     if hello.version != PROTOCOL_VERSION:

@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class Msg(
@@ -170,7 +170,7 @@ class Finish(Msg):
     """One choice ended normally (all n of them: nothing follows on this connection)."""
 
     request_id: str
-    finish_reason: Literal["stop", "length", "cancelled"]
+    finish_reason: Literal["stop", "length"]
     prompt_tokens: int
     completion_tokens: int
     text: str = ""
@@ -180,21 +180,14 @@ class Finish(Msg):
     logprobs: list[TokenLogprob] = []
 
 
-class Cancel(Msg):
-    """Client -> engine: stop this request now (closing the connection does the same)."""
-
-    request_id: str
-
-
 class Error(Msg):
-    """A failure the API turns back into an OpenAI error object with the same status."""
+    """A failure; the API rebuilds its own error class from status and code (each dialect names the type)."""
 
     status: int
-    error_type: str
     message: str
     code: str | None = None
     param: str | None = None
     request_id: str = ""
 
 
-Message = Union[Hello, Welcome, InfoRequest, Info, Generate, Started, Delta, Finish, Cancel, Error]
+Message = Union[Hello, Welcome, InfoRequest, Info, Generate, Started, Delta, Finish, Error]

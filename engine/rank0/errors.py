@@ -14,7 +14,7 @@ from ipc import Error
 def invalid_request(message: str, param: str | None = None, code: str | None = None,
                     request_id: str = "") -> Error:
     """400: the request, as sent, is one the engine cannot run; message says what to change."""
-    return Error(status=400, error_type="invalid_request_error", message=message, param=param, code=code,
+    return Error(status=400, message=message, param=param, code=code,
                  request_id=request_id)
 
 
@@ -32,32 +32,32 @@ class Refused(Exception):
 
 def shutting_down(request_id: str, message: str) -> Error:
     """503: the engine is stopping; the client may retry once it is back."""
-    return Error(status=503, error_type="engine_unavailable", code="shutting_down", request_id=request_id,
+    return Error(status=503, code="shutting_down", request_id=request_id,
                  message=message)
 
 
 def timed_out(request_id: str) -> Error:
     """504: the request outlived REQUEST_TIMEOUT."""
-    return Error(status=504, error_type="timeout", code="request_timeout", request_id=request_id,
+    return Error(status=504, code="request_timeout", request_id=request_id,
                  message="the request exceeded REQUEST_TIMEOUT before it finished; raise REQUEST_TIMEOUT "
                          "or ask for fewer tokens")
 
 
 def generation_failed(request_id: str, message: str) -> Error:
     """500: the engine's own failure with this request; other requests go on."""
-    return Error(status=500, error_type="server_error", code="generation_failed", request_id=request_id,
+    return Error(status=500, code="generation_failed", request_id=request_id,
                  message=message)
 
 
 def queue_full(request_id: str, max_batch: int, max_queue: int) -> Error:
     """429: no room for the request's choices right now."""
-    return Error(status=429, error_type="rate_limit_error", code="queue_full", request_id=request_id,
+    return Error(status=429, code="queue_full", request_id=request_id,
                  message=f"the engine is full ({max_batch} running and {max_queue} waiting sequences at most); "
                          "retry after a moment")
 
 
 def client_not_reading(request_id: str, events: int) -> Error:
     """408: the client let its output pile up, so the request was cancelled."""
-    return Error(status=408, error_type="invalid_request_error", code="client_not_reading", request_id=request_id,
+    return Error(status=408, code="client_not_reading", request_id=request_id,
                  message=f"the client stopped reading its output ({events} events waited, OUTPUT_BUFFER_EVENTS); "
                          "the request was cancelled")

@@ -22,7 +22,6 @@ from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
 from engine.rank0.scheduler import Counters, Submit, Withdraw
 from ipc import (
-    Cancel,
     ConnectionClosed,
     Error,
     Finish,
@@ -215,12 +214,10 @@ class EngineServer:
         return False
 
     async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope) -> None:
-        """The peer closing its connection, or sending Cancel, ends the request."""
+        """The peer closing its connection (or breaking its framing) ends the request; it sends nothing else."""
         try:
             while True:
-                msg = await conn.recv()
-                if isinstance(msg, Cancel) and msg.request_id == rid:
-                    break
+                await conn.recv()
         except (ConnectionClosed, FrameError):
             pass
         scope.cancel()

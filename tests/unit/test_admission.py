@@ -63,7 +63,7 @@ def test_a_value_the_engine_cannot_run_is_refused_naming_its_param(case: str) ->
     with pytest.raises(Refused) as info:
         validate.check(gen(**kw), LIMITS)
     error = info.value.error
-    assert (error.status, error.error_type, error.param) == (400, "invalid_request_error", param)
+    assert (error.status, error.param) == (400, param)
     assert error.message == str(info.value)
 
 

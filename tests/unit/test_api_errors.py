@@ -159,7 +159,7 @@ async def test_engine_down_is_503_with_retry_after(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_engine_queue_full_is_429_with_retry_after(engine, client, stream):
-    engine.refuse(ipc.Error(status=429, error_type="rate_limit_error", code="queue_full", message="queue is full"))
+    engine.refuse(ipc.Error(status=429, code="queue_full", message="queue is full"))
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
     error = assert_error(r, 429, code="rate_limit_exceeded", type_="requests")
     assert error["message"] == "queue is full"
@@ -167,7 +167,7 @@ async def test_engine_queue_full_is_429_with_retry_after(engine, client, stream)
 
 
 async def test_context_length_exceeded_keeps_its_code_and_param(engine, client):
-    engine.refuse(ipc.Error(status=400, error_type="invalid_request_error", code="context_length_exceeded",
+    engine.refuse(ipc.Error(status=400, code="context_length_exceeded",
                             param="messages", message="too long"))
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert_error(r, 400, param="messages", code="context_length_exceeded")
@@ -187,7 +187,7 @@ async def test_request_timeout_non_streaming_is_504(engine, make_client):
 
 def test_from_wire_rebuilds_the_class():
     def wire(status, code=None):
-        return from_wire(ipc.Error(status=status, error_type="x", message="m", code=code))
+        return from_wire(ipc.Error(status=status, message="m", code=code))
 
     assert type(wire(400, "context_length_exceeded")) is ContextLengthExceeded
     assert type(wire(429, "queue_full")) is Overloaded and wire(429, "queue_full").code == "rate_limit_exceeded"

@@ -223,7 +223,7 @@ async def test_a_bug_answers_500_with_a_request_id_too(engine, make_settings, mo
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_full_queue_is_openais_rate_limit_error(engine, client, stream):
-    engine.refuse(ipc.Error(status=429, error_type="rate_limit_error", code="queue_full", message="queue is full"))
+    engine.refuse(ipc.Error(status=429, code="queue_full", message="queue is full"))
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
     error = assert_error(r, 429, code="rate_limit_exceeded")
     assert error["type"] == "requests"

@@ -173,12 +173,12 @@ async def _attack_then_probe(path: Path, data: bytes) -> tuple[list[Msg], object
             with anyio.fail_after(TIMEOUT):
                 msg = await conn.recv()
         except (FrameError, TruncatedFrame, TimeoutError) as exc:  # as engine/rank0/server.py does
-            await conn.send(Error(status=400, error_type="invalid_request_error", code="bad_frame", message=str(exc)))
+            await conn.send(Error(status=400, code="bad_frame", message=str(exc)))
             return
         if isinstance(msg, InfoRequest):
             await conn.send(info)
         else:
-            await conn.send(Error(status=400, error_type="invalid_request_error", code="bad_frame", message="?"))
+            await conn.send(Error(status=400, code="bad_frame", message="?"))
 
     replies: list[Msg] = []
     async with anyio.create_task_group() as tg:

@@ -19,7 +19,6 @@ import pytest
 
 from ipc import (
     PROTOCOL_VERSION,
-    Cancel,
     ConnectionClosed,
     Delta,
     EngineUnavailable,
@@ -80,8 +79,7 @@ SAMPLES: list[Msg] = [
     Started(request_id="chatcmpl-1", prompt_tokens=12),
     Delta(request_id="chatcmpl-1", text="héllo ✓", completion_tokens=3),
     Finish(request_id="chatcmpl-1", finish_reason="length", prompt_tokens=12, completion_tokens=32, text="x"),
-    Cancel(request_id="chatcmpl-1"),
-    Error(status=429, error_type="overloaded", message="queue full", code="overloaded", request_id="chatcmpl-1"),
+    Error(status=429, message="queue full", code="overloaded", request_id="chatcmpl-1"),
 ]
 
 
@@ -304,7 +302,7 @@ async def test_connect_reports_the_servers_version_error(short_dir: Path) -> Non
         async with stream:
             conn = FramedStream(stream)
             await conn.recv()
-            await conn.send(Error(status=503, error_type="engine_unavailable", code="protocol_version_mismatch",
+            await conn.send(Error(status=503, code="protocol_version_mismatch",
                                   message="protocol version mismatch: peer speaks v1, this side speaks v0"))
 
     listener = await anyio.create_unix_listener(path)
