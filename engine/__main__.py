@@ -11,6 +11,8 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 
 def _detach_stdin() -> None:
@@ -53,6 +55,17 @@ def _socket_is_live(path) -> bool:
         s.close()
 
 
+@dataclass
+class Joined:
+    """This rank after joining its group and loading its shard."""
+
+    group: Any
+    rank: int
+    size: int
+    loaded: Any  # engine.model.LoadedModel
+    started: float
+
+
 def main() -> int:
     _detach_stdin()
     from config import ConfigError, load_settings
@@ -73,22 +86,33 @@ def main() -> int:
         log.error("another engine is already serving on %s; stop it first (./launch.sh stop)", settings.socket_path)
         return ExitCause.FAILED
 
+    from engine.model import ModelError
     from engine.watchdog import Watchdog
 
     watchdog = Watchdog(settings.ENGINE_START_TIMEOUT, rank)
     watchdog.start()
+    try:
+        joined = _join(settings, watchdog)
+    except ModelError as exc:
+        log.error("%s", exc)
+        return ExitCause.FAILED
+    loop, server = _build(settings, joined, watchdog)
 
+    def on_signal(signum, frame):  # never log in a signal handler
+        loop.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return _serve(settings, joined, loop, server)
+
+
+def _join(settings, watchdog) -> Joined:
+    """Join the group (several ranks) and load this rank's shard; raises ModelError."""
     import mlx.core as mx
 
-    from engine.decoding.constrained import Grammars
-    from engine.lockstep.batch import DesyncError, LockstepBatch
-    from engine.lockstep.channel import PlanChannel
-    from engine.lockstep.loop import LoopStats, StepLoop
-    from engine.lockstep.plan import PlanError
-    from engine.model import ModelError, load
-    from engine.ranks import RankReports, decode_hostnames, hostname_row, local_row
+    from engine.model import load
 
-    group = None
+    group, rank = None, _rank_from_env()
     if "MLX_RANK" in os.environ:
         watchdog.beat(f"joining the {settings.BACKEND} group")
         group = mx.distributed.init(strict=True, backend=settings.BACKEND)
@@ -96,73 +120,84 @@ def main() -> int:
     size = group.size() if group is not None else 1
     started = time.time()
     watchdog.beat("loading the model")
-    try:
-        loaded = load(settings, group)
-    except ModelError as exc:
-        log.error("%s", exc)
-        return ExitCause.FAILED
-    log.info("rank %d of %d joined: model %s loaded from %s (context %d) in %.1f s, pid %d, host %s",
-             rank, size, settings.model_name, loaded.path, loaded.context_length, time.time() - started,
-             os.getpid(), socket.gethostname())
+    loaded = load(settings, group)
+    logging.getLogger("engine").info(
+        "rank %d of %d joined: model %s loaded from %s (context %d) in %.1f s, pid %d, host %s", rank, size,
+        settings.model_name, loaded.path, loaded.context_length, time.time() - started, os.getpid(),
+        socket.gethostname())
+    return Joined(group, rank, size, loaded, started)
 
-    tokenizer = loaded.tokenizer
-    eos = set(tokenizer.eos_token_ids)
+
+def _build(settings, joined: Joined, watchdog):
+    """The step loop of this rank, and on rank 0 the socket server that feeds it."""
+    from engine.decoding.constrained import Grammars
+    from engine.lockstep.batch import LockstepBatch
+    from engine.lockstep.channel import PlanChannel
+    from engine.lockstep.loop import StepLoop
+    from engine.ranks import decode_hostnames, hostname_row, local_row
+
+    tokenizer = joined.loaded.tokenizer
     # Every rank samples, so every rank compiles grammars against its own tokenizer.
     grammars = Grammars(tokenizer)
     grammars.warm_up_in_background()
-    batch = LockstepBatch(loaded.model, eos, settings.PREFILL_TOKENS_PER_STEP, settings.MAX_BATCH, grammars)
-    channel = PlanChannel(group if size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
+    batch = LockstepBatch(joined.loaded.model, set(tokenizer.eos_token_ids), settings.PREFILL_TOKENS_PER_STEP,
+                          settings.MAX_BATCH, grammars)
+    channel = PlanChannel(joined.group if joined.size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("starting the step loop")
     idle_tick = settings.IDLE_TICK_MS / 1000.0
-
-    # One startup exchange names every rank's host for status and /health.
+    # One startup exchange names every rank's host for status and /health...
     hosts = decode_hostnames(channel.gather(hostname_row()))
     # ...and every rank announces its pid before rank 0 serves: the supervisor learns the ranks from
     # Info.rank_states, complete from rank 0's first answer.
     announced = channel.gather(local_row(0))
-    server = None
-    if rank == 0:
-        from engine.rank0.admission import Prompter
-        from engine.rank0.logprobs import extract
-        from engine.rank0.scheduler import Counters, Scheduler
-        from engine.rank0.server import EngineServer
-        from engine.rank0.validate import Limits
-        from ipc import Info
+    if joined.rank != 0:
+        return StepLoop(batch, channel, watchdog, idle_tick, settings.DRAIN_TIMEOUT), None
+    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced)
 
-        counters = Counters()
-        inbound: queue.SimpleQueue = queue.SimpleQueue()
-        scheduler = Scheduler(settings.MAX_BATCH, eos, counters, extract)
-        created = int(started)
-        stats = LoopStats()
-        reports = RankReports(hosts)
-        reports.update(announced)
 
-        def info() -> Info:
-            return Info(model=settings.model_name, model_path=loaded.path, context_length=loaded.context_length,
-                        ranks=size, backend=settings.BACKEND if size > 1 else "single", created=created,
-                        engine_pid=os.getpid(), uptime=time.time() - started, step=stats.step,
-                        last_step_age=watchdog.age(), active=counters.active, queued=counters.waiting,
-                        max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE,
-                        rank_states=reports.snapshot(),
-                        step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
-                        broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count)
+def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced):
+    """Rank 0's scheduler, admission and socket server around the step loop."""
+    from engine.lockstep.loop import LoopStats, StepLoop
+    from engine.rank0.admission import Prompter
+    from engine.rank0.logprobs import extract
+    from engine.rank0.scheduler import Counters, Scheduler
+    from engine.rank0.server import EngineServer
+    from engine.rank0.validate import Limits
+    from engine.ranks import RankReports
+    from ipc import Info
 
-        limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size,
-                        context_length=loaded.context_length, max_batch=settings.MAX_BATCH,
-                        max_queue=settings.MAX_QUEUE)
-        server = EngineServer(settings, Prompter(tokenizer, limits, grammars), counters, inbound, info)
-        loop = StepLoop(batch, channel, watchdog, idle_tick, settings.DRAIN_TIMEOUT, scheduler, server, inbound,
-                        reports, stats)
-    else:
-        loop = StepLoop(batch, channel, watchdog, idle_tick, settings.DRAIN_TIMEOUT)
+    loaded, tokenizer = joined.loaded, joined.loaded.tokenizer
+    counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
+    reports.update(announced)
+    inbound: queue.SimpleQueue = queue.SimpleQueue()
+    scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract)
+    backend = settings.BACKEND if joined.size > 1 else "single"
 
-    def on_signal(signum, frame):  # never log in a signal handler
-        loop.request_stop()
+    def info() -> Info:
+        return Info(model=settings.model_name, model_path=loaded.path, context_length=loaded.context_length,
+                    ranks=joined.size, backend=backend, created=int(joined.started), engine_pid=os.getpid(),
+                    uptime=time.time() - joined.started, step=stats.step, last_step_age=watchdog.age(),
+                    active=counters.active, queued=counters.waiting, max_batch=settings.MAX_BATCH,
+                    max_queue=settings.MAX_QUEUE, rank_states=reports.snapshot(),
+                    step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
+                    broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
+                    max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
+    server = EngineServer(settings, Prompter(tokenizer, limits, grammars), counters, inbound, info)
+    loop = StepLoop(batch, channel, watchdog, settings.IDLE_TICK_MS / 1000.0, settings.DRAIN_TIMEOUT, scheduler,
+                    server, inbound, reports, stats)
+    return loop, server
 
+
+def _serve(settings, joined: Joined, loop, server) -> int:
+    """Run the step loop until shutdown; the exit cause says how it ended."""
+    from engine.lockstep.batch import DesyncError
+    from engine.lockstep.plan import PlanError
+    from ipc.lifecycle import ExitCause
+
+    log = logging.getLogger("engine")
     if server is not None:
         try:
             server.start()
@@ -170,7 +205,7 @@ def main() -> int:
             log.error("cannot serve on %s: %s", settings.socket_path, exc)
             return ExitCause.FAILED
         log.info("rank 0 serving %s on %s (%d rank%s, backend %s)", settings.model_name, settings.socket_path,
-                 size, "s" if size > 1 else "", settings.BACKEND if size > 1 else "single")
+                 joined.size, "s" if joined.size > 1 else "", settings.BACKEND if joined.size > 1 else "single")
     try:
         loop.run()
     except (DesyncError, PlanError) as exc:
@@ -178,12 +213,12 @@ def main() -> int:
         return ExitCause.DESYNC
     except RuntimeError as exc:
         # mlx raises RuntimeError when a collective loses its peer ("[ring] connection to a peer was lost").
-        log.critical("rank %d: %s; a peer rank is gone, ending this rank", rank, exc)
+        log.critical("rank %d: %s; a peer rank is gone, ending this rank", joined.rank, exc)
         return ExitCause.PEER_LOST
     finally:
         if server is not None:
             server.stop()
-    log.info("rank %d stopped cleanly", rank)
+    log.info("rank %d stopped cleanly", joined.rank)
     return ExitCause.CLEAN
 
 
