@@ -329,7 +329,7 @@ def interrupt(signum, frame):
 def resolve_model(name: str, cache_dir: Path) -> tuple[Path, str]:
     """(model folder, MODEL value for our engine); a demo model is generated when missing."""
     if name.startswith("demo-"):
-        out = subprocess.run([PYTHON, "-m", "engine.demo_model", "--size", name[5:], "--cache-dir", str(cache_dir)],
+        out = subprocess.run([PYTHON, "-m", "engine.demo", "--size", name[5:], "--cache-dir", str(cache_dir)],
                              cwd=REPO, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise SystemExit(f"cannot generate {name}: {out.stderr}")

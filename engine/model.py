@@ -34,7 +34,7 @@ def resolve(settings: Settings) -> str | Path:
     """A demo name becomes its generated folder; a local path must exist; anything else is a repo id."""
     name = settings.MODEL
     if name.startswith(DEMO_PREFIX):
-        from engine.demo_model import DEMO_MODELS, ensure_demo_model
+        from engine.demo import DEMO_MODELS, ensure_demo_model
 
         size = name[len(DEMO_PREFIX):]
         if size not in DEMO_MODELS:

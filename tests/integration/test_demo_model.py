@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo_model import DEMO_MODELS, MARKER_FILE, demo_model_path, ensure_demo_model
+from engine.demo import DEMO_MODELS, MARKER_FILE, demo_model_path, ensure_demo_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_existing_model_is_reused(tiny: Path) -> None:
 
 def test_concurrent_generation_through_the_cli(tmp_path: Path) -> None:
     # Two local ranks starting at once both generate; one rename wins, the other copy is dropped.
-    cmd = [sys.executable, "-m", "engine.demo_model", "--size", "tiny", "--cache-dir", str(tmp_path)]
+    cmd = [sys.executable, "-m", "engine.demo", "--size", "tiny", "--cache-dir", str(tmp_path)]
     procs = [subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs):
@@ -63,7 +63,7 @@ def test_concurrent_generation_through_the_cli(tmp_path: Path) -> None:
 def test_loser_of_the_rename_race_discards_its_copy(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Deterministic version of the race: this caller sees no model, generates one, and finds
     # the target already in place when it renames.
-    from engine import demo_model
+    from engine.demo import store as demo_model
 
     real, calls = demo_model._is_complete, []
 

@@ -1,0 +1,28 @@
+"""The demo models' sizes, and the seed every random draw of the generator derives from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEMO_MODELS = ("tiny", "small")
+
+SEED = 0x6D6C78  # "mlx"
+
+
+@dataclass(frozen=True)
+class Spec:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    filler_words: int  # pseudo-words added to the tokenizer corpus (engine/demo/tokenizer.py)
+
+
+SPECS = {
+    "tiny": Spec(hidden=64, layers=2, heads=4, kv_heads=4, head_dim=16, intermediate=128, vocab=1024, filler_words=0),
+    "small": Spec(hidden=256, layers=8, heads=8, kv_heads=4, head_dim=32, intermediate=1024, vocab=4096,
+                  filler_words=2400),
+}
