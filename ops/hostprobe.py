@@ -58,10 +58,12 @@ def model_facts(model: str, root: Path) -> dict:
     """{"ok": bool, "identity": what must match across hosts, "problem": why not ok}."""
     if model.startswith(DEMO_PREFIX):
         # generated on each host, deterministically: the same generator version makes the same model
-        gen = root / "engine" / "demo_model.py"
-        if not gen.is_file():
+        gen = root / "engine" / "demo"
+        files = sorted(f for f in gen.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+        if not files:
             return {"ok": False, "problem": f"the demo model generator {gen} is missing"}
-        return {"ok": True, "identity": f"{model} generator v{generator_version(root)} {file_hash(gen)[:8]}"}
+        digest = hashlib.sha256("".join(file_hash(f) for f in files).encode()).hexdigest()
+        return {"ok": True, "identity": f"{model} generator v{generator_version(root)} {digest[:8]}"}
     if model.startswith(("/", ".", "~")):
         path = Path(model).expanduser()
         path = path if path.is_absolute() else root / path
@@ -88,7 +90,7 @@ def generator_version(root: Path) -> str:
     """The demo model generator's VERSION, as the generator itself states it (in this host's project)."""
     python = root / ".venv" / "bin" / "python"
     cmd = [str(python) if python.exists() else sys.executable, "-c",
-           "from engine.demo_model import VERSION; print(VERSION)"]
+           "from engine.demo import VERSION; print(VERSION)"]
     try:
         r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
