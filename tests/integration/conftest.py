@@ -36,3 +36,12 @@ def own_stack():
         c.close()
     for p in s.procs.values():
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_tiny():
+    """The demo-tiny model folder, generated here when no test has made it yet (whatever the order)."""
+    from engine.demo import ensure_demo_model
+    from tests.harness import MODEL_CACHE
+
+    return ensure_demo_model("tiny", MODEL_CACHE)
