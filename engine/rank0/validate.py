@@ -26,6 +26,10 @@ MAX_STOP_CHARS = 1024
 MAX_LOGIT_BIAS = 100.0
 MAX_PENALTY = 2.0  # presence/frequency: OpenAI's range
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+# The sampler divides log probabilities by the temperature: below MIN_TEMPERATURE even the likeliest
+# token's overflows to -inf (every token then looks alike, grammar masks included), so that is greedy;
+# past MAX_TEMPERATURE the division underflows and a masked token's -inf becomes NaN.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 MAX_TOOLS = 128
 # Choice i > 0 of request r runs as "r/i": a slash in an id could collide with another request's choice.
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
@@ -73,7 +77,7 @@ def _sampling(p: SamplingParams, limits: Limits) -> SamplingParams:
         raise Refused(f"n={p.n} choices can never be scheduled: this engine holds at most {limits.capacity} "
                       f"sequences (MAX_BATCH={limits.max_batch} running + MAX_QUEUE={limits.max_queue} waiting); "
                       "ask for fewer choices", "n")
-    _finite_in("temperature", p.temperature, 0.0, math.inf)
+    _finite_in("temperature", p.temperature, 0.0, MAX_TEMPERATURE)
     if not (math.isfinite(p.top_p) and 0.0 < p.top_p <= 1.0):
         raise Refused(f"top_p must be greater than 0 and at most 1, got {p.top_p}", "top_p")
     _finite_in("min_p", p.min_p, 0.0, 1.0)
@@ -99,6 +103,8 @@ def _sampling(p: SamplingParams, limits: Limits) -> SamplingParams:
         if not 0 < len(s) <= MAX_STOP_CHARS:
             raise Refused(f"a stop string must have 1 to {MAX_STOP_CHARS} characters, got {len(s)}", "stop")
     changes: dict[str, Any] = {}
+    if 0.0 < p.temperature < MIN_TEMPERATURE:
+        changes["temperature"] = 0.0
     if p.top_k >= limits.logits_size:
         changes["top_k"] = 0  # keeping at least every token is no filter at all (mlx-lm would raise)
     if p.top_logprobs > limits.logits_size:

@@ -343,3 +343,13 @@ def test_a_repetition_penalty_that_would_overflow_the_logits_is_refused(stack):
     r = post(stack, {"model": "default", "messages": CHAT, "max_tokens": 2, "temperature": 0,
                      "repetition_penalty": 1e-45, "logprobs": True, "top_logprobs": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty", r.text
+
+
+def test_a_vanishing_temperature_under_a_grammar_samples_greedily_instead_of_escaping_the_mask(stack):
+    # Dividing by 1e-63 sent every log probability to -inf, and the sampler picked a token the grammar
+    # forbids. Found by the hostile-input property test.
+    msg = Generate(request_id="chatcmpl-cold", kind="completion", prompt="0", json_schema={"type": "object"},
+                   params=SamplingParams(max_tokens=8, temperature=1.31516429141168e-63))
+    frames = wire.run(stack.socket, msg)
+    assert isinstance(frames[0], Started) and isinstance(frames[-1], Finish), frames
+    assert not any(isinstance(f, Error) for f in frames)

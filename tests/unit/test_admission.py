@@ -31,6 +31,7 @@ REFUSED = {
     "negative temperature": (dict(temperature=-0.1), "temperature"),
     "infinite temperature": (dict(temperature=math.inf), "temperature"),
     "nan temperature": (dict(temperature=math.nan), "temperature"),
+    "temperature whose inverse underflows": (dict(temperature=1e300), "temperature"),
     "top_p 0": (dict(top_p=0.0), "top_p"),
     "top_p above 1": (dict(top_p=1.5), "top_p"),
     "min_p above 1": (dict(min_p=1.5), "min_p"),
@@ -87,6 +88,12 @@ def test_limits_beyond_the_model_are_clamped_not_refused() -> None:
     small = validate.Limits(vocab_size=10, logits_size=10, context_length=4096, max_batch=4, max_queue=4)
     g = validate.check(gen(top_k=5000, top_logprobs=20), small)
     assert (g.params.top_k, g.params.top_logprobs) == (0, 10)
+
+
+@pytest.mark.parametrize("temperature", [1e-63, 5e-4])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature: float) -> None:
+    assert validate.check(gen(temperature=temperature), LIMITS).params.temperature == 0.0
+    assert validate.check(gen(temperature=0.5), LIMITS).params.temperature == 0.5
 
 
 def test_counters_admit_choices_only_while_running_plus_waiting_fits() -> None:
