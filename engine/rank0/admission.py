@@ -1,6 +1,6 @@
 """Rank 0 turns an admitted Generate into work: its prompt into tokens (the Prompter), then into n
 batch requests (its choices), each with what every rank needs to decode it identically (seed,
-grammar) and what rank 0 needs to report it (router, logprobs)."""
+grammar) and what rank 0 needs to report it (splitter, logprobs)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from engine.lockstep.plan import Insert
 from engine.rank0 import validate
 from engine.rank0.errors import Refused
 from engine.rank0.logprobs import TokenTexts
-from engine.rank0.output import OutputRules, Router
+from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.scheduler import Request
 from ipc import Generate
 
@@ -64,7 +64,7 @@ class Admission:
             )
             out.append(Request(
                 insert=insert, outbox=outbox, prompt_tokens=len(tokens), deadline=deadline,
-                detok=detok, router=Router(self.rules, machine, initial, tools, gen.parallel_tool_calls),
+                detok=detok, splitter=TextSplitter(self.rules, machine, initial, tools, gen.parallel_tool_calls),
                 group=gen.request_id, index=i, top_logprobs=p.top_logprobs,
                 texts=self.texts if p.logprobs else None, echo=echo,
             ))

@@ -66,7 +66,7 @@ class OutputRules:
         return TextStateMachine(t or None)
 
 
-class Router:
+class TextSplitter:
     """Feeds one choice's text through its state machine; tool text is parsed when its call closes."""
 
     def __init__(self, rules: OutputRules, machine: TextStateMachine, initial: str,

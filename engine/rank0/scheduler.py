@@ -1,6 +1,6 @@
 """Rank 0's decisions: admission, step plans, and turning sampled tokens into client events.
 
-No MLX here: what needs it (the logprob extraction, each choice's detokenizer and router) is
+No MLX here: what needs it (the logprob extraction, each choice's detokenizer and splitter) is
 passed in, so unit tests drive the scheduler with fakes.
 """
 
@@ -39,7 +39,7 @@ class Request:
     prompt_tokens: int
     deadline: float
     detok: Any  # mlx-lm's streaming detokenizer: add_token, finalize, last_segment
-    router: Any  # engine/rank0/output.py Router: feed, finish
+    splitter: Any  # engine/rank0/output.py TextSplitter: feed, finish
     group: str = ""
     index: int = 0
     top_logprobs: int = 0
@@ -197,10 +197,10 @@ class Scheduler:
             req.detok.add_token(token)
         if finish is not None:
             req.detok.finalize()
-        piece, ended = req.router.feed(req.detok.last_segment)
+        piece, ended = req.splitter.feed(req.detok.last_segment)
         if ended or finish is not None:
             if not ended:
-                piece.add(req.router.finish())
+                piece.add(req.splitter.finish())
             # A stop string or a lone tool call ends the choice early: the batch lets it go.
             self._close(req, None, "stop" if ended else finish, piece)
             if ended and finish is None:

@@ -1,7 +1,7 @@
 """Rank 0's output routing on the demo tokenizer: reasoning, tool calls, stop strings, logprob texts.
 
 Random weights almost never emit <think> or <tool_call>, so these feed the model's real tokens
-and text through the same Router, detokeniser and TokenTexts the scheduler uses.
+and text through the same TextSplitter, detokeniser and TokenTexts the scheduler uses.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.tokenizer_utils import load
 
 from engine.rank0.logprobs import TokenTexts
-from engine.rank0.output import OutputRules, Router
+from engine.rank0.output import OutputRules, TextSplitter
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -26,9 +26,9 @@ def route(tokenizer, pieces: list[str], *, tools=TOOLS, stop=(), parallel=True):
     """Feed text pieces; return the per-piece outputs and the final flush."""
     rules = OutputRules(tokenizer)
     machine = rules.machine(chat=True, tools=tools is not None, stop=list(stop))
-    router = Router(rules, machine, "normal", tools, parallel)
-    steps = [router.feed(p) for p in pieces]
-    return steps, router.finish()
+    splitter = TextSplitter(rules, machine, "normal", tools, parallel)
+    steps = [splitter.feed(p) for p in pieces]
+    return steps, splitter.finish()
 
 
 def test_the_demo_tokenizer_has_thinking_and_json_tools(tokenizer):

@@ -17,7 +17,7 @@ import pytest
 from mlx_lm.tokenizer_utils import load
 from pydantic import BaseModel, Field
 
-from engine.rank0.output import OutputRules, Router
+from engine.rank0.output import OutputRules, TextSplitter
 from tests.harness import MODEL_CACHE
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -187,9 +187,9 @@ def test_an_unclosed_call_becomes_a_call_only_when_it_parses(stack):
     rules = OutputRules(load(sorted(MODEL_CACHE.glob("demo-tiny-*"))[-1]))  # the stack made the demo model
 
     def routed(text: str):
-        router = Router(rules, rules.machine(chat=True, tools=True, stop=[]), "normal", TOOLS, True)
-        piece, _ = router.feed(text)
-        piece.add(router.finish())
+        splitter = TextSplitter(rules, rules.machine(chat=True, tools=True, stop=[]), "normal", TOOLS, True)
+        piece, _ = splitter.feed(text)
+        piece.add(splitter.finish())
         return piece.content, [(c.name, json.loads(c.arguments)) for c in piece.tool_calls]
 
     assert routed('<tool_call>\n{"name": "get_weather", "arguments": {"ci') == ("", [])

@@ -1,6 +1,6 @@
 """Rank 0's scheduler without MLX: admission order, cancel in every phase, expiry, n > 1, echo, failures.
 
-Each choice's detokenizer and router are fakes (a token becomes the text "<id>"), and so is the
+Each choice's detokenizer and splitter are fakes (a token becomes the text "<id>"), and so is the
 logprob extraction the scheduler is given.
 """
 
@@ -39,7 +39,7 @@ class Detok:
         return text
 
 
-class Router:
+class TextSplitter:
     """All text is content; text containing `stop` ends the choice there."""
 
     def __init__(self, stop: str | None = None) -> None:
@@ -67,7 +67,7 @@ def request(rid: str, *, group: str = "", index: int = 0, deadline: float = math
             stop: str | None = None, top_logprobs: int = -1, outbox: list | None = None) -> Request:
     return Request(insert=Insert(rid=rid, tokens=[1, 2, 3], max_tokens=8, logprobs=top_logprobs >= 0),
                    outbox=outbox if outbox is not None else [], prompt_tokens=3, deadline=deadline,
-                   detok=Detok(), router=Router(stop), group=group or rid, index=index,
+                   detok=Detok(), splitter=TextSplitter(stop), group=group or rid, index=index,
                    top_logprobs=max(top_logprobs, 0), texts="texts" if top_logprobs >= 0 else None, echo=echo)
 
 
