@@ -44,6 +44,9 @@ class Admission:
         chat = gen.kind == "chat"
         tools = gen.tools if chat and gen.tools and gen.tool_choice != "none" else None
         grammar = self.grammar(gen, tools)
+        if grammar and p.stop:
+            raise Refused("stop cannot be combined with response_format or a forced tool_choice: cutting "
+                          "constrained output at a stop string would break its JSON; drop stop", "stop")
         machine = self.rules.machine(chat=chat, tools=tools is not None, stop=list(p.stop))
         initial = self.rules.initial_state(tokens, chat)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")

@@ -97,7 +97,9 @@ class TextSplitter:
                 break
             self._route(piece, state, chunk)
             if not last:
-                if state == "tool":
+                if state == "tool" and segments[i + 1][0] is None:
+                    self._cut_call(piece)  # a stop string inside a call cuts it, as max_tokens would
+                elif state == "tool":
                     self._close_call(piece)
                     if not self.parallel and self.calls:
                         ended = True
@@ -113,14 +115,19 @@ class TextSplitter:
             return piece
         self.state, rest, state = TextStateMachine.flush(self.state)
         self._route(piece, state, rest)
-        if state == "tool" and self.tool_text:
-            # A call whose end marker never came (cut by max_tokens, or EOS) counts only if it parses;
-            # its text never becomes content, so a truncated call leaks no markup.
-            text, self.tool_text = self.tool_text, ""
-            calls = parse_calls(self.rules.parser, text, self.tools, closed=False)
-            piece.tool_calls.extend(calls or [])
-            self.calls += len(calls or [])
+        if state == "tool":
+            self._cut_call(piece)
         return piece
+
+    def _cut_call(self, piece: Piece) -> None:
+        """A call whose end marker never came (cut by max_tokens, a stop string or EOS) counts only if it
+        parses; its text never becomes content, so a truncated call leaks no markup."""
+        text, self.tool_text = self.tool_text, ""
+        if not text:
+            return
+        calls = parse_calls(self.rules.parser, text, self.tools, closed=False)
+        piece.tool_calls.extend(calls or [])
+        self.calls += len(calls or [])
 
     def _route(self, piece: Piece, state: str, chunk: str) -> None:
         if state == "reasoning":

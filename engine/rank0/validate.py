@@ -154,7 +154,7 @@ def _tools(tools: list[dict[str, Any]] | None, choice: Any) -> None:
 def _json_only(value: Any, param: str) -> None:
     """Schemas become grammar text through json.dumps: values JSON cannot hold (msgpack bytes) are refused."""
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)  # a NaN or an infinity compiles into a grammar nothing satisfies
     except (TypeError, ValueError, RecursionError) as exc:
         raise Refused(f"{param} must hold only JSON values ({type(exc).__name__}: {str(exc)[:80]})", param) from None
 

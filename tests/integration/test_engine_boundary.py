@@ -353,3 +353,40 @@ def test_a_vanishing_temperature_under_a_grammar_samples_greedily_instead_of_esc
     frames = wire.run(stack.socket, msg)
     assert isinstance(frames[0], Started) and isinstance(frames[-1], Finish), frames
     assert not any(isinstance(f, Error) for f in frames)
+
+
+# ---- found by the second red-team round: stop strings against constrained output ----------------------
+
+ARG_TOOL = {"type": "function", "function": {"name": "get", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+
+
+@pytest.mark.parametrize("constraint", [
+    {"tools": [ARG_TOOL], "tool_choice": "required"},
+    {"tools": [ARG_TOOL], "tool_choice": {"type": "function", "function": {"name": "get"}}},
+    {"response_format": {"type": "json_object"}},
+])
+def test_a_stop_string_with_constrained_output_is_refused_instead_of_cutting_its_json(stack, constraint):
+    r = post(stack, {"model": "default", "messages": CHAT, "max_tokens": 60, "temperature": 0, "stop": ["}"],
+                     **constraint})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+
+
+def test_a_stop_string_inside_an_unforced_tool_call_cuts_it_without_leaking_markup(demo_tiny):
+    # tool_choice auto: no grammar, so a stop string applies inside a call too. It cuts the call as
+    # max_tokens would: a call that does not parse is dropped, and its markup never becomes content.
+    from mlx_lm.tokenizer_utils import load
+
+    from engine.rank0.output import OutputRules, TextSplitter
+
+    rules = OutputRules(load(demo_tiny))
+    splitter = TextSplitter(rules, rules.machine(chat=True, tools=True, stop=["}"]), "normal", [ARG_TOOL], True)
+    piece, ended = splitter.feed('<tool_call>\n{"name": "get", "arguments": {"x": 1}')
+    assert ended and (piece.content, piece.tool_calls) == ("", [])
+
+
+def test_a_schema_holding_nan_over_the_socket_is_refused(stack):
+    msg = Generate(request_id="chatcmpl-nan", kind="chat", messages=CHAT, json_schema={"const": math.nan},
+                   params=SamplingParams(max_tokens=4))
+    frames = wire.run(stack.socket, msg)
+    assert isinstance(frames[0], Error) and frames[0].param == "response_format", frames
