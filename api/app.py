@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -12,6 +13,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from api.anthropic.errors import error_body as anthropic_error_body
+from api.anthropic.routes import AnthropicRoutes
 from api.access import AccessLog, access_record, escape, request_id_header
 from api.auth import api_key_guard, ops_guard
 from api.cors import cors_middleware
@@ -33,6 +36,7 @@ def create_app(settings: Settings) -> Starlette:
     """The gateway for settings: /v1 (OpenAI API, behind API_KEY when set), /health, /metrics, /dashboard."""
     engine = SocketEngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
     openai = OpenAIRoutes(settings, engine)
+    anthropic = AnthropicRoutes(settings, engine)
     metrics = Metrics(engine)
     ops = ops_guard(settings)
     v1 = [
@@ -42,10 +46,14 @@ def create_app(settings: Settings) -> Starlette:
         Route("/models/{model_id:path}", openai.get_model, methods=["GET"]),
     ]
     auth = api_key_guard(settings)
+    # matched before the /v1 mount, so that Anthropic's x-api-key header counts for these two only
+    anthropic_auth = api_key_guard(settings, x_api_key=True)
     return Starlette(
         routes=[
             Route("/health", Health(settings, engine).endpoint, methods=["GET"]),
             openapi_route(settings),
+            Route("/v1/messages", anthropic.messages, methods=["POST"], middleware=anthropic_auth),
+            Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"], middleware=anthropic_auth),
             Mount("/v1", routes=v1, middleware=auth),
             Route("/metrics", metrics.endpoint, methods=["GET"], middleware=ops),
             *Dashboard(settings, engine, metrics).routes(ops),
@@ -67,7 +75,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     record.outcome = record.outcome or exc.code or exc.type  # the access line and dashboard name the error
     if exc.status >= 500:
         logger.warning("%s %s: %s", record.request_id, escape(request.url.path), escape(exc.message))
-    return _render(exc)
+    return _render(exc, path=request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -80,11 +88,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     else:
         err = APIError(exc.detail)
         err.status, err.type = exc.status_code, "invalid_request_error"
-    return _render(err, exc.headers)
+    return _render(err, exc.headers, request.url.path)
 
 
-def _render(err: APIError, headers: Mapping[str, str] | None = None) -> Response:
-    response = json_response(err.body(), err.status)
+# Each dialect's error envelope, by path prefix; everything else answers OpenAI's
+_ENVELOPES: list[tuple[str, Callable[[APIError], dict[str, Any]]]] = [
+    ("/v1/messages", anthropic_error_body),
+]
+
+
+def _render(err: APIError, headers: Mapping[str, str] | None = None, path: str = "") -> Response:
+    envelope = next((body for prefix, body in _ENVELOPES if path.startswith(prefix)), APIError.body)
+    response = json_response(envelope(err), err.status)
     response.headers.update(headers or {})
     response.headers.update(err.headers)
     return response
@@ -101,7 +116,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
     Starlette sends this answer outside every middleware, so it names the request itself.
     """
-    response = _render(APIError("internal server error"))
+    response = _render(APIError("internal server error"), path=request.url.path)
     name, value = request_id_header(access_record(request))
     response.headers[name.decode()] = value.decode("latin-1")
     return response

@@ -53,10 +53,14 @@ def _digest(token: bytes) -> bytes:
 
 
 class RequireAPIKey:
-    """Pure ASGI: 401 unless `Authorization: Bearer <key>` matches one of the keys (constant time)."""
+    """Pure ASGI: 401 unless `Authorization: Bearer <key>` matches one of the keys (constant time).
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str] = (), key: str = "") -> None:
+    With x_api_key, Anthropic's `x-api-key: <key>` is accepted as well (its SDK's and Claude Code's way).
+    """
+
+    def __init__(self, app: ASGIApp, keys: Iterable[str] = (), key: str = "", x_api_key: bool = False) -> None:
         self.app = app
+        self.x_api_key = x_api_key
         self._digests = [_digest(k.encode()) for k in (*keys, *([key] if key else []))]
         if not self._digests:
             raise ValueError("RequireAPIKey needs at least one key")
@@ -70,7 +74,10 @@ class RequireAPIKey:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            header = dict(scope["headers"]).get(b"authorization", b"")
+            headers = dict(scope["headers"])
+            header = headers.get(b"authorization", b"")
+            if not header and self.x_api_key and headers.get(b"x-api-key", b"").strip():
+                header = b"Bearer " + headers[b"x-api-key"].strip()
             scheme, _, token = header.partition(b" ")
             if scheme.lower() != b"bearer" or not token.strip():
                 raise Unauthorized("Missing API key: send it as 'Authorization: Bearer <key>'.")
@@ -79,10 +86,10 @@ class RequireAPIKey:
         await self.app(scope, receive, send)
 
 
-def api_key_guard(settings: Settings) -> list[Middleware]:
-    """Middleware for the /v1 routes: the key check when any key is configured."""
+def api_key_guard(settings: Settings, *, x_api_key: bool = False) -> list[Middleware]:
+    """Middleware for the /v1 routes: the key check when any key is configured (x_api_key: Anthropic's too)."""
     keys = api_keys(settings)
-    return [Middleware(RequireAPIKey, keys=keys)] if keys else []
+    return [Middleware(RequireAPIKey, keys=keys, x_api_key=x_api_key)] if keys else []
 
 
 def ops_guard(settings: Settings) -> list[Middleware]:

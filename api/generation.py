@@ -47,7 +47,8 @@ def end_open_streams(message: str) -> int:
     return len(_open_waits)
 
 
-async def _next_event(gen: Generation) -> ipc.Delta | ipc.Finish:
+async def next_event(gen: Generation) -> ipc.Delta | ipc.Finish:
+    """The next event of gen, or the drain's 503 once the server is shutting down."""
     if not _drain_message:  # else the deadline passed while this stream was sending
         with anyio.CancelScope() as scope:
             _open_waits.add(scope)
@@ -114,6 +115,10 @@ class Renderer:
         raise NotImplementedError
 
 
+# writes a dialect's SSE stream of one admitted generation: (gen, n, renderer, record) -> frames
+Streamer = Callable[[Generation, int, "Renderer", AccessRecord], AsyncGenerator[bytes, None]]
+
+
 async def respond(
     request: Request,
     engine: EngineClient,
@@ -122,15 +127,17 @@ async def respond(
     *,
     stream: bool,
     timeout: float,
+    streamer: Streamer | None = None,
 ) -> Response:
-    """Start msg on the engine and answer request with a JSON body or an SSE stream."""
+    """Start msg on the engine and answer request with a JSON body or an SSE stream (streamer's, if given)."""
     record = access_record(request)
     renderer.logprobs = msg.params.logprobs
     if stream:
         gen = await until_disconnect(request, lambda: engine.start(msg, timeout))
         if gen is not None:
             record.prompt_tokens = gen.prompt_tokens
-            return EventStreamResponse(_stream(gen, msg.params.n, renderer, record), on_close=lambda: _close(gen, record))
+            frames = (streamer or _stream)(gen, msg.params.n, renderer, record)
+            return EventStreamResponse(frames, on_close=lambda: _close(gen, record))
     else:
         body = await until_disconnect(request, lambda: _collect(engine, msg, renderer, timeout, record))
         if body is not None:
@@ -171,7 +178,7 @@ async def _collect(engine: EngineClient, msg: ipc.Generate, renderer: Renderer, 
     try:
         remaining = len(choices)
         while remaining:
-            ev = await _next_event(gen)
+            ev = await next_event(gen)
             choices[ev.index].add(ev)
             remaining -= isinstance(ev, ipc.Finish)
     finally:
@@ -191,7 +198,7 @@ async def _stream(gen: Generation, n: int, renderer: Renderer, record: AccessRec
                 yield event(first)
         remaining = n
         while remaining:
-            ev = await _next_event(gen)
+            ev = await next_event(gen)
             choice = choices[ev.index]
             # Finish carries the choice's last text (the detokeniser's tail), sent before its finish chunk
             chunk = renderer.delta(choice, ev)

@@ -75,12 +75,12 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
     check_model(req.model, settings)
     refuse_unsupported(req, REFUSED_CHAT)
     if req.max_completion_tokens is not None:
-        max_tokens = _max_tokens(req.max_completion_tokens, "max_completion_tokens", settings)
+        max_tokens = max_tokens_within(req.max_completion_tokens, "max_completion_tokens", settings)
     else:
-        max_tokens = _max_tokens(req.max_tokens, "max_tokens", settings)
+        max_tokens = max_tokens_within(req.max_tokens, "max_tokens", settings)
     tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
     for i, tool in enumerate(tools or ()):
-        _shallow(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
+        check_depth(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
     return ipc.Generate(
         request_id=request_id,
         kind="chat",
@@ -106,14 +106,14 @@ def completion_generate(req: CompletionRequest, request_id: str, settings: Setti
     return ipc.Generate(
         request_id=request_id,
         kind="completion",
-        params=_sampling(req, _max_tokens(req.max_tokens, "max_tokens", settings),
+        params=_sampling(req, max_tokens_within(req.max_tokens, "max_tokens", settings),
                          logprobs=req.logprobs is not None, top=req.logprobs or 0),
         prompt=_engine_prompt(req.prompt),
         echo=bool(req.echo),
     )
 
 
-def _shallow(value: Any, param: str) -> None:
+def check_depth(value: Any, param: str) -> None:
     """Refuse free-form JSON (schemas, tool-call arguments) nested deeper than MAX_JSON_DEPTH: the engine
     turns it into grammars and templates, each of which recurses once per level."""
     level = [value]
@@ -150,11 +150,11 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
         return {"type": "object"}
     assert fmt.json_schema is not UNSET
     schema = fmt.json_schema.schema or {}
-    _shallow(schema, "response_format.json_schema.schema")
+    check_depth(schema, "response_format.json_schema.schema")
     return schema
 
 
-def _max_tokens(value: int | None, param: str, settings: Settings) -> int:
+def max_tokens_within(value: int | None, param: str, settings: Settings) -> int:
     if value is None:
         return settings.MAX_TOKENS_DEFAULT
     if value > settings.MAX_TOKENS_LIMIT:
@@ -204,7 +204,7 @@ def _engine_message(message: ChatMessage) -> dict[str, Any]:
             except (json.JSONDecodeError, RecursionError):
                 raise InvalidRequest("Invalid value for 'messages': a tool call's arguments are not JSON.",
                                      param="messages") from None
-            _shallow(call["function"]["arguments"], "messages")
+            check_depth(call["function"]["arguments"], "messages")
     return out
 
 

@@ -1,0 +1,128 @@
+"""Anthropic Messages request and response bodies as msgspec Structs (Anthropic's names and field order).
+
+Request structs tolerate unknown fields: Claude Code sends beta features (context_management,
+output_config, cache_control, ...) that change nothing here. Content blocks are one loose Struct
+checked in api/anthropic/serving.py, so a refused block (an image) is named with its place.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from api.openai.protocol import Seed, TopK
+
+Temperature = Annotated[float, Meta(ge=0, le=1)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+MaxTokens = Annotated[int, Meta(ge=1)]
+StopSequence = Annotated[str, Meta(min_length=1)]
+
+
+# ---------------------------------------------------------------- requests
+
+
+class ContentBlock(Struct, kw_only=True):
+    """Any content block (text, tool_use, tool_result, thinking, image, ...); serving.py checks its fields."""
+
+    type: str
+    text: str | UnsetType = UNSET
+    # tool_use
+    id: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    input: dict[str, Any] | UnsetType = UNSET
+    # tool_result: a string or text blocks
+    tool_use_id: str | UnsetType = UNSET
+    content: str | list[ContentBlock] | UnsetType = UNSET
+    is_error: bool = False
+    # thinking
+    thinking: str | UnsetType = UNSET
+
+
+class InputMessage(Struct, kw_only=True):
+    # "system" is not Anthropic's, but Claude Code sends it mid-conversation; it is kept in place
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+class Tool(Struct, kw_only=True):
+    """A client tool (input_schema); server tools (web_search_..., no input_schema) are left out."""
+
+    name: str
+    description: str | UnsetType = UNSET
+    input_schema: dict[str, Any] | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+
+
+class ToolChoice(Struct, kw_only=True):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | UnsetType = UNSET
+    disable_parallel_tool_use: bool = False
+
+
+class ThinkingConfig(Struct, kw_only=True):
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | UnsetType = UNSET
+
+
+class CountTokensRequest(Struct, kw_only=True):
+    model: str
+    messages: list[InputMessage]
+    system: str | list[ContentBlock] | UnsetType = UNSET
+    tools: list[Tool] | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
+    thinking: ThinkingConfig | UnsetType = UNSET
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True):
+    max_tokens: MaxTokens
+    stop_sequences: list[StopSequence] | UnsetType = UNSET
+    stream: bool = False
+    temperature: Temperature | UnsetType = UNSET
+    top_p: TopP | UnsetType = UNSET
+    top_k: TopK | UnsetType = UNSET
+    metadata: dict[str, Any] | UnsetType = UNSET
+    # non-Anthropic extensions
+    seed: Seed | None = None
+
+
+# ---------------------------------------------------------------- responses
+
+
+class TextBlock(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ThinkingBlock(Struct, tag="thinking", tag_field="type"):
+    thinking: str
+    signature: str = ""  # nothing to sign here; the SDK expects the field
+
+
+class ToolUseBlock(Struct, tag="tool_use", tag_field="type"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+OutputBlock = TextBlock | ThinkingBlock | ToolUseBlock
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
+class Usage(Struct, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+
+
+class Message(Struct, kw_only=True):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[OutputBlock]
+    stop_reason: StopReason | None = None
+    stop_sequence: str | None = None
+    usage: Usage
+
+
+class TokenCount(Struct, kw_only=True):
+    input_tokens: int

@@ -1,0 +1,103 @@
+"""Anthropic's message body, and its stream of named events, from the engine's Deltas and Finish."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import ipc
+from ipc.messages import ToolCall
+from api.anthropic.errors import error_body
+from api.anthropic.protocol import Message, OutputBlock, TextBlock, ThinkingBlock, ToolUseBlock, Usage
+from api.bodies import encode
+from api.errors import APIError
+from api.generation import Choice, Renderer
+
+
+def named_event(name: str, data: Any) -> bytes:
+    """One SSE frame as Anthropic sends it: an `event:` line naming the type, then its data."""
+    return b"event: " + name.encode() + b"\ndata: " + encode(data) + b"\n\n"
+
+
+def error_event(exc: APIError) -> bytes:
+    return named_event("error", error_body(exc))
+
+
+def tool_use_id(call: ToolCall) -> str:
+    """Anthropic's toolu_ spelling of the engine's call id (the client sends it back in tool_result)."""
+    return call.id if call.id.startswith("toolu_") else "toolu_" + call.id.removeprefix("call_")
+
+
+def tool_input(call: ToolCall) -> dict[str, Any]:
+    """The call's arguments as the object Anthropic's input is (the engine's tool parser made them JSON)."""
+    try:
+        value = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def stop_reason(choice: Choice) -> str:
+    if choice.tool_calls:
+        return "tool_use"
+    return "max_tokens" if choice.finish_reason == "length" else "end_turn"
+
+
+class MessageRenderer(Renderer):
+    """The non-streaming body; streams are written by api/anthropic/streaming.py."""
+
+    def response(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> Message:
+        choice = choices[0]
+        blocks: list[OutputBlock] = []
+        reasoning = "".join(choice.reasoning)
+        if reasoning:
+            blocks.append(ThinkingBlock(thinking=reasoning))
+        text = "".join(choice.content)
+        # a turn of only tool calls has no text block (the chat endpoint answers it with content null)
+        if text and not (choice.tool_calls and not text.strip()):
+            blocks.append(TextBlock(text=text))
+        blocks += [ToolUseBlock(id=tool_use_id(c), name=c.name, input=tool_input(c)) for c in choice.tool_calls]
+        return Message(id=self.request_id, model=self.model, content=blocks, stop_reason=stop_reason(choice),
+                       usage=Usage(input_tokens=prompt_tokens, output_tokens=completion_tokens))
+
+
+class BlockWriter:
+    """Turns engine events into content_block_start/delta/stop events, one open block at a time."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None  # the type of the open block
+
+    def _switch(self, kind: str, start: dict[str, Any]) -> list[bytes]:
+        out = self.close()
+        self.index += 1
+        self.open = kind
+        out.append(named_event("content_block_start",
+                               {"type": "content_block_start", "index": self.index, "content_block": start}))
+        return out
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return named_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [named_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def add(self, ev: ipc.Delta | ipc.Finish) -> list[bytes]:
+        out: list[bytes] = []
+        if ev.reasoning:
+            if self.open != "thinking":
+                out += self._switch("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": ev.reasoning}))
+        if ev.text:
+            if self.open != "text":
+                out += self._switch("text", {"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": ev.text}))
+        for call in ev.tool_calls:
+            # each call arrives whole: one input_json_delta carries all of its input
+            out += self._switch("tool_use", {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
+                                             "input": {}})
+            out.append(self._delta({"type": "input_json_delta", "partial_json": json.dumps(tool_input(call))}))
+        return out

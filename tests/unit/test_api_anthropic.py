@@ -1,0 +1,229 @@
+"""/v1/messages and /v1/messages/count_tokens against a fake engine speaking the real wire protocol."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import anyio
+import msgspec
+import pytest
+
+import ipc
+from ipc.messages import ToolCall
+from api.anthropic.errors import error_body
+from api.errors import (ContextLengthExceeded, EngineUnavailable, GenerationFailed, GenerationTimeout, ModelNotFound,
+                        Overloaded, Unauthorized)
+
+pytestmark = pytest.mark.anyio
+
+BODY = {"model": "test-model", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
+WEATHER = {"name": "weather", "description": "The weather", "input_schema": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def events_of(text: str) -> list[tuple[str, dict]]:
+    """(event name, data) of each SSE frame."""
+    out = []
+    for frame in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in frame.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def play(engine, *events: ipc.Delta | ipc.Finish) -> None:
+    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
+        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
+        for ev in events:
+            await conn.send(msgspec.structs.replace(ev, request_id=msg.request_id))
+
+    engine.script = script
+
+
+def tool_call_events():
+    call = ToolCall(id="call_abc", name="weather", arguments='{"city": "Paris"}')
+    return (ipc.Delta(request_id="", text="", reasoning="Think", completion_tokens=1),
+            ipc.Finish(request_id="", finish_reason="stop", prompt_tokens=7, completion_tokens=5, text="\n",
+                       tool_calls=[call]))
+
+
+async def test_non_streaming_message_shape(engine, client):
+    r = await client.post("/v1/messages?beta=true", json=BODY,
+                          headers={"anthropic-version": "2023-06-01", "anthropic-beta": "x"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert re.fullmatch(r"msg_[0-9a-f]{32}", body["id"])
+    assert body == {"id": body["id"], "type": "message", "role": "assistant", "model": "test-model",
+                    "content": [{"type": "text", "text": "Hello world"}], "stop_reason": "end_turn",
+                    "stop_sequence": None, "usage": {"input_tokens": 7, "output_tokens": 2}}
+    assert engine.generates[0].request_id == body["id"]
+
+
+async def test_length_is_max_tokens(engine, client):
+    engine.reply_with(["a"], finish_reason="length")
+    assert (await client.post("/v1/messages", json=BODY)).json()["stop_reason"] == "max_tokens"
+
+
+async def test_translation_to_the_chat_generate(engine, client):
+    body = {
+        "model": "default", "max_tokens": 9, "temperature": 0, "top_p": 0.5, "top_k": 3, "stop_sequences": ["END"],
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"},
+                   {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hm", "signature": "s"},
+                {"type": "text", "text": "Calling."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "cold"}]},
+                {"type": "tool_result", "tool_use_id": "toolu_2", "content": "boom", "is_error": True},
+                {"type": "text", "text": "thanks"}]},
+            {"role": "system", "content": "Mid-conversation note."},
+        ],
+        "tools": [WEATHER, {"type": "web_search_20250305", "name": "web_search"}],
+        "tool_choice": {"type": "tool", "name": "weather", "disable_parallel_tool_use": True},
+        "thinking": {"type": "disabled"}, "metadata": {"user_id": "u"}, "context_management": {"edits": []},
+        "output_config": {"effort": "low"},
+    }
+    assert (await client.post("/v1/messages", json=body)).status_code == 200
+    gen = engine.generates[0]
+    assert gen.kind == "chat"
+    assert gen.params.max_tokens == 9 and gen.params.temperature == 0 and gen.params.top_p == 0.5
+    assert gen.params.top_k == 3 and gen.params.stop == ["END"]
+    assert gen.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "one\ntwo"},
+        {"role": "assistant", "content": "Calling.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "cold"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: boom"},
+        {"role": "user", "content": "thanks"},
+        {"role": "system", "content": "Mid-conversation note."},
+    ]
+    assert gen.tools == [{"type": "function", "function": {
+        "name": "weather", "description": "The weather", "parameters": WEATHER["input_schema"]}}]
+    assert gen.tool_choice == {"type": "function", "function": {"name": "weather"}}
+    assert gen.parallel_tool_calls is False
+    assert gen.enable_thinking is False
+
+
+@pytest.mark.parametrize(("choice", "wire"), [("auto", "auto"), ("any", "required"), ("none", "none")])
+async def test_tool_choice(engine, client, choice, wire):
+    r = await client.post("/v1/messages", json={**BODY, "tools": [WEATHER], "tool_choice": {"type": choice}})
+    assert r.status_code == 200
+    assert engine.generates[0].tool_choice == wire
+
+
+@pytest.mark.parametrize(("thinking", "switch"), [("enabled", True), ("adaptive", None), ("disabled", False)])
+async def test_thinking_switch(engine, client, thinking, switch):
+    r = await client.post("/v1/messages", json={**BODY, "thinking": {"type": thinking, "budget_tokens": 1024}})
+    assert r.status_code == 200
+    assert engine.generates[0].enable_thinking is switch
+
+
+async def test_tool_use_and_thinking_blocks(engine, client):
+    play(engine, *tool_call_events())
+    body = (await client.post("/v1/messages", json={**BODY, "tools": [WEATHER]})).json()
+    assert body["content"] == [
+        {"type": "thinking", "thinking": "Think", "signature": ""},
+        {"type": "tool_use", "id": "toolu_abc", "name": "weather", "input": {"city": "Paris"}},
+    ]
+    assert body["stop_reason"] == "tool_use"
+
+
+async def test_stream_event_sequence(engine, client):
+    play(engine, *tool_call_events())
+    r = await client.post("/v1/messages", json={**BODY, "stream": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = events_of(r.text)
+    assert [name for name, _ in events] == [
+        "message_start", "ping",
+        "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop"]
+    assert all(data["type"] == name for name, data in events)
+    assert events[0][1]["message"]["usage"] == {"input_tokens": 7, "output_tokens": 0}
+    assert events[3][1]["delta"] == {"type": "thinking_delta", "thinking": "Think"}
+    assert events[6][1]["delta"] == {"type": "text_delta", "text": "\n"}
+    assert events[8][1]["content_block"] == {"type": "tool_use", "id": "toolu_abc", "name": "weather", "input": {}}
+    assert json.loads(events[9][1]["delta"]["partial_json"]) == {"city": "Paris"}
+    assert [data["index"] for _, data in events[2:11]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert events[11][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                             "usage": {"output_tokens": 5}}
+
+
+async def test_error_after_headers_is_an_error_event(engine, client):
+    engine.die_after(["Hel"])
+    r = await client.post("/v1/messages", json={**BODY, "stream": True})
+    name, data = events_of(r.text)[-1]
+    assert name == "error"
+    assert data["type"] == "error" and data["error"]["type"] == "overloaded_error"
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
+    ({"max_tokens": None}, "max_tokens"),
+    ({"temperature": 1.5}, "temperature"),
+    ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "tool_choice.name"),
+])
+async def test_bad_requests_answer_anthropic_400(engine, client, change, param):
+    body = {k: v for k, v in {**BODY, **change}.items() if v is not None}
+    r = await client.post("/v1/messages", json=body)
+    assert r.status_code == 400
+    error = r.json()
+    assert list(error) == ["type", "error"] and error["type"] == "error"
+    assert error["error"]["type"] == "invalid_request_error"
+    assert param in error["error"]["message"]
+    assert not engine.generates
+
+
+async def test_image_is_named(engine, client):
+    r = await client.post("/v1/messages", json={**BODY, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]})
+    assert "image" in r.json()["error"]["message"]
+
+
+async def test_unknown_model_is_not_found_error(engine, client):
+    r = await client.post("/v1/messages", json={**BODY, "model": "claude-x"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+async def test_engine_refusal_keeps_its_status(engine, client):
+    engine.refuse(ipc.Error(status=429, message="queue full", code="queue_full"))
+    r = await client.post("/v1/messages", json=BODY)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    assert r.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize(("err", "kind"), [
+    (ContextLengthExceeded("x"), "invalid_request_error"), (Unauthorized("x"), "authentication_error"),
+    (ModelNotFound("x"), "not_found_error"), (Overloaded("x"), "rate_limit_error"),
+    (GenerationFailed("x"), "api_error"), (EngineUnavailable("x"), "overloaded_error"),
+    (GenerationTimeout("x"), "timeout_error"),
+])
+def test_error_envelope(err, kind):
+    assert error_body(err) == {"type": "error", "error": {"type": kind, "message": "x"}}
+
+
+async def test_x_api_key_is_accepted_on_messages_only(engine, make_client):
+    async with make_client(API_KEY="sekret") as client:
+        r = await client.post("/v1/messages", json=BODY, headers={"x-api-key": "sekret"})
+        assert r.status_code == 200
+        r = await client.post("/v1/messages", json=BODY, headers={"x-api-key": "wrong"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        r = await client.post("/v1/messages", json=BODY, headers={"authorization": "Bearer sekret"})
+        assert r.status_code == 200
+        r = await client.post("/v1/chat/completions", headers={"x-api-key": "sekret"},
+                              json={"model": "test-model", "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 401 and "error" in r.json() and "type" not in r.json()
+
+
+async def test_count_tokens_admits_and_closes(engine, client):
+    engine.hold([])
+    r = await client.post("/v1/messages/count_tokens", json={k: v for k, v in BODY.items() if k != "max_tokens"})
+    assert r.status_code == 200 and r.json() == {"input_tokens": 3}
+    assert engine.generates[0].params.max_tokens == 1
+    with anyio.fail_after(5):
+        await engine.peer_closed.wait()  # closing the connection is what cancels the one-token generation
