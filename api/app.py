@@ -1,4 +1,4 @@
-"""The Starlette application: routes, the API key, the access log and OpenAI-shaped errors."""
+"""The Starlette application: routes, the API key, the access log and each dialect's error envelope."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> Starlette:
-    """The gateway for settings: /v1 (OpenAI API, behind API_KEY when set), /health, /metrics, /dashboard."""
+    """The gateway for settings: /v1 (OpenAI and Anthropic APIs, behind API_KEY when set), /health, /metrics,
+    /dashboard."""
     engine = SocketEngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
     openai = OpenAIRoutes(settings, engine)
     anthropic = AnthropicRoutes(settings, engine)

@@ -80,7 +80,9 @@ class RequireAPIKey:
                 header = b"Bearer " + headers[b"x-api-key"].strip()
             scheme, _, token = header.partition(b" ")
             if scheme.lower() != b"bearer" or not token.strip():
-                raise Unauthorized("Missing API key: send it as 'Authorization: Bearer <key>'.")
+                how = "'x-api-key: <key>' or 'Authorization: Bearer <key>'" if self.x_api_key else \
+                    "'Authorization: Bearer <key>'"
+                raise Unauthorized(f"Missing API key: send it as {how}.")
             if not self.accepts(token.strip()):
                 raise Unauthorized("Incorrect API key provided.")
         await self.app(scope, receive, send)
