@@ -6,6 +6,8 @@ constrained decoding.
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import jsonschema
 import pytest
@@ -112,3 +114,25 @@ def test_greedy_output_equals_chat_completions(claude, client):
     assert m.usage.input_tokens == chat.usage.prompt_tokens
     assert m.usage.output_tokens == chat.usage.completion_tokens
     assert text_of(m) == chat.choices[0].message.content
+
+
+def test_greedy_output_with_tool_turns_equals_chat_completions(claude, client):
+    call = {"city": "Paris", "days": 2}
+    chat = client.chat.completions.create(model="default", max_tokens=24, temperature=0, messages=[
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(call)}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+    ], tools=[{"type": "function", "function": {"name": "get_weather", "description": "Forecast",
+                                                 "parameters": WEATHER}}])
+    m = claude.messages.create(model="default", max_tokens=24, extra_body=GREEDY, tools=TOOLS, messages=[
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": call}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]},
+    ])
+    assert m.usage.input_tokens == chat.usage.prompt_tokens
+    assert m.usage.output_tokens == chat.usage.completion_tokens
+    assert text_of(m) == (chat.choices[0].message.content or "")
+    uses = [(b.name, b.input) for b in m.content if b.type == "tool_use"]
+    assert uses == [(c.function.name, json.loads(c.function.arguments)) for c in chat.choices[0].message.tool_calls or []]
