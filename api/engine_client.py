@@ -56,6 +56,13 @@ class Generation:
             self.done = True
             raise
 
+    async def readable(self, timeout: float) -> bool:
+        """True once an event may be read (or the deadline has passed); False after timeout idle seconds."""
+        left = self._deadline - anyio.current_time()
+        if left <= 0:
+            return True  # next_event() then raises the timeout
+        return await self._conn.readable(min(timeout, left)) or anyio.current_time() >= self._deadline
+
     async def aclose(self) -> None:
         """Close the connection (the engine then cancels the request if it still runs); idempotent."""
         if not self._closed:

@@ -59,6 +59,19 @@ async def next_event(gen: Generation) -> ipc.Delta | ipc.Finish:
     raise EngineUnavailable(_drain_message, code="shutting_down")
 
 
+async def next_event_or_idle(gen: Generation, idle: float) -> ipc.Delta | ipc.Finish | None:
+    """The next event, or None when nothing arrived within idle seconds (time for a keep-alive)."""
+    if not _drain_message:
+        with anyio.CancelScope() as scope:
+            _open_waits.add(scope)
+            try:
+                if not await gen.readable(idle):
+                    return None
+            finally:
+                _open_waits.discard(scope)
+    return await next_event(gen)  # after a drain's cancel this raises its 503
+
+
 @dataclass
 class Choice:
     """One choice as its events arrive: the text so far, its tool calls, logprobs and finish."""

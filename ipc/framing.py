@@ -6,7 +6,7 @@ import struct
 
 import anyio
 import msgspec
-from anyio.abc import ByteStream
+from anyio.abc import ByteStream, SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from ipc.messages import Message, Msg
@@ -57,6 +57,18 @@ class FramedStream:
         self.stream = stream
         self.max_frame = max_frame
         self._reader = BufferedByteReceiveStream(stream)
+
+    async def readable(self, timeout: float) -> bool:
+        """Wait at most timeout seconds for bytes to receive; consumes none, so it is safe to cancel."""
+        if self._reader.buffer:
+            return True
+        sock = self.stream.extra(SocketAttribute.raw_socket, None)
+        if sock is None:
+            return True  # not a socket: recv() does the waiting
+        with anyio.move_on_after(timeout):
+            await anyio.wait_readable(sock)
+            return True
+        return False
 
     async def send(self, msg: Msg) -> None:
         """Send one message; raises ConnectionClosed when the peer is gone."""

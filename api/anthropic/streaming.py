@@ -10,9 +10,12 @@ from api.anthropic.protocol import Message, Usage
 from api.anthropic.render import BlockWriter, error_event, named_event, stop_reason
 from api.engine_client import Generation
 from api.errors import APIError
-from api.generation import Choice, Renderer, next_event
+from api.generation import Choice, Renderer, next_event_or_idle
 
 logger = logging.getLogger(__name__)
+
+# a ping after this long without an event (a long prefill), so idle timeouts of proxies and clients keep off
+PING_SECONDS = 10.0
 
 
 async def message_stream(gen: Generation, n: int, renderer: Renderer,
@@ -26,7 +29,10 @@ async def message_stream(gen: Generation, n: int, renderer: Renderer,
     blocks = BlockWriter()
     try:
         while choice.finish_reason is None:
-            ev = await next_event(gen)
+            ev = await next_event_or_idle(gen, PING_SECONDS)
+            if ev is None:
+                yield named_event("ping", {"type": "ping"})
+                continue
             for frame in blocks.add(ev):
                 yield frame
             choice.add(ev)

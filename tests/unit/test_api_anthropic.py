@@ -227,3 +227,29 @@ async def test_count_tokens_admits_and_closes(engine, client):
     assert engine.generates[0].params.max_tokens == 1
     with anyio.fail_after(5):
         await engine.peer_closed.wait()  # closing the connection is what cancels the one-token generation
+
+
+async def test_pings_keep_a_long_prefill_alive(engine, client, monkeypatch):
+    monkeypatch.setattr("api.anthropic.streaming.PING_SECONDS", 0.05)
+
+    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
+        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
+        await anyio.sleep(0.4)  # the prefill
+        await conn.send(ipc.Finish(request_id=msg.request_id, finish_reason="stop", prompt_tokens=7,
+                                   completion_tokens=1, text="ok"))
+
+    engine.script = script
+    names = [name for name, _ in events_of((await client.post("/v1/messages", json={**BODY, "stream": True})).text)]
+    assert names[:2] == ["message_start", "ping"] and names.count("ping") >= 3
+    assert [n for n in names if n != "ping"][1:] == [
+        "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+
+
+async def test_request_timeout_still_ends_a_pinging_stream(engine, make_client, monkeypatch):
+    monkeypatch.setattr("api.anthropic.streaming.PING_SECONDS", 0.05)
+    engine.hold([])
+    async with make_client(REQUEST_TIMEOUT=0.3) as client:
+        with anyio.fail_after(5):
+            r = await client.post("/v1/messages", json={**BODY, "stream": True})
+    name, data = events_of(r.text)[-1]
+    assert name == "error" and data["error"]["type"] == "timeout_error"
