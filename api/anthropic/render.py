@@ -67,6 +67,9 @@ class BlockWriter:
     def __init__(self) -> None:
         self.index = -1
         self.open: str | None = None  # the type of the open block
+        # whitespace that would open a text block, held until text follows: before a tool call it is
+        # dropped, as in the non-streamed message
+        self.pending = ""
 
     def _switch(self, kind: str, start: dict[str, Any]) -> list[bytes]:
         out = self.close()
@@ -78,6 +81,22 @@ class BlockWriter:
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return named_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def finish(self) -> list[bytes]:
+        """The held whitespace (nothing else came), then the last block's stop."""
+        out = self._text("", hold=False) if self.pending else []
+        return out + self.close()
+
+    def _text(self, text: str, hold: bool = True) -> list[bytes]:
+        out: list[bytes] = []
+        if self.open != "text":
+            if hold and not text.strip():
+                self.pending += text
+                return out
+            text, self.pending = self.pending + text, ""
+            out += self._switch("text", {"type": "text", "text": ""})
+        out.append(self._delta({"type": "text_delta", "text": text}))
+        return out
 
     def close(self) -> list[bytes]:
         if self.open is None:
@@ -92,10 +111,9 @@ class BlockWriter:
                 out += self._switch("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             out.append(self._delta({"type": "thinking_delta", "thinking": ev.reasoning}))
         if ev.text:
-            if self.open != "text":
-                out += self._switch("text", {"type": "text", "text": ""})
-            out.append(self._delta({"type": "text_delta", "text": ev.text}))
+            out += self._text(ev.text)
         for call in ev.tool_calls:
+            self.pending = ""
             # each call arrives whole: one input_json_delta carries all of its input
             out += self._switch("tool_use", {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
                                              "input": {}})

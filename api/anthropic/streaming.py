@@ -36,7 +36,7 @@ async def message_stream(gen: Generation, n: int, renderer: Renderer,
             for frame in blocks.add(ev):
                 yield frame
             choice.add(ev)
-        for frame in blocks.close():
+        for frame in blocks.finish():
             yield frame
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(choice), "stop_sequence": None},
                  "usage": {"output_tokens": gen.completion_tokens}}

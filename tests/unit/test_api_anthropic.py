@@ -141,17 +141,28 @@ async def test_stream_event_sequence(engine, client):
         "message_start", "ping",
         "content_block_start", "content_block_delta", "content_block_stop",
         "content_block_start", "content_block_delta", "content_block_stop",
-        "content_block_start", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop"]
     assert all(data["type"] == name for name, data in events)
     assert events[0][1]["message"]["usage"] == {"input_tokens": 7, "output_tokens": 0}
     assert events[3][1]["delta"] == {"type": "thinking_delta", "thinking": "Think"}
-    assert events[6][1]["delta"] == {"type": "text_delta", "text": "\n"}
-    assert events[8][1]["content_block"] == {"type": "tool_use", "id": "toolu_abc", "name": "weather", "input": {}}
-    assert json.loads(events[9][1]["delta"]["partial_json"]) == {"city": "Paris"}
-    assert [data["index"] for _, data in events[2:11]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert events[11][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-                             "usage": {"output_tokens": 5}}
+    # the whitespace before the call makes no text block, as in the non-streamed message
+    assert events[5][1]["content_block"] == {"type": "tool_use", "id": "toolu_abc", "name": "weather", "input": {}}
+    assert json.loads(events[6][1]["delta"]["partial_json"]) == {"city": "Paris"}
+    assert [data["index"] for _, data in events[2:8]] == [0, 0, 0, 1, 1, 1]
+    assert events[8][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                            "usage": {"output_tokens": 5}}
+
+
+@pytest.mark.parametrize(("pieces", "deltas"), [([" ", "\n", "Hi", " there"], [" \nHi", " there"]),
+                                                ([" ", "\n"], [" \n"])])
+async def test_leading_whitespace_is_held_until_text_follows(engine, client, pieces, deltas):
+    engine.reply_with(pieces)
+    events = events_of((await client.post("/v1/messages", json={**BODY, "stream": True})).text)
+    streamed = [data["delta"]["text"] for name, data in events if name == "content_block_delta"]
+    assert streamed == deltas
+    assert [name for name, _ in events].count("content_block_start") == 1
+    body = (await client.post("/v1/messages", json=BODY)).json()
+    assert body["content"] == [{"type": "text", "text": "".join(pieces)}]
 
 
 async def test_error_after_headers_is_an_error_event(engine, client):
