@@ -136,3 +136,17 @@ def test_greedy_output_with_tool_turns_equals_chat_completions(claude, client):
     assert text_of(m) == (chat.choices[0].message.content or "")
     uses = [(b.name, b.input) for b in m.content if b.type == "tool_use"]
     assert uses == [(c.function.name, json.loads(c.function.arguments)) for c in chat.choices[0].message.tool_calls or []]
+
+
+def test_a_streamed_tool_use_equals_the_created_one(claude):
+    kw = dict(model="default", max_tokens=80, messages=MESSAGES, tools=TOOLS,
+              tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"seed": 7})
+    created = claude.messages.create(**kw)
+    with claude.messages.stream(**kw) as stream:
+        kinds = [ev.type for ev in stream]
+        final = stream.get_final_message()
+    assert "content_block_start" in kinds and kinds[-1] == "message_stop"
+    assert final.stop_reason == created.stop_reason == "tool_use"
+    assert [(b.type, getattr(b, "input", None)) for b in final.content] == \
+        [(b.type, getattr(b, "input", None)) for b in created.content]
+    jsonschema.validate(final.content[-1].input, WEATHER)
