@@ -8,24 +8,11 @@ import pytest
 
 import ipc
 from api.errors import ContextLengthExceeded, EngineUnavailable, GenerationTimeout, Overloaded, from_wire
+from tests.unit.openai_errors import assert_error
 
 pytestmark = pytest.mark.anyio
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Hi"}]}
-
-
-def assert_error(r, status: int, *, param: str | None = None, code: str | None = None, type_: str | None = None):
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/json"
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"]
-    assert error["param"] == param
-    if code is not None:
-        assert error["code"] == code
-    if type_ is not None:
-        assert error["type"] == type_
-    return error
 
 
 @pytest.mark.parametrize(

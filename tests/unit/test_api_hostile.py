@@ -22,6 +22,7 @@ import ipc
 from api import create_app
 from api.openai.routes import OpenAIRoutes
 from config import ConfigError, load_settings
+from tests.unit.openai_errors import assert_error
 
 pytestmark = pytest.mark.anyio
 
@@ -29,18 +30,6 @@ CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Hi"}]}
 COMPLETION = {"model": "test-model", "prompt": "Once"}
 JSON = {"Content-Type": "application/json"}
 REQUEST_ID = re.compile(r"^req-[0-9a-f]{32}$")
-
-
-def assert_error(r, status: int, *, param: str | None = None, code: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/json"
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"]
-    assert error["param"] == param
-    if code is not None:
-        assert error["code"] == code
-    return error
 
 
 # ---------------------------------------------------------------- integers the wire cannot carry
