@@ -27,7 +27,7 @@ from ipc.lifecycle import SUPERVISOR_ENV, VICTIM_CAUSES
 from ipc.messages import Info
 from ops.failures import Exit, Failure, Observed, blame
 from ops.probe import drop_stale_socket, engine_info
-from ops.procs import poll, stop_group
+from ops.procs import group_members, poll, stop_group
 from ops.state import EngineState, LastFailure, state_path, write_state
 
 log = logging.getLogger("ops.supervisor")
@@ -37,7 +37,9 @@ PROBE_TIMEOUT = 2.0
 # Seconds from TERM to KILL when ending a failed engine: ranks stuck in a collective cannot act
 # on TERM anyway, but a rank 0 that can still tell its clients goodbye gets the chance.
 END_GRACE = 1.0
-SETTLE = 0.5  # seconds to wait for the culprit's exit line after a victim's
+# Seconds to wait for the culprit's exit line after a victim's: mlx.launch relays it a moment later,
+# longer on a loaded machine. A stopped (frozen) rank never exits, so then nobody waits.
+SETTLE = 3.0
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0  # restart delays double from the first to the max
 STABLE_AFTER = 60.0  # an engine that served this long resets the backoff
 
@@ -212,6 +214,8 @@ class Supervisor:
             # A rank ended because of another one; the culprit's own exit may be a moment behind.
             deadline = time.monotonic() + SETTLE
             while time.monotonic() < deadline and all(c in VICTIM_CAUSES for _, c in exits):
+                if "T" in group_members(self.pgid).values():
+                    break
                 time.sleep(0.1)
                 exits = self._exits()
         if exits:
