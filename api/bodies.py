@@ -124,3 +124,16 @@ def _log_unknown_fields(body: bytes, cls: type[msgspec.Struct]) -> None:
     unknown = sorted(set(_keys_decoder.decode(body)) - set(cls.__struct_fields__))
     if unknown:
         logger.debug("ignoring unknown fields of %s: %s", cls.__name__, escape(", ".join(unknown)))
+
+
+async def read_request(request: Request, decoder: msgspec.json.Decoder[T], limit: int, timeout: float) -> T:
+    """A generation endpoint's body: JSON only, within limit bytes and timeout seconds, decoded and validated."""
+    require_json(request)
+    return decode(await read_body(request, limit, timeout), decoder)
+
+
+def check_message_count(count: int, limit: int) -> None:
+    """The body limit bounds bytes; this bounds the chat template's work on rank 0 (MAX_MESSAGES)."""
+    if count > limit:
+        raise InvalidRequest(f"Invalid value for 'messages': {count} messages exceed this server's limit of "
+                             f"{limit} (MAX_MESSAGES).", param="messages")

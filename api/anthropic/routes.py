@@ -14,9 +14,8 @@ from api.anthropic.protocol import CountTokensRequest, MessagesRequest, TokenCou
 from api.anthropic.render import MessageRenderer
 from api.anthropic.serving import count_generate, messages_generate, new_message_id
 from api.anthropic.streaming import message_stream
-from api.bodies import decode, json_response, read_body, require_json
+from api.bodies import check_message_count, json_response, read_request
 from api.engine_client import EngineClient
-from api.errors import InvalidRequest
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
 from config import Settings
 
@@ -34,12 +33,8 @@ class AnthropicRoutes:
         self.engine = engine
 
     async def _read(self, request: Request, decoder: msgspec.json.Decoder[Any]) -> Any:
-        require_json(request)
-        body = await read_body(request, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
-        req = decode(body, decoder)
-        if len(req.messages) > self.settings.MAX_MESSAGES:
-            raise InvalidRequest(f"Invalid value for 'messages': {len(req.messages)} messages exceed this server's "
-                                 f"limit of {self.settings.MAX_MESSAGES} (MAX_MESSAGES).", param="messages")
+        req = await read_request(request, decoder, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
+        check_message_count(len(req.messages), self.settings.MAX_MESSAGES)
         return req
 
     async def messages(self, request: Request) -> Response:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +12,9 @@ from starlette.responses import Response
 
 import ipc
 from api.access import access_record
-from api.bodies import decode, json_response, read_body, require_json
+from api.bodies import check_message_count, json_response, read_request
 from api.engine_client import EngineClient
-from api.errors import APIError, EngineUnavailable, InvalidRequest, ModelNotFound
+from api.errors import APIError, EngineUnavailable, ModelNotFound
 from api.generation import Renderer, respond
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from api.openai.render import ChatRenderer, CompletionRenderer
@@ -37,7 +36,6 @@ class OpenAIRoutes:
     def __init__(self, settings: Settings, engine: EngineClient) -> None:
         self.settings = settings
         self.engine = engine
-        self.started = time.monotonic()
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, "chat", _chat_decoder, chat_generate, ChatRenderer)
@@ -54,13 +52,9 @@ class OpenAIRoutes:
         renderer: type[Renderer],
     ) -> Response:
         request_id = access_record(request).request_id = new_request_id(kind)
-        require_json(request)
-        body = await read_body(request, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
-        req = decode(body, decoder)
-        if kind == "chat" and len(req.messages) > self.settings.MAX_MESSAGES:
-            # the body limit bounds bytes; this bounds the chat template's work on rank 0
-            raise InvalidRequest(f"Invalid value for 'messages': {len(req.messages)} messages exceed this server's "
-                                 f"limit of {self.settings.MAX_MESSAGES} (MAX_MESSAGES).", param="messages")
+        req = await read_request(request, decoder, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
+        if kind == "chat":
+            check_message_count(len(req.messages), self.settings.MAX_MESSAGES)
         msg = translate(req, request_id, self.settings)
         logger.debug("%s prompt: %r", request_id, msg.messages if kind == "chat" else msg.prompt)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
