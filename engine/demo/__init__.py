@@ -14,7 +14,8 @@ write is gibberish by construction.
 
 Sizes (`DEMO_MODELS`): "tiny" (about 0.2M parameters, vocab 1024; the default, for tests) and
 "small" (about 10M parameters, vocab 4096; for benchmarks). Head counts and the MLP width divide
-by 4, so 2- and 4-way tensor parallelism (`mlx_lm.utils.sharded_load`) works.
+by 4, so 2- and 4-way tensor parallelism (`mlx_lm.utils.sharded_load`) works. Both take 131072
+tokens of context, so agent-sized prompts fit.
 
     python -m engine.demo [--size tiny|small] [--cache-dir DIR]   # prints the model's path
 """

@@ -16,9 +16,13 @@ from engine.demo.weights import weights
 
 # Part of the directory name: bump it whenever anything in this package changes the generated
 # files, so an old cached copy is never mistaken for the current one.
-VERSION = 1
+VERSION = 2
 MARKER_FILE = "demo-model.json"
 DEFAULT_CACHE_DIR = Path("~/.cache/mlx-cluster-serve").expanduser()
+
+# Tokens of context: agents send prompts of 10k-100k tokens (a coding agent's first request alone
+# is ~40k of the demo tokenizer's tokens). Random RoPE weights need no training for long positions.
+CONTEXT_LENGTH = 131072
 
 
 def _write_json(path: Path, obj) -> None:
@@ -36,7 +40,7 @@ def _config(spec: Spec, eos_id: int, pad_id: int) -> dict:
         "head_dim": spec.head_dim,
         "intermediate_size": spec.intermediate,
         "vocab_size": spec.vocab,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": CONTEXT_LENGTH,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
         "rope_scaling": None,
@@ -55,7 +59,7 @@ def _config(spec: Spec, eos_id: int, pad_id: int) -> dict:
 def _tokenizer_config() -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": 4096,
+        "model_max_length": CONTEXT_LENGTH,
         "bos_token": None,
         "eos_token": IM_END,
         "pad_token": ENDOFTEXT,

@@ -186,6 +186,6 @@ def test_models_show_context_length_and_owner(client):
     one = client.models.retrieve("demo-tiny")
     assert [m.id for m in listed] == [one.id] == ["demo-tiny"]
     assert one.owned_by == "mlx-cluster-serve"
-    assert one.model_extra["context_length"] == 4096
+    assert one.model_extra["context_length"] == 131072
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
