@@ -22,7 +22,7 @@ PROBE = Path(__file__).resolve().parent / "hostprobe.py"
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
 PROBE_TIMEOUT = 60  # seconds per host (ssh included)
 # Never copied by sync (and, being excluded, never deleted on the other side either).
-SYNC_EXCLUDES = (".venv/", ".git/", "run/", "logs/", ".cache/", "__pycache__/", "*.pyc", ".pytest_cache/")
+SYNC_EXCLUDES = (".venv/", ".git/", "run/", "logs/", ".cache/", "__pycache__/", "*.pyc", ".pytest_cache/", "node_modules/")
 
 
 @dataclass

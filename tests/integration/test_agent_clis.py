@@ -1,0 +1,88 @@
+"""The coding-agent CLIs themselves, headless, against the real engine and API on the demo model.
+
+Claude Code speaks /v1/messages, Codex CLI /v1/responses; both send agent-sized requests (a long
+system prompt and a dozen tool schemas: ~40k tokens of the demo tokenizer for Claude Code). The CLIs
+come from the npm registry at the versions tests/agents/package.json pins: .ci/run installs them,
+and these tests install them when npm is present and they are missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import REPO
+
+AGENTS = REPO / "tests" / "agents"
+BIN = AGENTS / "node_modules" / ".bin"
+# Generous: the first turn prefills the whole agent prompt on one CPU core (minutes here, seconds on a Mac).
+CLI_TIMEOUT = 900.0
+
+
+@pytest.fixture(scope="module")
+def clis() -> Path:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: the agent CLIs come from the npm registry")
+    if not ((BIN / "claude").exists() and (BIN / "codex").exists()):
+        r = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=AGENTS, capture_output=True, text=True,
+                           timeout=600, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, f"npm ci in {AGENTS} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    return BIN
+
+
+@pytest.fixture(scope="module")
+def model(stack) -> str:
+    return httpx.get(stack.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=CLI_TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+
+
+def _served(stack, path: str) -> list[str]:
+    """The access-log lines of the stack's API for requests to path."""
+    lines = []
+    for log in stack.root.glob("**/api*.log"):
+        lines += [line for line in log.read_text(errors="replace").splitlines() if f" {path}" in line]
+    return lines
+
+
+def _agent_env(home: Path, **more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "CLAUDE_"))}
+    env.update(HOME=str(home), **more)
+    return env
+
+
+def test_claude_code_prints_the_models_answer(clis, stack, model, tmp_path):
+    env = _agent_env(tmp_path, ANTHROPIC_BASE_URL=stack.base_url, ANTHROPIC_AUTH_TOKEN="unused",
+                     DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+    r = _run([str(clis / "claude"), "-p", "Say hello in one word.", "--model", model], env, tmp_path)
+    assert r.returncode == 0, f"claude exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.stdout.strip(), f"claude printed nothing; stderr:\n{r.stderr[-3000:]}"
+    assert any(" 200 " in line for line in _served(stack, "/v1/messages")), "no /v1/messages request succeeded"
+
+
+def test_codex_exec_ends_with_a_last_message(clis, stack, model, tmp_path):
+    home = tmp_path / "codex"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{model}"\n'
+        'model_provider = "local"\n\n'
+        "[model_providers.local]\n"
+        'name = "mlx-cluster-serve"\n'
+        f'base_url = "{stack.base_url}/v1"\n'
+        'wire_api = "responses"\n'
+    )
+    last = tmp_path / "last-message.txt"
+    env = _agent_env(tmp_path, CODEX_HOME=str(home))
+    r = _run([str(clis / "codex"), "exec", "--skip-git-repo-check", "--output-last-message", str(last),
+              "Say hello in one word."], env, tmp_path)
+    assert r.returncode == 0, f"codex exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert last.exists(), f"codex wrote no last message:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert any(" 200 " in line for line in _served(stack, "/v1/responses")), "no /v1/responses request succeeded"
