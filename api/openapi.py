@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from api.anthropic import protocol as anthropic
 from api.openai import protocol
 from api.auth import api_keys
 from api.openai.serving import MODEL_ALIAS
@@ -33,6 +34,18 @@ class ErrorResponse(Struct, kw_only=True):
     """Every error the API answers with (OpenAI's error object)."""
 
     error: ErrorDetail
+
+
+class AnthropicErrorDetail(Struct, kw_only=True):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(Struct, kw_only=True):
+    """Every error of the /v1/messages routes, an answer's body or a stream's error event (Anthropic's shape)."""
+
+    type: str
+    error: AnthropicErrorDetail
 
 
 # status -> when it happens; generation routes can answer all of them
@@ -56,36 +69,52 @@ def _json(ref: str) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": REF.format(name=ref)}}}
 
 
-def _error(description: str, status: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"description": description, "content": _json("ErrorResponse")}
+def _error(description: str, status: str, envelope: str = "ErrorResponse") -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": _json(envelope)}
     if status in ("429", "503"):
         out["headers"] = _RETRY_AFTER
     return out
 
 
-def _generation(summary: str, request: str, response: str, chunk: str, auth: bool,
-                example: dict[str, Any]) -> dict[str, Any]:
+def _openai_events(chunk: str) -> dict[str, Any]:
+    """OpenAPI 3.1: the schema of one event; its data is a JSON chunk, an error, or [DONE]."""
+    return {
+        "type": "object",
+        "properties": {"data": {"anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json", "contentSchema": {
+                "anyOf": [{"$ref": REF.format(name=chunk)}, {"$ref": REF.format(name="ErrorResponse")}]}},
+        ]}},
+        "required": ["data"],
+    }
+
+
+# Anthropic's named events: `event: <type>`, then data, a JSON object whose "type" repeats the name
+_NAMED_EVENTS = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"type": "object", "properties": {"type": {"type": "string"}}, "required": ["type"]}},
+    },
+    "required": ["event", "data"],
+}
+
+
+def _generation(summary: str, request: str, response: str, events: dict[str, Any] | None, auth: bool,
+                example: dict[str, Any], envelope: str = "ErrorResponse") -> dict[str, Any]:
+    content = _json(response)
+    if events is not None:
+        content["text/event-stream"] = {"schema": events}
     responses: dict[str, Any] = {
         "200": {
-            "description": "the completion; with stream=true, Server-Sent Events of chunks ending in [DONE]",
-            "content": {
-                **_json(response),
-                # OpenAPI 3.1: the schema of one event; its data is a JSON chunk, an error, or [DONE]
-                "text/event-stream": {"schema": {
-                    "type": "object",
-                    "properties": {"data": {"anyOf": [
-                        {"const": "[DONE]"},
-                        {"type": "string", "contentMediaType": "application/json", "contentSchema": {
-                            "anyOf": [{"$ref": REF.format(name=chunk)}, {"$ref": REF.format(name="ErrorResponse")}]}},
-                    ]}},
-                    "required": ["data"],
-                }},
-            },
+            "description": "the result; with stream=true, Server-Sent Events" if events else "the result",
+            "content": content,
         },
-        **{status: _error(text, status) for status, text in _GENERATION_ERRORS.items()},
+        **{status: _error(text, status, envelope) for status, text in _GENERATION_ERRORS.items()},
     }
     if auth:
-        responses["401"] = _error("missing or wrong API key", "401")
+        responses["401"] = _error("missing or wrong API key", "401", envelope)
     return {
         "summary": summary,
         "requestBody": {"required": True, "content": {
@@ -112,11 +141,16 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         protocol.ModelList,
         protocol.Model,
         ErrorResponse,
+        anthropic.MessagesRequest,
+        anthropic.Message,
+        anthropic.CountTokensRequest,
+        anthropic.TokenCount,
+        AnthropicErrorResponse,
     ]
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
     # `model` accepts exactly these values; anything else is a 404.
     models = sorted({settings.model_name, MODEL_ALIAS})
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest", "CountTokensRequest"):
         components[name]["properties"]["model"] = {"type": "string", "enum": models}
     components["Health"] = {
         "type": "object",
@@ -129,14 +163,23 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "mlx-cluster-serve", "version": "1",
-                 "description": "OpenAI-compatible API in front of a distributed MLX engine."},
+                 "description": "OpenAI- and Anthropic-compatible API in front of a distributed MLX engine."},
         "paths": {
             "/v1/chat/completions": {"post": _generation(
-                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk", auth,
+                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion", _openai_events("ChatCompletionChunk"), auth,
                 {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})},
             "/v1/completions": {"post": _generation(
-                "Create a completion", "CompletionRequest", "Completion", "Completion", auth,
+                "Create a completion", "CompletionRequest", "Completion", _openai_events("Completion"), auth,
                 {"model": settings.model_name, "prompt": "Once upon a time", "max_tokens": 8, "stream": True})},
+            "/v1/messages": {"post": _generation(
+                "Create a message (Anthropic Messages API; x-api-key works like a bearer key)", "MessagesRequest",
+                "Message", _NAMED_EVENTS, auth,
+                {"model": settings.model_name, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]},
+                envelope="AnthropicErrorResponse")},
+            "/v1/messages/count_tokens": {"post": _generation(
+                "Count a message's prompt tokens (Anthropic Messages API)", "CountTokensRequest", "TokenCount", None,
+                auth, {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}]},
+                envelope="AnthropicErrorResponse")},
             "/v1/models": {"get": _get("List the served model", {"description": "the model list",
                                                                  "content": _json("ModelList")}, unavailable, auth)},
             "/v1/models/{model_id}": {"get": {
