@@ -181,7 +181,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     active=counters.active, queued=counters.waiting, max_batch=settings.MAX_BATCH,
                     max_queue=settings.MAX_QUEUE, rank_states=reports.snapshot(),
                     step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
-                    broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count)
+                    broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count,
+                    facts=loaded.facts)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)

@@ -10,6 +10,8 @@ from typing import Any
 import mlx.core as mx
 
 from config import Settings
+from engine.facts import model_facts
+from ipc.messages import ModelFacts
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ class LoadedModel:
     context_length: int
     # rows of the model's output (logits); may exceed the tokenizer's ids (padded vocabularies)
     vocab_size: int = 0
+    facts: ModelFacts = ModelFacts()
 
 
 def resolve(settings: Settings) -> str | Path:
@@ -79,4 +82,18 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     except (OSError, ValueError) as exc:
         raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
-                       vocab_size=vocab_size(config) or len(tokenizer))
+                       vocab_size=vocab_size(config) or len(tokenizer),
+                       facts=model_facts(_folder(target), config, tokenizer))
+
+
+def _folder(target: str | Path) -> Path | None:
+    """The local folder of a loaded model: target itself, or a repo id's snapshot in the Hugging Face cache."""
+    if isinstance(target, Path):
+        return target
+    from mlx_lm.utils import hf_repo_to_path
+
+    try:
+        return hf_repo_to_path(target)
+    except (OSError, ValueError) as exc:
+        log.warning("the files of %s are not at hand (%s): its size and parameter count stay unknown", target, exc)
+        return None

@@ -54,6 +54,22 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True):
     report_age: float = 0.0
 
 
+class ModelFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What the loaded model is, read once from its files at load (for clients that ask: Ollama's /api/show)."""
+
+    architecture: str = ""  # config.json's model_type, e.g. "qwen3"
+    parameters: int = 0  # weights counted from the safetensors headers, unpacked from quantization
+    weight_bytes: int = 0  # the safetensors files on disk
+    quantization_bits: int = 0  # 0: not quantized
+    quantization_mode: str = ""  # mlx's mode: "affine", "mxfp4", ...
+    dtype: str = ""  # config.json's torch_dtype (or dtype)
+    # config.json's top-level numbers and strings (hidden_size, num_hidden_layers, ...)
+    config: dict[str, int | float | str | bool] = {}
+    chat_template: str = ""
+    thinking: bool = False  # the tokenizer knows think markers
+    tool_calling: bool = False  # the tokenizer knows tool-call markers
+
+
 class Info(Msg):
     """Model, topology and live state of the engine."""
 
@@ -77,6 +93,8 @@ class Info(Msg):
     step_time_count: int = 0
     broadcast_time_sum: float = 0.0
     broadcast_time_count: int = 0
+    # None from an engine older than this field
+    facts: ModelFacts | None = None
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
