@@ -25,6 +25,8 @@ from api.errors import APIError, MethodNotAllowed, NotFound
 from api.generation import CLIENT_CLOSED
 from api.health import Health
 from api.metrics import Metrics
+from api.ollama.render import error_body as ollama_error_body
+from api.ollama.routes import OllamaRoutes
 from api.openai.routes import OpenAIRoutes
 from api.openapi import openapi_route
 from config import Settings
@@ -33,11 +35,12 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> Starlette:
-    """The gateway for settings: /v1 (OpenAI and Anthropic APIs, behind API_KEY when set), /health, /metrics,
-    /dashboard."""
+    """The gateway for settings: /v1 (OpenAI and Anthropic APIs) and /api (Ollama's), behind API_KEY when set;
+    /health, /metrics, /dashboard."""
     engine = SocketEngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
     openai = OpenAIRoutes(settings, engine)
     anthropic = AnthropicRoutes(settings, engine)
+    ollama = OllamaRoutes(settings, engine)
     metrics = Metrics(engine)
     ops = ops_guard(settings)
     v1 = [
@@ -56,6 +59,9 @@ def create_app(settings: Settings) -> Starlette:
             Route("/v1/messages", anthropic.messages, methods=["POST"], middleware=anthropic_auth),
             Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"], middleware=anthropic_auth),
             Mount("/v1", routes=v1, middleware=auth),
+            Mount("/api", routes=ollama.routes(), middleware=auth),
+            # Ollama's clients probe the server's root (HEAD comes with GET)
+            Route("/", ollama.running, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"], middleware=ops),
             *Dashboard(settings, engine, metrics).routes(ops),
         ],
@@ -95,6 +101,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 # Each dialect's error envelope, by path prefix; everything else answers OpenAI's
 _ENVELOPES: list[tuple[str, Callable[[APIError], dict[str, Any]]]] = [
     ("/v1/messages", anthropic_error_body),
+    ("/api/", ollama_error_body),
 ]
 
 

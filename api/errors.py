@@ -89,6 +89,14 @@ class UnsupportedMediaType(APIError):
     code = "unsupported_media_type"
 
 
+class NotSupported(APIError):
+    """An endpoint of a dialect this server answers on purpose without serving it (Ollama's model management)."""
+
+    status = 501
+    type = "invalid_request_error"
+    code = "not_supported"
+
+
 class Overloaded(APIError):
     # OpenAI's request-rate limit: clients retry on this type and code after Retry-After
     status = 429

@@ -141,8 +141,10 @@ async def respond(
     stream: bool,
     timeout: float,
     streamer: Streamer | None = None,
+    media_type: str | None = None,
 ) -> Response:
-    """Start msg on the engine and answer request with a JSON body or an SSE stream (streamer's, if given)."""
+    """Start msg on the engine and answer request with a JSON body or an SSE stream (streamer's, if given,
+    sent as media_type: Ollama's streams are NDJSON)."""
     record = access_record(request)
     renderer.logprobs = msg.params.logprobs
     if stream:
@@ -150,7 +152,7 @@ async def respond(
         if gen is not None:
             record.prompt_tokens = gen.prompt_tokens
             frames = (streamer or _stream)(gen, msg.params.n, renderer, record)
-            return EventStreamResponse(frames, on_close=lambda: _close(gen, record))
+            return EventStreamResponse(frames, on_close=lambda: _close(gen, record), media_type=media_type)
     else:
         body = await until_disconnect(request, lambda: _collect(engine, msg, renderer, timeout, record))
         if body is not None:

@@ -93,7 +93,7 @@ class Metrics:
             self.e2e.labels(done.endpoint).observe(done.duration)
             if done.ttft is not None:
                 self.ttft.labels(done.endpoint).observe(done.ttft)
-        if done.path.startswith("/v1/"):
+        if done.path.startswith(("/v1/", "/api/")):
             self.requests_total += 1
             self.recent.append(done)
             if done.status >= 400 or done.outcome:

@@ -26,7 +26,7 @@ def error_event(exc: APIError) -> bytes:
 
 
 class EventStreamResponse(StreamingResponse):
-    """A text/event-stream response whose on_close runs however the stream ends.
+    """A text/event-stream response (or another streamed media type) whose on_close runs however the stream ends.
 
     Starlette cancels the body when the client disconnects (its disconnect race); the body
     iterator may then be left suspended, so closing it and the engine connection here is what
@@ -35,8 +35,10 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncGenerator[bytes, None], on_close: Callable[[], Awaitable[None]]):
-        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, content: AsyncGenerator[bytes, None], on_close: Callable[[], Awaitable[None]],
+                 media_type: str | None = None):
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                         media_type=media_type)
         self._content = content
         self._on_close = on_close
 

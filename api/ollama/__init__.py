@@ -1,0 +1,1 @@
+"""Ollama's /api dialect: protocol, serving, render, models, routes."""

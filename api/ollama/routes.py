@@ -1,0 +1,159 @@
+"""Ollama's /api endpoints, as methods of one OllamaRoutes; app.py mounts them at /api."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+import ipc
+from api.access import access_record, escape
+from api.bodies import check_message_count, decode, json_response, read_body, require_json
+from api.engine_client import EngineClient
+from api.errors import APIError, EngineUnavailable, InvalidRequest, NotSupported
+from api.generation import CLIENT_CLOSED, respond, until_disconnect
+from api.ollama import models
+from api.ollama.protocol import (ChatRequest, GenerateRequest, ModelList, Options, RunningModels, ShowRequest,
+                                 Version)
+from api.ollama.render import NDJSON, OllamaRenderer, collect, ndjson_stream
+from api.ollama.serving import chat_generate, check_model, generate_generate, new_request_id
+from config import Settings
+
+logger = logging.getLogger(__name__)
+
+# How long /api/tags, /api/show and /api/ps wait for the engine's Info.
+INFO_TIMEOUT = 2.0
+RUNNING = "Ollama is running"
+
+_chat_decoder = msgspec.json.Decoder(ChatRequest)
+_generate_decoder = msgspec.json.Decoder(GenerateRequest)
+_show_decoder = msgspec.json.Decoder(ShowRequest)
+
+
+class _OptionKeys(msgspec.Struct):
+    options: dict[str, msgspec.Raw] | None = None
+
+
+_option_keys_decoder = msgspec.json.Decoder(_OptionKeys)
+
+
+class OllamaRoutes:
+    """Holds the settings and the engine client the endpoints share."""
+
+    def __init__(self, settings: Settings, engine: EngineClient) -> None:
+        self.settings = settings
+        self.engine = engine
+
+    def routes(self) -> list[Route]:
+        """The /api routes (to mount at /api), the refused ones included."""
+        refused = [
+            ("/pull", "POST", "pulling models"), ("/push", "POST", "pushing models"),
+            ("/create", "POST", "creating models"), ("/copy", "POST", "copying models"),
+            ("/delete", "DELETE", "deleting models"), ("/blobs/{digest}", "POST", "uploading blobs"),
+            ("/blobs/{digest}", "HEAD", "uploading blobs"),
+        ]
+        return [
+            Route("/version", self.version, methods=["GET"]),
+            Route("/tags", self.tags, methods=["GET"]),
+            Route("/show", self.show, methods=["POST"]),
+            Route("/ps", self.ps, methods=["GET"]),
+            Route("/chat", self.chat, methods=["POST"]),
+            Route("/generate", self.generate, methods=["POST"]),
+            Route("/embed", self.embeddings, methods=["POST"]),
+            Route("/embeddings", self.embeddings, methods=["POST"]),
+            *[Route(path, self._refuse(what), methods=[method]) for path, method, what in refused],
+        ]
+
+    async def running(self, request: Request) -> Response:
+        """GET and HEAD /: Ollama's clients probe the server with it."""
+        return PlainTextResponse(RUNNING)
+
+    async def version(self, request: Request) -> Response:
+        return json_response(Version(version=models.OLLAMA_VERSION))
+
+    async def tags(self, request: Request) -> Response:
+        return json_response(ModelList(models=[models.listed(await self._info(), self.settings)]))
+
+    async def ps(self, request: Request) -> Response:
+        return json_response(RunningModels(models=[models.running(await self._info(), self.settings)]))
+
+    async def show(self, request: Request) -> Response:
+        req = await self._read(request, _show_decoder)
+        model = req.model or req.name
+        if not model:
+            raise InvalidRequest("Missing required parameter: 'model'.", param="model")
+        check_model(model, self.settings)
+        return json_response(models.show(await self._info(), self.settings))
+
+    async def chat(self, request: Request) -> Response:
+        request_id = access_record(request).request_id = new_request_id()
+        req: ChatRequest = await self._read(request, _chat_decoder)
+        renderer = OllamaRenderer(request_id, req.model, chat=True)
+        if not req.messages:
+            check_model(req.model, self.settings)
+            return json_response(renderer.loaded())
+        check_message_count(len(req.messages), self.settings.MAX_MESSAGES)
+        msg = chat_generate(req, request_id, self.settings)
+        return await self._run(request, msg, renderer, req.stream is not False)
+
+    async def generate(self, request: Request) -> Response:
+        request_id = access_record(request).request_id = new_request_id()
+        req: GenerateRequest = await self._read(request, _generate_decoder)
+        renderer = OllamaRenderer(request_id, req.model, chat=False)
+        if not req.prompt:
+            check_model(req.model, self.settings)
+            return json_response(renderer.loaded())
+        msg = generate_generate(req, request_id, self.settings)
+        return await self._run(request, msg, renderer, req.stream is not False)
+
+    async def embeddings(self, request: Request) -> Response:
+        raise NotSupported(f"embeddings are not supported: this server does not compute embeddings; it serves one "
+                           f"generative model, {self.settings.model_name}")
+
+    def _refuse(self, what: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            raise NotSupported(f"{what} is not supported: this server serves one model, {self.settings.model_name}, "
+                               "loaded at start")
+
+        return endpoint
+
+    async def _run(self, request: Request, msg: ipc.Generate, renderer: OllamaRenderer, stream: bool) -> Response:
+        logger.debug("%s prompt: %r", msg.request_id, msg.messages if msg.kind == "chat" else msg.prompt)
+        timeout = self.settings.REQUEST_TIMEOUT
+        if stream:
+            return await respond(request, self.engine, msg, renderer, stream=True, timeout=timeout,
+                                 streamer=ndjson_stream, media_type=NDJSON)
+        record = access_record(request)
+        body = await until_disconnect(request, lambda: collect(self.engine, msg, renderer, timeout, record))
+        if body is None:
+            record.outcome = "client_disconnected"
+            return Response(status_code=CLIENT_CLOSED)
+        return json_response(body)
+
+    async def _read(self, request: Request, decoder: msgspec.json.Decoder[Any]) -> Any:
+        """The body decoded, as every generation endpoint reads it; unknown options are logged at DEBUG."""
+        require_json(request)
+        body = await read_body(request, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
+        req = decode(body, decoder)
+        if logger.isEnabledFor(logging.DEBUG) and getattr(req, "options", None) is not None:
+            _log_unknown_options(body)
+        return req
+
+    async def _info(self) -> ipc.Info:
+        """Fresh Info, or the last one while the engine is briefly down."""
+        try:
+            return await self.engine.info(INFO_TIMEOUT)
+        except APIError as exc:
+            if self.engine.last_info is None:
+                raise EngineUnavailable(f"the served model is not known yet: {exc.message}") from None
+            return self.engine.last_info
+
+
+def _log_unknown_options(body: bytes) -> None:
+    keys = set((_option_keys_decoder.decode(body).options or {})) - set(Options.__struct_fields__)
+    if keys:
+        logger.debug("ignoring unknown options: %s", escape(", ".join(sorted(keys))))
