@@ -17,10 +17,16 @@ from starlette.routing import Route
 from api.anthropic import protocol as anthropic
 from api.openai import protocol
 from api.auth import api_keys
+from api.ollama import protocol as ollama
+from api.ollama.models import OLLAMA_VERSION
+from api.ollama.render import NDJSON
+from api.ollama.serving import LATEST
 from api.openai.serving import MODEL_ALIAS
 from config import Settings
 
 REF = "#/components/schemas/{name}"
+# Ollama's schemas share names with OpenAI's (Message, ModelList, ...): theirs are prefixed
+OLLAMA = "Ollama"
 
 
 class ErrorDetail(Struct, kw_only=True):
@@ -69,8 +75,8 @@ def _json(ref: str) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": REF.format(name=ref)}}}
 
 
-def _error(description: str, status: str, envelope: str = "ErrorResponse") -> dict[str, Any]:
-    out: dict[str, Any] = {"description": description, "content": _json(envelope)}
+def _error(description: str, status: str, schema: str = "ErrorResponse") -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": _json(schema)}
     if status in ("429", "503"):
         out["headers"] = _RETRY_AFTER
     return out
@@ -123,11 +129,75 @@ def _generation(summary: str, request: str, response: str, events: dict[str, Any
     }
 
 
-def _get(summary: str, ok: dict[str, Any], errors: dict[str, str], auth: bool = False) -> dict[str, Any]:
-    responses = {"200": ok, **{status: _error(text, status) for status, text in errors.items()}}
+def _get(summary: str, ok: dict[str, Any], errors: dict[str, str], auth: bool = False,
+         error: str = "ErrorResponse") -> dict[str, Any]:
+    responses = {"200": ok, **{status: _error(text, status, error) for status, text in errors.items()}}
     if auth:
-        responses["401"] = _error("missing or wrong API key", "401")
+        responses["401"] = _error("missing or wrong API key", "401", error)
     return {"summary": summary, "responses": responses}
+
+
+def _ollama_generation(summary: str, request: str, response: str, auth: bool,
+                       example: dict[str, Any]) -> dict[str, Any]:
+    """An Ollama generation: one JSON body with stream=false, NDJSON lines by default."""
+    error = OLLAMA + "Error"
+    line = {"anyOf": [{"$ref": REF.format(name=OLLAMA + response)}, {"$ref": REF.format(name=error)}]}
+    responses: dict[str, Any] = {
+        "200": {
+            "description": "the whole answer with stream=false (and for a load call: no messages, or no prompt); "
+                           "otherwise one JSON object a line, the last with done=true (or an error)",
+            "content": {**_json(OLLAMA + response), NDJSON: {"schema": line}},
+        },
+        **{status: _error(text, status, error) for status, text in _GENERATION_ERRORS.items()},
+    }
+    if auth:
+        responses["401"] = _error("missing or wrong API key", "401", error)
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": REF.format(name=OLLAMA + request)}, "example": example}}},
+        "responses": responses,
+    }
+
+
+def _ollama_paths(settings: Settings, auth: bool, components: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's /api (model management and embeddings answer 501 and are left out), and the probe at /."""
+    structs = [ollama.ChatRequest, ollama.GenerateRequest, ollama.ShowRequest, ollama.ChatResponse,
+               ollama.GenerateResponse, ollama.ModelList, ollama.RunningModels, ollama.ShowResponse,
+               ollama.Version, ollama.Error]
+    _, schemas = msgspec.json.schema_components(structs, ref_template=REF.format(name=OLLAMA + "{name}"))
+    components.update({OLLAMA + name: schema for name, schema in schemas.items()})
+    names = sorted({n + tag for n in (settings.model_name.removesuffix(LATEST), MODEL_ALIAS) for tag in ("", LATEST)})
+    for name in ("ChatRequest", "GenerateRequest"):
+        components[OLLAMA + name]["properties"]["model"] = {"type": "string", "enum": names}
+    error = OLLAMA + "Error"
+    unavailable = {"503": "the engine is unavailable and its model is not known yet"}
+    body_errors = {k: v for k, v in _GENERATION_ERRORS.items() if k in ("400", "408", "413", "415")}
+    show = _get("Describe the served model (capabilities, context length in model_info)", {
+        "description": "the model", "content": _json(OLLAMA + "ShowResponse")},
+        {**body_errors, "404": "model not found", **unavailable}, auth, error)
+    show["requestBody"] = {"required": True, "content": {"application/json": {
+        "schema": {"$ref": REF.format(name=OLLAMA + "ShowRequest")}, "example": {"model": settings.model_name}}}}
+    return {
+        "/": {"get": {"summary": "Ollama's liveness probe (never needs a key)", "responses": {"200": {
+            "description": "the server answers", "content": {"text/plain": {"schema": {"const": "Ollama is running"}}}}}}},
+        "/api/version": {"get": _get(f"The Ollama version this server speaks ({OLLAMA_VERSION})", {
+            "description": "the version", "content": _json(OLLAMA + "Version")}, {}, auth, error)},
+        "/api/tags": {"get": _get("List the served model", {
+            "description": "the model list", "content": _json(OLLAMA + "ModelList")}, unavailable, auth, error)},
+        "/api/ps": {"get": _get("The loaded model (always the served one)", {
+            "description": "the running model", "content": _json(OLLAMA + "RunningModels")}, unavailable, auth,
+            error)},
+        "/api/show": {"post": show},
+        "/api/chat": {"post": _ollama_generation(
+            "Chat (Ollama)", "ChatRequest", "ChatResponse", auth,
+            {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}],
+             "options": {"num_predict": 8}})},
+        "/api/generate": {"post": _ollama_generation(
+            "Complete a prompt (Ollama)", "GenerateRequest", "GenerateResponse", auth,
+            {"model": settings.model_name, "prompt": "Once upon a time", "stream": False,
+             "options": {"num_predict": 8}})},
+    }
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
@@ -163,7 +233,10 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "mlx-cluster-serve", "version": "1",
-                 "description": "OpenAI- and Anthropic-compatible API in front of a distributed MLX engine."},
+                 "description": "OpenAI-compatible API in front of a distributed MLX engine; Anthropic's Messages "
+                                "API and Ollama's /api over the same engine. Ollama's model management (/api/pull, "
+                                "/push, /create, /copy, /delete, /blobs) and embeddings (/api/embed, /embeddings) "
+                                "answer 501 with {\"error\": message}."},
         "paths": {
             "/v1/chat/completions": {"post": _generation(
                 "Create a chat completion", "ChatCompletionRequest", "ChatCompletion", _openai_events("ChatCompletionChunk"), auth,
@@ -194,12 +267,13 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "components": {"schemas": components},
     }
     doc["paths"]["/health"]["get"]["responses"]["503"]["content"] = _json("Health")
+    doc["paths"].update(_ollama_paths(settings, auth, components))
     _annotate(doc, auth)
     return doc
 
 
 def _annotate(doc: dict[str, Any], auth: bool) -> None:
-    """Every response names its request (x-request-id); with a key, /v1 needs a bearer token."""
+    """Every response names its request (x-request-id); with a key, /v1 and /api need a bearer token."""
     for item in doc["paths"].values():
         for operation in item.values():
             for response in operation["responses"].values():
@@ -207,7 +281,7 @@ def _annotate(doc: dict[str, Any], auth: bool) -> None:
     if auth:
         doc["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
         for path, item in doc["paths"].items():
-            if path.startswith("/v1/"):
+            if path.startswith(("/v1/", "/api/")):
                 for operation in item.values():
                     operation["security"] = [{"bearerAuth": []}]
 

@@ -243,7 +243,7 @@ class GenerateResponse(Struct, kw_only=True):
     logprobs: list[Logprob] | UnsetType = UNSET
 
 
-class ErrorResponse(Struct, kw_only=True):
+class Error(Struct, kw_only=True):
     """Every error an /api route answers with, and a stream's last line after a failure."""
 
     error: str
