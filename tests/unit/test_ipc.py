@@ -41,7 +41,7 @@ from ipc import (
     serve_unix,
 )
 from ipc.framing import HEADER
-from ipc.messages import Message, RankState
+from ipc.messages import Message, ModelFacts, RankState
 from ipc.probe import fetch_info
 
 TIMEOUT = 5
@@ -59,6 +59,9 @@ INFO = Info(
     active=1,
     queued=2,
     rank_states=[RankState(rank=0, host="127.0.0.1", pid=4242, step=7), RankState(rank=1, step=7)],
+    facts=ModelFacts(architecture="qwen3", parameters=213_376, weight_bytes=856_041, dtype="float32",
+                     config={"hidden_size": 64, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+                             "hidden_act": "silu"}, chat_template="{{ messages }}", thinking=True, tool_calling=True),
 )
 
 SAMPLES: list[Msg] = [
