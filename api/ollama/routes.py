@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -51,10 +52,9 @@ class OllamaRoutes:
     def routes(self) -> list[Route]:
         """The /api routes (to mount at /api), the refused ones included."""
         refused = [
-            ("/pull", "POST", "pulling models"), ("/push", "POST", "pushing models"),
-            ("/create", "POST", "creating models"), ("/copy", "POST", "copying models"),
-            ("/delete", "DELETE", "deleting models"), ("/blobs/{digest}", "POST", "uploading blobs"),
-            ("/blobs/{digest}", "HEAD", "uploading blobs"),
+            ("/pull", ["POST"], "pulling models"), ("/push", ["POST"], "pushing models"),
+            ("/create", ["POST"], "creating models"), ("/copy", ["POST"], "copying models"),
+            ("/delete", ["DELETE"], "deleting models"), ("/blobs/{digest}", ["POST", "HEAD"], "uploading blobs"),
         ]
         return [
             Route("/version", self.version, methods=["GET"]),
@@ -65,7 +65,7 @@ class OllamaRoutes:
             Route("/generate", self.generate, methods=["POST"]),
             Route("/embed", self.embeddings, methods=["POST"]),
             Route("/embeddings", self.embeddings, methods=["POST"]),
-            *[Route(path, self._refuse(what), methods=[method]) for path, method, what in refused],
+            *[Route(path, self._refuse(what), methods=methods) for path, methods, what in refused],
         ]
 
     async def running(self, request: Request) -> Response:
@@ -114,7 +114,7 @@ class OllamaRoutes:
         raise NotSupported(f"embeddings are not supported: this server does not compute embeddings; it serves one "
                            f"generative model, {self.settings.model_name}")
 
-    def _refuse(self, what: str) -> Any:
+    def _refuse(self, what: str) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             raise NotSupported(f"{what} is not supported: this server serves one model, {self.settings.model_name}, "
                                "loaded at start")

@@ -119,6 +119,13 @@ async def test_chat_translation(engine, client):
         presence_penalty=0.5, frequency_penalty=-0.5)
 
 
+async def test_unknown_options_are_logged_at_debug(engine, client, caplog):
+    caplog.set_level("DEBUG", logger="api.ollama.routes")
+    body = {**CHAT, "options": {"temperature": 0, "num_ctx": 8192, "some_new_option": 1}}
+    assert (await client.post("/api/chat", json=body)).status_code == 200
+    assert "ignoring unknown options: some_new_option" in caplog.text
+
+
 @pytest.mark.parametrize(("fmt", "schema"), [("json", {"type": "object"}), ("", None)])
 async def test_format_json_is_any_object(engine, client, fmt, schema):
     assert (await client.post("/api/chat", json={**CHAT, "format": fmt})).status_code == 200
