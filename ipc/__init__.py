@@ -13,6 +13,8 @@ from ipc.framing import (
 from ipc.messages import (
     PROTOCOL_VERSION,
     Delta,
+    Detokenize,
+    Detokenized,
     Error,
     Finish,
     Generate,
@@ -23,6 +25,8 @@ from ipc.messages import (
     Msg,
     SamplingParams,
     Started,
+    Tokenize,
+    Tokenized,
     Welcome,
 )
 
@@ -30,6 +34,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ConnectionClosed",
     "Delta",
+    "Detokenize",
+    "Detokenized",
     "EngineUnavailable",
     "Error",
     "Finish",
@@ -44,6 +50,8 @@ __all__ = [
     "Msg",
     "SamplingParams",
     "Started",
+    "Tokenize",
+    "Tokenized",
     "TruncatedFrame",
     "Welcome",
     "connect",

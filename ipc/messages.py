@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class Msg(
@@ -196,6 +196,48 @@ class Finish(Msg):
     reasoning: str = ""
     tool_calls: list[ToolCall] = []
     logprobs: list[TokenLogprob] = []
+    # the stop string that ended the choice (finish_reason "stop"); None for EOS, a tool call or length
+    stop_sequence: str | None = None
+
+
+class Tokenize(Msg):
+    """The tokens of a prompt, or of a chat rendered exactly as a Generate's would be; answered with Tokenized.
+
+    Rank 0 answers it on its own: nothing reaches the plan or the other ranks.
+    """
+
+    kind: Literal["chat", "completion"]
+    # completion: the text as given
+    prompt: str = ""
+    # chat: as in Generate (every tool is rendered: no tool_choice hides them)
+    messages: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] | None = None
+    enable_thinking: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # None: as a Generate of this kind (a completion adds the tokenizer's special tokens, a chat does not)
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+
+class Tokenized(Msg):
+    """The token ids of a Tokenize, the model's context length, and each token's string when asked."""
+
+    tokens: list[int]
+    max_model_len: int
+    token_strs: list[str] | None = None
+
+
+class Detokenize(Msg):
+    """The text of token ids (rank 0 alone answers it, with Detokenized)."""
+
+    tokens: list[int]
+
+
+class Detokenized(Msg):
+    """The text a Detokenize's ids decode to."""
+
+    prompt: str
 
 
 class Error(Msg):
@@ -208,4 +250,5 @@ class Error(Msg):
     request_id: str = ""
 
 
-Message = Union[Hello, Welcome, InfoRequest, Info, Generate, Started, Delta, Finish, Error]
+Message = Union[Hello, Welcome, InfoRequest, Info, Generate, Started, Delta, Finish, Tokenize, Tokenized, Detokenize,
+                Detokenized, Error]

@@ -51,7 +51,7 @@ values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=
                                                        st.dictionaries(st.text(max_size=10), inner, max_size=4)),
                       max_leaves=20)
 messages = st.dictionaries(st.sampled_from(["type", "version", "client", "request_id", "kind", "params",
-                                            "messages", "prompt", "text", "status", "message", "x"]),
+                                            "messages", "prompt", "text", "status", "message", "tokens", "x"]),
                            values, max_size=6) | st.builds(
     lambda tag, rest: {"type": tag, **rest}, st.sampled_from(TAGS),
     st.dictionaries(st.text(max_size=12), values, max_size=5))
