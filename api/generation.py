@@ -82,6 +82,7 @@ class Choice:
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended the choice
     completion_tokens: int = 0
     offset: int = 0  # legacy completions: text_offset of the next token
 
@@ -92,7 +93,7 @@ class Choice:
         self.logprobs.extend(ev.logprobs)
         self.completion_tokens = ev.completion_tokens
         if isinstance(ev, ipc.Finish):
-            self.finish_reason = ev.finish_reason
+            self.finish_reason, self.stop_sequence = ev.finish_reason, ev.stop_sequence
 
     @property
     def reason(self) -> str:

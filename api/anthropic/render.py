@@ -40,7 +40,14 @@ def tool_input(call: ToolCall) -> dict[str, Any]:
 def stop_reason(choice: Choice) -> str:
     if choice.tool_calls:
         return "tool_use"
+    if choice.stop_sequence is not None:
+        return "stop_sequence"
     return "max_tokens" if choice.finish_reason == "length" else "end_turn"
+
+
+def stop_sequence(choice: Choice) -> str | None:
+    """The stop sequence that ended the message, when stop_reason says one did."""
+    return choice.stop_sequence if stop_reason(choice) == "stop_sequence" else None
 
 
 class MessageRenderer(Renderer):
@@ -58,6 +65,7 @@ class MessageRenderer(Renderer):
             blocks.append(TextBlock(text=text))
         blocks += [ToolUseBlock(id=tool_use_id(c), name=c.name, input=tool_input(c)) for c in choice.tool_calls]
         return Message(id=self.request_id, model=self.model, content=blocks, stop_reason=stop_reason(choice),
+                       stop_sequence=stop_sequence(choice),
                        usage=Usage(input_tokens=prompt_tokens, output_tokens=completion_tokens))
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 
 from api.access import AccessRecord, escape
 from api.anthropic.protocol import Message, Usage
-from api.anthropic.render import BlockWriter, error_event, named_event, stop_reason
+from api.anthropic.render import BlockWriter, error_event, named_event, stop_reason, stop_sequence
 from api.engine_client import Generation
 from api.errors import APIError
 from api.generation import Choice, Renderer, next_event_or_idle
@@ -38,7 +38,8 @@ async def message_stream(gen: Generation, n: int, renderer: Renderer,
             choice.add(ev)
         for frame in blocks.finish():
             yield frame
-        delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(choice), "stop_sequence": None},
+        delta = {"type": "message_delta",
+                 "delta": {"stop_reason": stop_reason(choice), "stop_sequence": stop_sequence(choice)},
                  "usage": {"output_tokens": gen.completion_tokens}}
         yield named_event("message_delta", delta)
         yield named_event("message_stop", {"type": "message_stop"})

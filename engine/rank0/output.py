@@ -44,7 +44,7 @@ class OutputRules:
 
     def machine(self, *, chat: bool, tools: bool, stop: list[str]) -> TextStateMachine:
         """Transitions for one request; a stop string ends the text in every state."""
-        t: dict[str, list[tuple[str, str | None]]] = {}
+        t: dict[Any, list[tuple[str, Any]]] = {}
         if chat and self.think is not None:
             t.setdefault("normal", []).append((self.think[0], "reasoning"))
             t["reasoning"] = [(self.think[1], "normal")]
@@ -60,9 +60,13 @@ class OutputRules:
                 t.setdefault("normal", []).append((marker, "normal"))
             for state, edges in self.response_transitions.items():
                 t.setdefault(state, []).extend(edges)
+        # A stop string leads to a state of its own, ("stop", s), that nothing leaves: the splitter ends the
+        # choice there and can say which string it was (a None target would end the text without saying).
         for state in set(t) | {"normal", "reasoning"}:
             for s in stop:
-                t.setdefault(state, []).append((s, None))
+                t.setdefault(state, []).append((s, ("stop", s)))
+        for s in stop:
+            t[("stop", s)] = []  # type: ignore[index]
         return TextStateMachine(t or None)
 
 
@@ -77,6 +81,7 @@ class TextSplitter:
         self.parallel = parallel
         self.tool_text = ""
         self.calls = 0
+        self.stop_sequence: str | None = None  # the stop string that ended the choice
         # Whitespace right after a think block or a tool call waits until real content follows:
         # "</think>\n\nHi" gives content "Hi", and the newlines between tool calls vanish.
         self.hold: str | None = None
@@ -84,7 +89,7 @@ class TextSplitter:
     def feed(self, text: str) -> tuple[Piece, bool]:
         """Route new text; True when the choice must end (a stop string, or its one allowed tool call)."""
         piece = Piece()
-        if self.state[0] is None:
+        if self.stop_sequence is not None:
             return piece, True
         if not text:
             return piece, False
@@ -92,12 +97,13 @@ class TextSplitter:
         ended = False
         for i, (state, chunk) in enumerate(segments):
             last = i == len(segments) - 1
-            if state is None:
+            if isinstance(state, tuple):  # ("stop", s): what follows the stop string is dropped
+                self.stop_sequence = state[1]
                 ended = True
                 break
             self._route(piece, state, chunk)
             if not last:
-                if state == "tool" and segments[i + 1][0] is None:
+                if state == "tool" and isinstance(segments[i + 1][0], tuple):
                     self._cut_call(piece)  # a stop string inside a call cuts it, as max_tokens would
                 elif state == "tool":
                     self._close_call(piece)
@@ -111,7 +117,7 @@ class TextSplitter:
     def finish(self) -> Piece:
         """The text still held back when generation stops (EOS or length) goes where it belongs."""
         piece = Piece()
-        if self.state[0] is None:
+        if self.stop_sequence is not None:
             return piece
         self.state, rest, state = TextStateMachine.flush(self.state)
         self._route(piece, state, rest)

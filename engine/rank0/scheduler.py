@@ -39,7 +39,7 @@ class Request:
     prompt_tokens: int
     deadline: float
     detok: Any  # mlx-lm's streaming detokenizer: add_token, finalize, last_segment
-    splitter: Any  # engine/rank0/output.py TextSplitter: feed, finish
+    splitter: Any  # engine/rank0/output.py TextSplitter: feed, finish, stop_sequence
     group: str = ""
     index: int = 0
     top_logprobs: int = 0
@@ -202,7 +202,7 @@ class Scheduler:
             if not ended:
                 piece.add(req.splitter.finish())
             # A stop string or a lone tool call ends the choice early: the batch lets it go.
-            self._close(req, None, "stop" if ended else finish, piece)
+            self._close(req, None, "stop" if ended else finish, piece, req.splitter.stop_sequence if ended else None)
             if ended and finish is None:
                 self.to_remove.append(req.rid)
         elif piece or req.logprobs:
@@ -243,7 +243,8 @@ class Scheduler:
             request_id=req.group or req.rid, text=piece.content, completion_tokens=req.completion_tokens,
             index=req.index, reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs)))
 
-    def _close(self, req: Request, error: Error | None, finish: str | None = None, piece: Piece | None = None) -> None:
+    def _close(self, req: Request, error: Error | None, finish: str | None = None, piece: Piece | None = None,
+               stop_sequence: str | None = None) -> None:
         req.done = True
         if error is not None:
             self.events.append((req.outbox, error))
@@ -253,7 +254,8 @@ class Scheduler:
             self.events.append((req.outbox, Finish(
                 request_id=req.group or req.rid, finish_reason=finish, prompt_tokens=req.prompt_tokens,
                 completion_tokens=req.completion_tokens, text=piece.content, index=req.index,
-                reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs)))
+                reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs,
+                stop_sequence=stop_sequence)))
 
     def take_events(self) -> list[tuple[Any, Any]]:
         events, self.events = self.events, []

@@ -13,6 +13,7 @@ from mlx_lm.tokenizer_utils import load
 
 from engine.rank0.logprobs import TokenTexts
 from engine.rank0.output import OutputRules, TextSplitter
+from engine.rank0.piece import Piece
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -94,6 +95,34 @@ def test_a_stop_string_split_across_pieces_ends_the_text_in_any_state(tokenizer)
     assert steps[1][1] is False and steps[2][1] is True
     steps, _ = route(tokenizer, ["<think>", "ab", "cSTOPd"], stop=["STOP"])
     assert "".join(p.reasoning for p, _ in steps) == "abc" and steps[-1][1]
+
+
+@pytest.mark.parametrize(("pieces", "stop", "matched", "content"), [
+    (["Hello wo", "rld, ST", "OP here"], ["END", "STOP"], "STOP", "Hello world, "),
+    (["<think>", "abEN", "D more"], ["STOP", "END"], "END", ""),  # in reasoning
+    (["xA", "B"], ["B", "AB"], "AB", "x"),  # overlapping stop strings: the one that matched whole
+    (["xB"], ["AB", "B"], "B", "x"),
+    (["no stop here"], ["STOP"], None, "no stop here"),
+])
+def test_the_splitter_names_the_stop_string_that_ended_the_text(tokenizer, pieces, stop, matched, content):
+    rules = OutputRules(tokenizer)
+    splitter = TextSplitter(rules, rules.machine(chat=True, tools=True, stop=stop), "normal", TOOLS, True)
+    steps = [splitter.feed(p) for p in pieces]
+    tail = splitter.finish()
+    assert splitter.stop_sequence == matched
+    assert steps[-1][1] is (matched is not None)
+    assert "".join(p.content for p, _ in steps) + tail.content == content
+    if matched:
+        assert splitter.feed("more STOP") == (Piece(), True)  # once stopped, nothing more comes out
+
+
+def test_a_stop_string_inside_a_tool_call_cuts_the_call_and_is_named(tokenizer):
+    rules = OutputRules(tokenizer)
+    splitter = TextSplitter(rules, rules.machine(chat=True, tools=True, stop=["!!"]), "normal", TOOLS, True)
+    piece, ended = splitter.feed('<tool_call>\n{"name": "get_weather", "arguments": {"x": 1}}!!\n</tool_call>')
+    assert ended and splitter.stop_sequence == "!!"
+    assert [(c.name, json.loads(c.arguments)) for c in piece.tool_calls] == [("get_weather", {"x": 1})]
+    assert piece.content == ""
 
 
 def test_token_texts_give_exact_utf8_bytes(tokenizer):

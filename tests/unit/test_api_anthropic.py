@@ -64,6 +64,26 @@ async def test_length_is_max_tokens(engine, client):
     assert (await client.post("/v1/messages", json=BODY)).json()["stop_reason"] == "max_tokens"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_matched_stop_sequence_is_named(engine, client, stream):
+    play(engine, ipc.Delta(request_id="", text="Hello", completion_tokens=1),
+         ipc.Finish(request_id="", finish_reason="stop", prompt_tokens=7, completion_tokens=2, stop_sequence="END"))
+    r = await client.post("/v1/messages", json={**BODY, "stop_sequences": ["STOP", "END"], "stream": stream})
+    assert r.status_code == 200, r.text
+    if stream:
+        (delta,) = [data["delta"] for name, data in events_of(r.text) if name == "message_delta"]
+    else:
+        delta = r.json()
+        assert delta["content"] == [{"type": "text", "text": "Hello"}]
+    assert (delta["stop_reason"], delta["stop_sequence"]) == ("stop_sequence", "END")
+
+
+async def test_a_stop_without_a_stop_sequence_is_end_turn(engine, client):
+    engine.reply_with(["a"], finish_reason="stop")
+    body = (await client.post("/v1/messages", json={**BODY, "stop_sequences": ["END"]})).json()
+    assert (body["stop_reason"], body["stop_sequence"]) == ("end_turn", None)
+
+
 async def test_translation_to_the_chat_generate(engine, client):
     body = {
         "model": "default", "max_tokens": 9, "temperature": 0, "top_p": 0.5, "top_k": 3, "stop_sequences": ["END"],

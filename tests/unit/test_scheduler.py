@@ -44,9 +44,11 @@ class TextSplitter:
 
     def __init__(self, stop: str | None = None) -> None:
         self.stop = stop
+        self.stop_sequence: str | None = None
 
     def feed(self, text: str) -> tuple[Piece, bool]:
         if self.stop is not None and self.stop in text:
+            self.stop_sequence = self.stop
             return Piece(content=text.split(self.stop)[0]), True
         return Piece(content=text), False
 
@@ -133,7 +135,16 @@ def test_a_stop_string_ends_the_choice_and_the_batch_lets_it_go() -> None:
     sched.absorb(StepResults(tokens=[("a", 6, None)]))
     got = messages(sched)
     assert isinstance(got[-1], Finish) and got[-1].finish_reason == "stop"
+    assert got[-1].stop_sequence == "<6>"  # which stop string it was
     assert plan(sched).removes == ["a"]
+
+
+def test_an_end_without_a_stop_string_names_none() -> None:
+    sched, _ = make()
+    admit(sched, request("a", stop="<6>"), request("b", stop="<6>"))
+    plan(sched)
+    sched.absorb(StepResults(tokens=[("a", EOS, "stop"), ("b", 5, "length")]))
+    assert [(m.finish_reason, m.stop_sequence) for m in messages(sched)] == [("stop", None), ("length", None)]
 
 
 def test_cancel_while_queued_leaves_the_queue_and_never_reaches_a_plan() -> None:
