@@ -16,7 +16,7 @@ from engine.rank0.errors import Refused
 from engine.rank0.logprobs import TokenTexts
 from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.scheduler import Request
-from ipc import Generate
+from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
 # Tool formats a forced tool_choice can be enforced for by grammar (engine/decoding/constrained.py).
 FORCEABLE_PARSERS = {"json_tools"}
@@ -125,29 +125,55 @@ class Prompter:
 
     def tokens(self, gen: Generate) -> list[int]:
         """The prompt's token ids; raises Refused."""
-        tok = self.tokenizer
         if gen.kind == "chat":
-            if not gen.messages:
-                raise Refused("messages must contain at least one message", "messages")
-            try:
-                # tool_choice "none": the model is not shown the tools it may not call
-                tools = gen.tools if gen.tool_choice != "none" else None
-                thinking = {} if gen.enable_thinking is None else {"enable_thinking": gen.enable_thinking}
-                text = tok.apply_chat_template(gen.messages, tools=tools, add_generation_prompt=True,
-                                               tokenize=False, **thinking)
-            except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
-                raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
-            return tok.encode(text, add_special_tokens=False)
+            # tool_choice "none": the model is not shown the tools it may not call
+            return self.chat_tokens(gen.messages, gen.tools if gen.tool_choice != "none" else None,
+                                    gen.enable_thinking)
         if isinstance(gen.prompt, str):
             if not gen.prompt:
                 raise Refused("prompt is empty", "prompt")
-            return tok.encode(gen.prompt)
+            return self.tokenizer.encode(gen.prompt)
         if not gen.prompt:
             raise Refused("prompt is empty", "prompt")
         bad = [t for t in gen.prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise Refused(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
         return list(gen.prompt)
+
+    def chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    enable_thinking: bool | None, *, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
+        """The chat template's rendering of messages and tools, as token ids; raises Refused."""
+        if not messages:
+            raise Refused("messages must contain at least one message", "messages")
+        options: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        if continue_final_message:
+            options["continue_final_message"] = True
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt, **options)
+        except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
+            raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def tokenize(self, msg: Tokenize) -> Tokenized:
+        """The answer to a Tokenize: the ids a Generate of the same prompt would run; raises Refused."""
+        validate.check_tokenize(msg)
+        special = msg.add_special_tokens
+        if msg.kind == "chat":
+            tokens = self.chat_tokens(msg.messages, msg.tools, msg.enable_thinking,
+                                      add_generation_prompt=msg.add_generation_prompt,
+                                      continue_final_message=msg.continue_final_message,
+                                      add_special_tokens=bool(special))
+        else:
+            tokens = self.tokenizer.encode(msg.prompt, add_special_tokens=special is not False)
+        strs = self.tokenizer.convert_ids_to_tokens(tokens) if msg.return_token_strs else None
+        return Tokenized(tokens=tokens, max_model_len=self.context_length, token_strs=strs)
+
+    def detokenize(self, msg: Detokenize) -> Detokenized:
+        """The text of msg's ids, special tokens included (as vLLM's /detokenize); raises Refused."""
+        validate.check_detokenize(msg, self.limits)
+        return Detokenized(prompt=self.tokenizer.decode(msg.tokens))
 
 
 def _special_texts(tokenizer: Any) -> list[str]:

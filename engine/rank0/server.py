@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
@@ -23,14 +24,18 @@ from engine.rank0.errors import Refused, invalid_request
 from engine.rank0.scheduler import Counters, Submit, Withdraw
 from ipc import (
     ConnectionClosed,
+    Detokenize,
     Error,
     Finish,
     FrameError,
     FramedStream,
+    FrameTooLarge,
     Generate,
     Info,
     InfoRequest,
+    Msg,
     Started,
+    Tokenize,
     TruncatedFrame,
     serve_unix,
 )
@@ -39,6 +44,9 @@ from ipc.connection import HANDSHAKE_TIMEOUT
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
+# Tokenize/Detokenize requests worked on at once (each in a worker thread, off the event loop): the tokenizer
+# competes with the step loop for the interpreter, so a burst of huge prompts queues instead of piling up.
+TOKENIZER_WORKERS = 1
 
 
 class EngineServer:
@@ -55,6 +63,7 @@ class EngineServer:
         self._live: set[str] = set()  # request ids with an open generation; touched on the event loop only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: anyio.Event | None = None
+        self._tokenizer_slots: anyio.CapacityLimiter | None = None  # made on the event loop
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
@@ -89,6 +98,7 @@ class EngineServer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = anyio.Event()
+        self._tokenizer_slots = anyio.CapacityLimiter(TOKENIZER_WORKERS)
         async with anyio.create_task_group() as tg:
             await tg.start(lambda task_status: serve_unix(
                 self.settings.socket_path, self._handle, max_frame=self.settings.MAX_FRAME_BYTES,
@@ -121,9 +131,40 @@ class EngineServer:
             await _send(conn, self.info())
         elif isinstance(msg, Generate):
             await self._generate(conn, msg)
+        elif isinstance(msg, Tokenize):
+            param = "messages" if msg.kind == "chat" else "prompt"
+            await self._tokenizer_work(conn, self.prompter.tokenize, msg, param)
+        elif isinstance(msg, Detokenize):
+            await self._tokenizer_work(conn, self.prompter.detokenize, msg, "tokens")
         else:
-            await _send(conn, invalid_request(f"unexpected {type(msg).__name__.lower()} message; send info or "
-                                              "generate", code="bad_frame"))
+            await _send(conn, invalid_request(f"unexpected {type(msg).__name__.lower()} message; send info, "
+                                              "generate, tokenize or detokenize", code="bad_frame"))
+
+    async def _tokenizer_work(self, conn: FramedStream, work: Callable[[Any], Msg], msg: Msg, param: str) -> None:
+        """Answer a Tokenize or Detokenize from a worker thread; the plan and the other ranks never see it.
+        A client that leaves while its request waits for a worker takes the request with it."""
+        name = type(msg).__name__.lower()
+        reply: Msg | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_peer, conn, "", tg.cancel_scope)
+            try:
+                reply = await anyio.to_thread.run_sync(work, msg, limiter=self._tokenizer_slots)
+            except Refused as exc:
+                reply = exc.error
+            except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
+                log.exception("%s failed", name)
+                reply = errors.generation_failed("", f"the engine failed to {name} this request (see the engine log)")
+            tg.cancel_scope.cancel()
+        if reply is None:
+            return
+        try:
+            await conn.send(reply)
+        except FrameTooLarge:
+            hint = " or leave out return_token_strs" if getattr(msg, "return_token_strs", False) else ""
+            await _send(conn, invalid_request(f"the answer is larger than the engine's socket allows "
+                                              f"(MAX_FRAME_BYTES={conn.max_frame}); send a shorter input{hint}", param))
+        except ConnectionClosed:
+            pass
 
     async def _generate(self, conn: FramedStream, gen: Generate) -> None:
         rid = gen.request_id

@@ -1,4 +1,5 @@
-"""Rank 0's trust boundary: every Generate is checked against the loaded model before it can reach a plan.
+"""Rank 0's trust boundary: every Generate is checked against the loaded model before it can reach a plan
+(and every Tokenize and Detokenize before the tokenizer sees it).
 
 The socket's schema only says what types a message has; this says which values the engine can run.
 A value that passes here must never raise inside a batched step (where it would fail on every rank).
@@ -14,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ipc import Generate, SamplingParams
+from ipc import Detokenize, Generate, SamplingParams, Tokenize
 
 from engine.rank0.errors import Refused
 
@@ -66,6 +67,28 @@ def check(gen: Generate, limits: Limits) -> Generate:
     if params is not gen.params:
         gen = msgspec.structs.replace(gen, params=params)
     return gen
+
+
+def check_tokenize(msg: Tokenize) -> None:
+    """A chat is checked as a Generate's chat would be; raises Refused."""
+    if msg.kind == "chat":
+        _messages(msg.messages)
+        _tools(msg.tools, None)
+        _json_only(msg.tools, "tools")
+        if msg.continue_final_message and msg.add_generation_prompt:
+            raise Refused("continue_final_message and add_generation_prompt cannot both be true: continue the "
+                          "last message, or start the assistant's turn after it", "continue_final_message")
+
+
+def check_detokenize(msg: Detokenize, limits: Limits) -> None:
+    """Ids within the vocabulary, at most a context's worth of them (vLLM's bound); raises Refused."""
+    if len(msg.tokens) > limits.context_length:
+        raise Refused(f"tokens has {len(msg.tokens)} ids, more than this model's context length of "
+                      f"{limits.context_length}; detokenize at most that many at a time", "tokens")
+    if msg.tokens and (min(msg.tokens) < 0 or max(msg.tokens) >= limits.vocab_size):
+        i, token = next((i, t) for i, t in enumerate(msg.tokens) if not 0 <= t < limits.vocab_size)
+        raise Refused(f"tokens[{i}] is {token}, outside the vocabulary (0..{limits.vocab_size - 1})",
+                      f"tokens[{i}]")
 
 
 def _sampling(p: SamplingParams, limits: Limits) -> SamplingParams:

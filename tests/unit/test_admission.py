@@ -9,7 +9,7 @@ import pytest
 from engine.rank0 import validate
 from engine.rank0.errors import Refused
 from engine.rank0.scheduler import Counters
-from ipc import Generate, SamplingParams
+from ipc import Detokenize, Generate, SamplingParams, Tokenize
 
 LIMITS = validate.Limits(vocab_size=1000, logits_size=1024, context_length=4096, max_batch=4, max_queue=4)
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -94,6 +94,41 @@ def test_limits_beyond_the_model_are_clamped_not_refused() -> None:
 def test_a_temperature_too_small_to_divide_by_is_greedy(temperature: float) -> None:
     assert validate.check(gen(temperature=temperature), LIMITS).params.temperature == 0.0
     assert validate.check(gen(temperature=0.5), LIMITS).params.temperature == 0.5
+
+
+TOKENIZE_REFUSED = {
+    "a message without a role": (Tokenize(kind="chat", messages=[{"content": "hi"}]), "messages[0].role"),
+    "a tool that is not a function": (Tokenize(kind="chat", messages=[{"role": "user"}], tools=[{"type": "x"}]),
+                                      "tools[0]"),
+    "too many tools": (Tokenize(kind="chat", messages=[{"role": "user"}], tools=[TOOL] * (validate.MAX_TOOLS + 1)),
+                       "tools"),
+    "a tool schema that is not JSON": (Tokenize(kind="chat", messages=[{"role": "user"}], tools=[
+        {"type": "function", "function": {"name": "f", "parameters": {"x": b"\x00"}}}]), "tools"),
+    "continuing the last message after a generation prompt":
+        (Tokenize(kind="chat", messages=[{"role": "user"}], continue_final_message=True), "continue_final_message"),
+    "an id below the vocabulary": (Detokenize(tokens=[3, -1]), "tokens[1]"),
+    "an id beyond the vocabulary": (Detokenize(tokens=[999, 1000, 5]), "tokens[1]"),
+    "more ids than a context holds": (Detokenize(tokens=[1] * (LIMITS.context_length + 1)), "tokens"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKENIZE_REFUSED))
+def test_a_tokenize_or_detokenize_the_engine_cannot_run_is_refused_naming_its_param(case: str) -> None:
+    msg, param = TOKENIZE_REFUSED[case]
+    with pytest.raises(Refused) as info:
+        if isinstance(msg, Tokenize):
+            validate.check_tokenize(msg)
+        else:
+            validate.check_detokenize(msg, LIMITS)
+    assert (info.value.error.status, info.value.error.param) == (400, param)
+
+
+def test_valid_tokenize_and_detokenize_pass() -> None:
+    validate.check_tokenize(Tokenize(kind="chat", messages=[{"role": "user", "content": "hi"}], tools=[TOOL],
+                                     add_generation_prompt=False, continue_final_message=True))
+    validate.check_tokenize(Tokenize(kind="completion", prompt="", messages=[{"no": "role"}]))
+    validate.check_detokenize(Detokenize(tokens=[0, 999] * (LIMITS.context_length // 2)), LIMITS)
+    validate.check_detokenize(Detokenize(tokens=[]), LIMITS)
 
 
 def test_counters_admit_choices_only_while_running_plus_waiting_fits() -> None:
