@@ -28,6 +28,7 @@ from api.metrics import Metrics
 from api.ollama.render import error_body as ollama_error_body
 from api.ollama.routes import OllamaRoutes
 from api.openai.routes import OpenAIRoutes
+from api.openai.tokens import TokenRoutes
 from api.openapi import openapi_route
 from config import Settings
 
@@ -35,12 +36,13 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> Starlette:
-    """The gateway for settings: /v1 (OpenAI and Anthropic APIs) and /api (Ollama's), behind API_KEY when set;
-    /health, /metrics, /dashboard."""
+    """The gateway for settings: /v1 (OpenAI and Anthropic APIs), /api (Ollama's) and vLLM's /tokenize and
+    /detokenize, behind API_KEY when set; /health, /metrics, /dashboard."""
     engine = SocketEngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
     openai = OpenAIRoutes(settings, engine)
     anthropic = AnthropicRoutes(settings, engine)
     ollama = OllamaRoutes(settings, engine)
+    tokens = TokenRoutes(settings, engine)
     metrics = Metrics(engine)
     ops = ops_guard(settings)
     v1 = [
@@ -62,6 +64,9 @@ def create_app(settings: Settings) -> Starlette:
             Mount("/api", routes=ollama.routes(), middleware=auth),
             # Ollama's clients probe the server's root (HEAD comes with GET)
             Route("/", ollama.running, methods=["GET"]),
+            # vLLM's paths: at the root, not under /v1
+            Route("/tokenize", tokens.tokenize, methods=["POST"], middleware=auth),
+            Route("/detokenize", tokens.detokenize, methods=["POST"], middleware=auth),
             Route("/metrics", metrics.endpoint, methods=["GET"], middleware=ops),
             *Dashboard(settings, engine, metrics).routes(ops),
         ],

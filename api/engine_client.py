@@ -4,7 +4,7 @@ Unix socket: info calls and one connection per generation (closing it cancels th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -20,6 +20,8 @@ from api.errors import (
     RequestTooLarge,
     from_wire,
 )
+
+A = TypeVar("A", bound=ipc.Msg)
 
 
 class Generation:
@@ -89,6 +91,14 @@ class EngineClient(Protocol):
         """Admit msg (its events then come from the Generation) or raise the APIError it was refused with."""
         ...
 
+    async def tokenize(self, msg: ipc.Tokenize, timeout: float) -> ipc.Tokenized:
+        """The tokens of msg's prompt or chat, or the APIError it was refused with."""
+        ...
+
+    async def detokenize(self, msg: ipc.Detokenize, timeout: float) -> ipc.Detokenized:
+        """The text of msg's ids, or the APIError they were refused with."""
+        ...
+
 
 class SocketEngineClient:
     """EngineClient over rank 0's Unix socket; remembers the last Info for /v1/models."""
@@ -106,22 +116,9 @@ class SocketEngineClient:
     async def info(self, timeout: float) -> ipc.Info:
         """One InfoRequest round trip bounded by timeout; raises EngineUnavailable with the reason."""
         try:
-            with anyio.fail_after(timeout):
-                conn = await self._connect()
-                try:
-                    await conn.send(ipc.InfoRequest())
-                    reply = await conn.recv()
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await conn.aclose()
+            reply = await self._ask(ipc.InfoRequest(), ipc.Info, timeout, "an info")
         except TimeoutError:
             raise EngineStalled(f"the engine did not answer an info request within {timeout:g} s") from None
-        except (ipc.ConnectionClosed, ipc.FrameError) as exc:
-            raise EngineUnavailable(f"the engine dropped an info request ({exc})") from None
-        if isinstance(reply, ipc.Error):
-            raise from_wire(reply)
-        if not isinstance(reply, ipc.Info):
-            raise EngineUnavailable(f"the engine answered an info request with {type(reply).__name__}")
         last = self.last_info
         if last is not None and (last.engine_pid, last.created) != (reply.engine_pid, reply.created) and not self._counted:
             self.reconnects += 1
@@ -129,21 +126,49 @@ class SocketEngineClient:
         self.last_info = reply
         return reply
 
+    async def tokenize(self, msg: ipc.Tokenize, timeout: float) -> ipc.Tokenized:
+        """One Tokenize round trip bounded by timeout."""
+        try:
+            return await self._ask(msg, ipc.Tokenized, timeout, "a tokenize")
+        except TimeoutError:
+            raise GenerationTimeout(f"the engine did not tokenize within the server's REQUEST_TIMEOUT of "
+                                    f"{timeout:g} s") from None
+
+    async def detokenize(self, msg: ipc.Detokenize, timeout: float) -> ipc.Detokenized:
+        """One Detokenize round trip bounded by timeout."""
+        try:
+            return await self._ask(msg, ipc.Detokenized, timeout, "a detokenize")
+        except TimeoutError:
+            raise GenerationTimeout(f"the engine did not detokenize within the server's REQUEST_TIMEOUT of "
+                                    f"{timeout:g} s") from None
+
+    async def _ask(self, msg: ipc.Msg, answer: type[A], timeout: float, what: str) -> A:
+        """Send msg on a connection of its own and return the engine's one answer, or raise the APIError it
+        means; TimeoutError when none came within timeout (each caller says what that means)."""
+        try:
+            with anyio.fail_after(timeout):
+                conn = await self._connect()
+                try:
+                    await _send_request(conn, msg)
+                    reply = await conn.recv()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await conn.aclose()
+        except (ipc.ConnectionClosed, ipc.FrameError) as exc:
+            raise EngineUnavailable(f"the engine dropped {what} request ({exc})") from None
+        if isinstance(reply, ipc.Error):
+            raise from_wire(reply)
+        if not isinstance(reply, answer):
+            raise EngineUnavailable(f"the engine answered {what} request with {type(reply).__name__}")
+        return reply
+
     async def start(self, msg: ipc.Generate, timeout: float) -> Generation:
         """Send msg and wait until the engine admits it (Started) or refuses it (APIError)."""
         deadline = anyio.current_time() + timeout
         conn = await self._connect()
         try:
-            await conn.send(msg)
+            await _send_request(conn, msg)
             reply = await _recv(conn, deadline, timeout)
-        except ipc.FrameTooLarge:
-            await _close(conn)
-            raise RequestTooLarge("the request is larger than the engine accepts (MAX_FRAME_BYTES)") from None
-        except (OverflowError, RecursionError, ValueError, TypeError, msgspec.EncodeError) as exc:
-            # free-form JSON the schemas cannot bound: an integer beyond 64 bits in a tool schema, say
-            await _close(conn)
-            raise InvalidRequest(f"Invalid request: a value in it cannot be sent to the engine ({exc}); "
-                                 "integers must fit in 64 bits.") from None
         except ipc.ConnectionClosed:
             # send() found the engine gone (e.g. it stopped right after the handshake)
             await _close(conn)
@@ -169,6 +194,18 @@ class SocketEngineClient:
             self._lost, self._counted = False, True
             self.reconnects += 1
         return conn
+
+
+async def _send_request(conn: ipc.FramedStream, msg: ipc.Msg) -> None:
+    """Send a client's request, with what cannot be sent as the client's APIError."""
+    try:
+        await conn.send(msg)
+    except ipc.FrameTooLarge:
+        raise RequestTooLarge("the request is larger than the engine accepts (MAX_FRAME_BYTES)") from None
+    except (OverflowError, RecursionError, ValueError, TypeError, msgspec.EncodeError) as exc:
+        # free-form JSON the schemas cannot bound: an integer beyond 64 bits in a tool schema, say
+        raise InvalidRequest(f"Invalid request: a value in it cannot be sent to the engine ({exc}); "
+                             "integers must fit in 64 bits.") from None
 
 
 async def _recv(conn: ipc.FramedStream, deadline: float, timeout: float) -> ipc.Msg:

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from api.anthropic import protocol as anthropic
-from api.openai import protocol
+from api.openai import protocol, tokens
 from api.auth import api_keys
 from api.ollama import protocol as ollama
 from api.ollama.models import OLLAMA_VERSION
@@ -65,6 +65,11 @@ _GENERATION_ERRORS = {
     "500": "the generation failed",
     "503": "the engine is unavailable (restarting or stopped); retry after Retry-After seconds",
     "504": "the request did not finish within REQUEST_TIMEOUT",
+}
+# /tokenize and /detokenize: no generation, so no queue (429) and no stream
+_TOKEN_ERRORS = {status: text for status, text in _GENERATION_ERRORS.items() if status != "429"} | {
+    "400": "invalid request: a bad parameter (named in error.param), or a token id outside the vocabulary",
+    "500": "the engine failed to answer",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}}
 _REQUEST_ID = {"x-request-id": {"description": "the request's id (a generation's completion id), also in api.log",
@@ -127,6 +132,14 @@ def _generation(summary: str, request: str, response: str, events: dict[str, Any
             "application/json": {"schema": {"$ref": REF.format(name=request)}, "example": example}}},
         "responses": responses,
     }
+
+
+def _post(summary: str, request: dict[str, Any], response: str, errors: dict[str, str], auth: bool,
+          example: dict[str, Any]) -> dict[str, Any]:
+    operation = _get(summary, {"description": "the answer", "content": _json(response)}, errors, auth)
+    operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request,
+                                                                                  "example": example}}}
+    return operation
 
 
 def _get(summary: str, ok: dict[str, Any], errors: dict[str, str], auth: bool = False,
@@ -210,6 +223,11 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         protocol.Completion,
         protocol.ModelList,
         protocol.Model,
+        tokens.TokenizeCompletionRequest,
+        tokens.TokenizeChatRequest,
+        tokens.TokenizeResponse,
+        tokens.DetokenizeRequest,
+        tokens.DetokenizeResponse,
         ErrorResponse,
         anthropic.MessagesRequest,
         anthropic.Message,
@@ -222,6 +240,9 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     models = sorted({settings.model_name, MODEL_ALIAS})
     for name in ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest", "CountTokensRequest"):
         components[name]["properties"]["model"] = {"type": "string", "enum": models}
+    for name in ("TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
+        components[name]["properties"]["model"] = {"anyOf": [{"type": "string", "enum": models}, {"type": "null"}],
+                                                   "default": None}
     components["Health"] = {
         "type": "object",
         "properties": {"status": {"enum": ["ok", "unavailable"]}, "api": {"type": "string"},
@@ -260,6 +281,15 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                        {"404": "model not found", **unavailable}, auth),
                 "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             }},
+            "/tokenize": {"post": _post(
+                "Tokenize a prompt, or a chat as /v1/chat/completions renders it (vLLM's endpoint)",
+                {"anyOf": [{"$ref": REF.format(name="TokenizeCompletionRequest")},
+                           {"$ref": REF.format(name="TokenizeChatRequest")}]},
+                "TokenizeResponse", _TOKEN_ERRORS, auth,
+                {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}]})},
+            "/detokenize": {"post": _post(
+                "Turn token ids back into text (vLLM's endpoint)", {"$ref": REF.format(name="DetokenizeRequest")},
+                "DetokenizeResponse", _TOKEN_ERRORS, auth, {"model": settings.model_name, "tokens": [1, 2, 3]})},
             "/health": {"get": _get("Engine and API health (never needs a key)", {
                 "description": "the engine answers and makes progress", "content": _json("Health")},
                 {"503": "the engine is unreachable or stalled"})},
@@ -281,8 +311,7 @@ def _annotate(doc: dict[str, Any], auth: bool) -> None:
     if auth:
         doc["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
         for path, item in doc["paths"].items():
-            if path.startswith(("/v1/", "/api/")):
-                for operation in item.values():
+@@                for operation in item.values():
                     operation["security"] = [{"bearerAuth": []}]
 
 

@@ -15,7 +15,8 @@ from msgspec import UNSET
 
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
-from api.openai.protocol import TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
+from api.openai.protocol import (TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat,
+                                 Tool)
 from config import Settings
 
 MODEL_ALIAS = "default"
@@ -78,14 +79,12 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
         max_tokens = max_tokens_within(req.max_completion_tokens, "max_completion_tokens", settings)
     else:
         max_tokens = max_tokens_within(req.max_tokens, "max_tokens", settings)
-    tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-    for i, tool in enumerate(tools or ()):
-        check_depth(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
+    tools = engine_tools(req.tools)
     return ipc.Generate(
         request_id=request_id,
         kind="chat",
         params=_sampling(req, max_tokens, logprobs=bool(req.logprobs), top=req.top_logprobs or 0),
-        messages=[_engine_message(m) for m in req.messages],
+        messages=[engine_message(m) for m in req.messages],
         tools=tools,
         tool_choice=_tool_choice(req.tool_choice, tools),
         parallel_tool_calls=req.parallel_tool_calls is not False,
@@ -186,7 +185,15 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int, *
     )
 
 
-def _engine_message(message: ChatMessage) -> dict[str, Any]:
+def engine_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """The tools as the chat template renders them (absent fields stay absent)."""
+    out = [msgspec.to_builtins(t) for t in tools] if tools else None
+    for i, tool in enumerate(out or ()):
+        check_depth(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
+    return out
+
+
+def engine_message(message: ChatMessage) -> dict[str, Any]:
     """A plain dict for the engine's chat template: text parts joined, developer read as system."""
     out = msgspec.to_builtins(message)
     if isinstance(message.content, list):

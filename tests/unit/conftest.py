@@ -39,6 +39,9 @@ class FakeEngine:
             engine_pid=4242,
         )
         self.generates: list[ipc.Generate] = []
+        self.token_requests: list[ipc.Tokenize | ipc.Detokenize] = []
+        # answers Tokenize (a token per character) and Detokenize (a character per token); a test may swap it
+        self.token_answer: Callable[[ipc.Msg], ipc.Msg] = _characters
         self.received = anyio.Event()  # a Generate arrived
         self.peer_closed = anyio.Event()  # the API closed a connection we were holding open
         self.script: Script = self._reply
@@ -100,10 +103,23 @@ class FakeEngine:
         if isinstance(msg, ipc.InfoRequest):
             await conn.send(self.info)
             return
+        if isinstance(msg, ipc.Tokenize | ipc.Detokenize):
+            self.token_requests.append(msg)
+            await conn.send(self.token_answer(msg))
+            return
         assert isinstance(msg, ipc.Generate)
         self.generates.append(msg)
         self.received.set()
         await self.script(conn, msg)
+
+
+def _characters(msg: ipc.Msg) -> ipc.Msg:
+    if isinstance(msg, ipc.Detokenize):
+        return ipc.Detokenized(prompt="".join(map(chr, msg.tokens)))
+    assert isinstance(msg, ipc.Tokenize)
+    text = msg.prompt or "".join(str(m.get("content", "")) for m in msg.messages)
+    tokens = [ord(c) for c in text]
+    return ipc.Tokenized(tokens=tokens, max_model_len=4096, token_strs=list(text) if msg.return_token_strs else None)
 
 
 @pytest.fixture
