@@ -10,7 +10,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ipc import Generate, SamplingParams
+from ipc import Detokenize, Generate, SamplingParams, Tokenize
 
 VOCAB = 1024  # the demo model's vocabulary: top_k and token ids around it are the interesting ones
 
@@ -153,4 +153,46 @@ chat_bodies = st.builds(
         stream=st.booleans(), stream_options=st.none() | st.fixed_dictionaries({"include_usage": st.booleans()}),
         something_else=json_values,
     ),
+)
+
+# Rank 0's Tokenize and Detokenize: the same chats and tools as a Generate's, and ids around the vocabulary's edge.
+token_ids = mostly(st.lists(st.integers(0, VOCAB - 1), max_size=40),
+                   st.lists(ints, max_size=8) | st.lists(st.integers(0, VOCAB - 1), min_size=5000, max_size=9000))
+tokenizes = st.builds(
+    Tokenize,
+    kind=st.sampled_from(["chat", "completion"]),
+    prompt=st.text(max_size=200),
+    messages=messages,
+    tools=tools,
+    enable_thinking=st.none() | st.booleans(),
+    add_generation_prompt=st.booleans(),
+    continue_final_message=mostly(st.just(False), st.just(True), odds=4),
+    add_special_tokens=st.none() | st.booleans(),
+    return_token_strs=st.booleans(),
+)
+detokenizes = st.builds(Detokenize, tokens=token_ids)
+
+# vLLM's /tokenize bodies (a prompt, or a chat) and /detokenize bodies, each field sometimes hostile.
+tokenize_bodies = st.builds(
+    lambda fixed, extra: {**fixed, **extra},
+    st.fixed_dictionaries({"prompt": mostly(st.text(max_size=200), json_values)})
+    | st.fixed_dictionaries({"messages": messages}),
+    _optional(
+        model=mostly(st.sampled_from(["default", "demo-tiny"]), st.none() | small_text),
+        add_special_tokens=mostly(st.booleans(), json_values),
+        return_token_strs=mostly(st.booleans(), json_values),
+        add_generation_prompt=mostly(st.booleans(), json_values),
+        continue_final_message=mostly(st.booleans(), json_values),
+        chat_template_kwargs=mostly(st.none() | st.fixed_dictionaries({}, optional={"enable_thinking": st.booleans()}),
+                                    st.dictionaries(small_text, json_values, max_size=2) | json_values),
+        chat_template=mostly(st.none(), small_text),
+        tools=tools,
+        something_else=json_values,
+    ),
+)
+detokenize_bodies = st.builds(
+    lambda fixed, extra: {**fixed, **extra},
+    st.fixed_dictionaries({"tokens": mostly(token_ids, json_values | st.lists(floats, max_size=3))}),
+    _optional(model=mostly(st.sampled_from(["default", "demo-tiny"]), st.none() | small_text),
+              something_else=json_values),
 )

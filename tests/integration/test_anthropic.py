@@ -150,3 +150,25 @@ def test_a_streamed_tool_use_equals_the_created_one(claude):
     assert [(b.type, getattr(b, "input", None)) for b in final.content] == \
         [(b.type, getattr(b, "input", None)) for b in created.content]
     jsonschema.validate(final.content[-1].input, WEATHER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_sequence_that_appears_ends_the_message_and_is_named(claude, stream):
+    kw = dict(model="default", max_tokens=24, messages=MESSAGES, extra_body=GREEDY)
+    full = text_of(claude.messages.create(**kw))
+    # a piece of the greedy text after its start, without surrounding whitespace
+    stop = next(full[i:i + 3] for i in range(2, len(full) - 3) if full[i:i + 3] == full[i:i + 3].strip())
+    kw["stop_sequences"] = ["never in this text", stop]
+    if stream:
+        with claude.messages.stream(**kw) as events:
+            m = events.get_final_message()
+    else:
+        m = claude.messages.create(**kw)
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", stop)
+    assert text_of(m) == full[:full.index(stop)]
+
+
+def test_a_stop_sequence_that_never_appears_is_not_named(claude):
+    m = claude.messages.create(model="default", max_tokens=8, messages=MESSAGES, extra_body=GREEDY,
+                               stop_sequences=["never in this text"])
+    assert m.stop_reason in ("end_turn", "max_tokens") and m.stop_sequence is None

@@ -15,8 +15,9 @@ import os
 import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
-from ipc import Error, Finish, Generate, SamplingParams, Started
+from ipc import Detokenized, Error, Finish, Generate, SamplingParams, Started, Tokenize, Tokenized
 from tests import hostile, wire
 from tests.harness import Stack, wait_for
 
@@ -91,4 +92,37 @@ def test_any_chat_body_runs_or_gets_a_4xx_and_the_engine_serves_on(small_stack, 
             if r.status_code != 200:
                 error = r.json()["error"]
                 assert error["message"] and error["type"], error
+    still_serving(small_stack)
+
+
+@hostile_settings
+@given(msg=hostile.tokenizes | hostile.detokenizes)
+def test_any_socket_tokenize_or_detokenize_answers_or_gets_a_4xx_and_the_engine_serves_on(small_stack, msg):
+    frames = wire.run(small_stack.socket, msg, max_frames=1, timeout=60)
+    assert frames, "the engine closed the connection without an answer"
+    (answer,) = frames
+    event(f"{type(answer).__name__} {getattr(answer, 'param', '') or ''}")
+    if isinstance(answer, Error):
+        assert 400 <= answer.status < 500 and answer.message, answer
+    elif isinstance(msg, Tokenize):
+        assert isinstance(answer, Tokenized), answer
+        assert answer.max_model_len > 0 and all(0 <= t < hostile.VOCAB for t in answer.tokens)
+        assert (answer.token_strs is not None) == msg.return_token_strs
+    else:
+        assert isinstance(answer, Detokenized), answer
+    still_serving(small_stack)
+
+
+@hostile_settings
+@given(data=st.tuples(st.just("/tokenize"), hostile.tokenize_bodies)
+       | st.tuples(st.just("/detokenize"), hostile.detokenize_bodies))
+def test_any_tokenize_or_detokenize_body_answers_or_gets_a_4xx_and_the_engine_serves_on(small_stack, data):
+    path, body = data
+    with httpx.Client(timeout=60) as http:
+        r = http.post(small_stack.base_url + path, content=json.dumps(body, allow_nan=True),
+                      headers={"Content-Type": "application/json"})
+    event(f"{path} {r.status_code} {r.json()['error'].get('param') if r.status_code != 200 else ''}")
+    assert r.status_code < 500, r.text
+    if r.status_code != 200:
+        assert r.json()["error"]["message"], r.text
     still_serving(small_stack)
