@@ -303,7 +303,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
 
 
 def _annotate(doc: dict[str, Any], auth: bool) -> None:
-    """Every response names its request (x-request-id); with a key, /v1 and /api need a bearer token."""
+    """Every response names its request (x-request-id); with a key, /v1, /api and the token routes need a
+    bearer token."""
     for item in doc["paths"].values():
         for operation in item.values():
             for response in operation["responses"].values():
@@ -311,7 +312,8 @@ def _annotate(doc: dict[str, Any], auth: bool) -> None:
     if auth:
         doc["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
         for path, item in doc["paths"].items():
-@@                for operation in item.values():
+            if path.startswith(("/v1/", "/api/")) or path in ("/tokenize", "/detokenize"):
+                for operation in item.values():
                     operation["security"] = [{"bearerAuth": []}]
 
 
