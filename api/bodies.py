@@ -59,6 +59,16 @@ def require_json(request: Request) -> None:
             "'Content-Type: application/json'.")
 
 
+def require_json_from_browsers(request: Request, origins: list[str]) -> None:
+    """Ollama's API reads any body as JSON: its clients, and `curl -d` in its documentation, send no JSON
+    Content-Type. A browser always names the page's Origin on a cross-origin POST, so a body that is not
+    declared as JSON is read as JSON unless a page from an origin outside CORS_ORIGINS sent it."""
+    origin = request.headers.get("origin")
+    if origin is None or "*" in origins or origin.rstrip("/") in origins:
+        return
+    require_json(request)
+
+
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     """The whole body, refusing with 413 as soon as it exceeds limit bytes, and 408 unless it all
     arrives within timeout seconds (a client trickling its body would otherwise hold the request)."""

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 import ipc
 from api.access import access_record, escape
-from api.bodies import check_message_count, decode, json_response, read_body, require_json
+from api.bodies import check_message_count, decode, json_response, read_body, require_json_from_browsers
 from api.engine_client import EngineClient
 from api.errors import APIError, EngineUnavailable, InvalidRequest, NotSupported
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
@@ -136,7 +136,7 @@ class OllamaRoutes:
 
     async def _read(self, request: Request, decoder: msgspec.json.Decoder[Any]) -> Any:
         """The body decoded, as every generation endpoint reads it; unknown options are logged at DEBUG."""
-        require_json(request)
+        require_json_from_browsers(request, self.settings.cors_origins)
         body = await read_body(request, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
         req = decode(body, decoder)
         if logger.isEnabledFor(logging.DEBUG) and getattr(req, "options", None) is not None:

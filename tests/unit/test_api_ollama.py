@@ -303,9 +303,19 @@ async def test_bad_requests_are_400s_naming_the_parameter(engine, client, body, 
     assert not engine.generates
 
 
-async def test_the_body_must_be_json(engine, client):
-    r = await client.post("/api/chat", content=json.dumps(CHAT), headers={"content-type": "text/plain"})
+async def test_a_body_without_a_json_content_type_is_read_as_json_like_ollama_does(engine, client):
+    # `curl -d` (Ollama's documented examples) sends application/x-www-form-urlencoded
+    r = await client.post("/api/chat", content=json.dumps({**CHAT, "stream": False}),
+                          headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200, r.text
+    assert engine.generates
+
+
+async def test_a_web_page_of_another_origin_cannot_post_a_non_json_body(engine, client):
+    r = await client.post("/api/chat", content=json.dumps(CHAT),
+                          headers={"content-type": "text/plain", "origin": "https://evil.example"})
     assert_error(r, 415, "Content-Type: application/json")
+    assert not engine.generates
 
 
 @pytest.mark.parametrize(("error", "status"), [
