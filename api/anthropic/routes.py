@@ -9,6 +9,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+import ipc
 from api.access import access_record
 from api.anthropic.protocol import CountTokensRequest, MessagesRequest, TokenCount
 from api.anthropic.render import MessageRenderer
@@ -46,20 +47,17 @@ class AnthropicRoutes:
                              stream=req.stream, timeout=self.settings.REQUEST_TIMEOUT, streamer=message_stream)
 
     async def count_tokens(self, request: Request) -> Response:
-        """The engine counts a prompt only while admitting it, so the prompt is admitted for one token and
-        the connection closed as soon as Started names the count (closing cancels the generation)."""
+        """The prompt create() would send, counted by the engine's tokenizer (rank 0 alone: no batch slot)."""
         record = access_record(request)
         record.request_id = new_message_id()
         req: CountTokensRequest = await self._read(request, _count_decoder)
         msg = count_generate(req, record.request_id, self.settings)
-
-        async def count() -> int:
-            gen = await self.engine.start(msg, self.settings.REQUEST_TIMEOUT)
-            await gen.aclose()
-            return gen.prompt_tokens
-
-        tokens = await until_disconnect(request, count)
+        # tool_choice "none" hides the tools from the prompt, as a generation does
+        tokenize = ipc.Tokenize(kind="chat", messages=msg.messages, enable_thinking=msg.enable_thinking,
+                                tools=msg.tools if msg.tool_choice != "none" else None)
+        tokens = await until_disconnect(request, lambda: self.engine.tokenize(tokenize, self.settings.REQUEST_TIMEOUT))
         if tokens is None:
             record.outcome = "client_disconnected"
             return Response(status_code=CLIENT_CLOSED)
-        return json_response(TokenCount(input_tokens=tokens))
+        record.prompt_tokens = len(tokens.tokens)
+        return json_response(TokenCount(input_tokens=len(tokens.tokens)))

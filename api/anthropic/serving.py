@@ -52,7 +52,8 @@ def messages_generate(req: MessagesRequest, request_id: str, settings: Settings)
 
 
 def count_generate(req: CountTokensRequest, request_id: str, settings: Settings) -> ipc.Generate:
-    """The prompt of req admitted for one token: the engine counts a prompt only by admitting it."""
+    """req as a one-token generation: its messages, tools and thinking switch are what count_tokens tokenises
+    (building it checks them as create() would)."""
     check_model(req.model, settings)
     tools = engine_tools(req.tools or [])
     return ipc.Generate(

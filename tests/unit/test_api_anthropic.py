@@ -12,6 +12,9 @@ import pytest
 import ipc
 from ipc.messages import ToolCall
 from api.anthropic.errors import error_body
+from api.anthropic.protocol import MessagesRequest
+from api.anthropic.serving import messages_generate
+from config import load_settings
 from api.errors import (ContextLengthExceeded, EngineUnavailable, GenerationFailed, GenerationTimeout, ModelNotFound,
                         Overloaded, Unauthorized)
 
@@ -251,13 +254,16 @@ async def test_x_api_key_is_accepted_on_messages_only(engine, make_client):
         assert r.status_code == 401 and "error" in r.json() and "type" not in r.json()
 
 
-async def test_count_tokens_admits_and_closes(engine, client):
-    engine.hold([])
-    r = await client.post("/v1/messages/count_tokens", json={k: v for k, v in BODY.items() if k != "max_tokens"})
-    assert r.status_code == 200 and r.json() == {"input_tokens": 3}
-    assert engine.generates[0].params.max_tokens == 1
-    with anyio.fail_after(5):
-        await engine.peer_closed.wait()  # closing the connection is what cancels the one-token generation
+async def test_count_tokens_tokenizes_the_prompt_create_would_send_without_a_generation(engine, client):
+    body = {k: v for k, v in BODY.items() if k != "max_tokens"}
+    r = await client.post("/v1/messages/count_tokens", json=body)
+    assert r.status_code == 200
+    (asked,) = engine.token_requests
+    create = messages_generate(msgspec.convert({**body, "max_tokens": 1}, MessagesRequest), "m",
+                               load_settings({"SERVED_MODEL_NAME": "test-model"}, "/nonexistent/.env"))
+    assert asked.kind == "chat" and asked.messages == create.messages and asked.tools == create.tools
+    assert r.json() == {"input_tokens": len("".join(m["content"] for m in create.messages))}
+    assert not engine.generates  # no batch slot taken, so never a 429
 
 
 async def test_pings_keep_a_long_prefill_alive(engine, client, monkeypatch):
