@@ -30,17 +30,19 @@ from api.ollama.routes import OllamaRoutes
 from api.openai.routes import OpenAIRoutes
 from api.openai.tokens import TokenRoutes
 from api.openapi import openapi_route
+from api.responses.routes import ResponsesRoutes
 from config import Settings
 
 logger = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> Starlette:
-    """The gateway for settings: /v1 (OpenAI and Anthropic APIs), /api (Ollama's) and vLLM's /tokenize and
-    /detokenize, behind API_KEY when set; /health, /metrics, /dashboard."""
+    """The gateway for settings: /v1 (OpenAI's chat, completions and Responses APIs, Anthropic's Messages API),
+    /api (Ollama's) and vLLM's /tokenize and /detokenize, behind API_KEY when set; /health, /metrics, /dashboard."""
     engine = SocketEngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
     openai = OpenAIRoutes(settings, engine)
     anthropic = AnthropicRoutes(settings, engine)
+    responses = ResponsesRoutes(settings, engine)
     ollama = OllamaRoutes(settings, engine)
     tokens = TokenRoutes(settings, engine)
     metrics = Metrics(engine)
@@ -48,6 +50,7 @@ def create_app(settings: Settings) -> Starlette:
     v1 = [
         Route("/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/completions", openai.completions, methods=["POST"]),
+        Route("/responses", responses.create, methods=["POST"]),
         Route("/models", openai.list_models, methods=["GET"]),
         Route("/models/{model_id:path}", openai.get_model, methods=["GET"]),
     ]

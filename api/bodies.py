@@ -142,8 +142,11 @@ async def read_request(request: Request, decoder: msgspec.json.Decoder[T], limit
     return decode(await read_body(request, limit, timeout), decoder)
 
 
-def check_message_count(count: int, limit: int) -> None:
-    """The body limit bounds bytes; this bounds the chat template's work on rank 0 (MAX_MESSAGES)."""
+def check_message_count(count: int, limit: int, param: str = "messages") -> None:
+    """The body limit bounds bytes; this bounds the chat template's work on rank 0 (MAX_MESSAGES).
+
+    param names the list in the dialect's request: messages, or the Responses API's input (of items)."""
     if count > limit:
-        raise InvalidRequest(f"Invalid value for 'messages': {count} messages exceed this server's limit of "
-                             f"{limit} (MAX_MESSAGES).", param="messages")
+        noun = "messages" if param == "messages" else "items"
+        raise InvalidRequest(f"Invalid value for '{param}': {count} {noun} exceed this server's limit of "
+                             f"{limit} (MAX_MESSAGES).", param=param)

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from api.anthropic import protocol as anthropic
 from api.openai import protocol, tokens
+from api.responses import protocol as responses_protocol
 from api.auth import api_keys
 from api.ollama import protocol as ollama
 from api.ollama.models import OLLAMA_VERSION
@@ -107,6 +108,22 @@ _NAMED_EVENTS = {
         "event": {"type": "string"},
         "data": {"type": "string", "contentMediaType": "application/json",
                  "contentSchema": {"type": "object", "properties": {"type": {"type": "string"}}, "required": ["type"]}},
+    },
+    "required": ["event", "data"],
+}
+
+
+# one event of a Responses stream: its type on the `event:` line, then the event as JSON (no [DONE])
+_RESPONSE_EVENTS = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {
+            "type": "object",
+            "properties": {"type": {"type": "string"}, "sequence_number": {"type": "integer", "minimum": 0},
+                           "response": {"$ref": REF.format(name="Response")}},
+            "required": ["type", "sequence_number"],
+        }},
     },
     "required": ["event", "data"],
 }
@@ -223,6 +240,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         protocol.Completion,
         protocol.ModelList,
         protocol.Model,
+        responses_protocol.ResponsesRequest,
+        responses_protocol.Response,
         tokens.TokenizeCompletionRequest,
         tokens.TokenizeChatRequest,
         tokens.TokenizeResponse,
@@ -238,7 +257,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
     # `model` accepts exactly these values; anything else is a 404.
     models = sorted({settings.model_name, MODEL_ALIAS})
-    for name in ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest", "CountTokensRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponsesRequest", "MessagesRequest",
+                 "CountTokensRequest"):
         components[name]["properties"]["model"] = {"type": "string", "enum": models}
     for name in ("TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
         components[name]["properties"]["model"] = {"anyOf": [{"type": "string", "enum": models}, {"type": "null"}],
@@ -254,8 +274,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "mlx-cluster-serve", "version": "1",
-                 "description": "OpenAI-compatible API in front of a distributed MLX engine; Anthropic's Messages "
-                                "API and Ollama's /api over the same engine. Ollama's model management (/api/pull, "
+                 "description": "OpenAI-compatible API (chat, completions, Responses) in front of a distributed "
+                                "MLX engine; Anthropic's Messages API and Ollama's /api over the same engine. Ollama's model management (/api/pull, "
                                 "/push, /create, /copy, /delete, /blobs) and embeddings (/api/embed, /embeddings) "
                                 "answer 501 with {\"error\": message}."},
         "paths": {
@@ -265,6 +285,10 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "/v1/completions": {"post": _generation(
                 "Create a completion", "CompletionRequest", "Completion", _openai_events("Completion"), auth,
                 {"model": settings.model_name, "prompt": "Once upon a time", "max_tokens": 8, "stream": True})},
+            "/v1/responses": {"post": _generation(
+                "Create a model response (OpenAI's Responses API; nothing is stored)", "ResponsesRequest",
+                "Response", _RESPONSE_EVENTS, auth,
+                {"model": settings.model_name, "instructions": "Be brief.", "input": "hello", "max_output_tokens": 16})},
             "/v1/messages": {"post": _generation(
                 "Create a message (Anthropic Messages API; x-api-key works like a bearer key)", "MessagesRequest",
                 "Message", _NAMED_EVENTS, auth,

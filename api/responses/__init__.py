@@ -1,0 +1,1 @@
+"""OpenAI's Responses API dialect (POST /v1/responses): protocol, serving, render, streaming, routes."""
