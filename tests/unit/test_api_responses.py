@@ -10,13 +10,16 @@ import logging
 import re
 
 import anyio
+import httpx2
 import msgspec
+import openai
 import pydantic
 import pytest
 from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 
 import ipc
+from api import create_app
 from api.responses import serving
 from api.responses.serving import prompt_name
 from ipc.messages import ToolCall, TokenLogprob, TopLogprob
@@ -341,6 +344,31 @@ async def test_stream_events_conform_and_build_the_non_streamed_response(engine,
     assert done == final["output"]
 
 
+async def test_the_sdk_stream_helper_builds_the_created_response(engine, make_settings):
+    """The openai client's own stream state machine (item order, identities, terminal event) accepts the
+    events of thinking, text, more thinking and a call, and ends with the items create() returns."""
+    events = (delta(reasoning="Hm.", tokens=1), delta("Sure.", tokens=2), delta(reasoning="Go.", tokens=3),
+              finish(5, tool_calls=[ToolCall(id="call_x", name="mcp__calendar__create_event", arguments="{}")]))
+    transport = httpx2.ASGITransport(app=create_app(make_settings()))
+    async with httpx2.AsyncClient(transport=transport, base_url="http://test/v1") as http:
+        sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http, max_retries=0)
+        play(engine, *events)
+        created = await sdk.responses.create(model="test-model", input="hi", tools=[CALENDAR])
+        play(engine, *events)
+        async with sdk.responses.stream(model="test-model", input="hi", tools=[CALENDAR]) as stream:
+            kinds = [ev.type async for ev in stream]
+            final = await stream.get_final_response()
+    assert [item.type for item in created.output] == ["reasoning", "message", "reasoning", "function_call"]
+
+    def summary(response):
+        return [(item.type, item.status, getattr(item, "content", None) and [p.text for p in item.content],
+                 getattr(item, "namespace", None), getattr(item, "arguments", None)) for item in response.output]
+
+    assert summary(final) == summary(created)
+    assert final.output_text == created.output_text == "Sure."
+    assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") == 4
+
+
 @pytest.mark.parametrize(("pieces", "deltas"), [([" ", "\n", "Hi", " there"], [" \nHi", " there"]),
                                                 ([" ", "\n"], [" \n"])])
 async def test_leading_whitespace_is_held_until_text_follows(engine, client, pieces, deltas):
@@ -390,6 +418,23 @@ async def test_error_after_headers_is_an_error_event_then_response_failed(engine
     # the text so far, as an incomplete message
     (message,) = failed["response"]["output"]
     assert message["status"] == "incomplete" and message["content"][0]["text"] == "Hel"
+
+
+async def test_engine_failure_without_stream_is_an_http_error(engine, client):
+    engine.die_after(["Hel"])
+    r = await client.post("/v1/responses", json=BODY)
+    assert_error(r, 503, code="engine_unavailable", type_="server_error")
+
+
+async def test_request_timeout_ends_a_stream_kept_alive(engine, make_client, monkeypatch):
+    monkeypatch.setattr("api.responses.streaming.KEEPALIVE_SECONDS", 0.05)
+    engine.hold([])
+    async with make_client(REQUEST_TIMEOUT=0.3) as client:
+        with anyio.fail_after(5):
+            r = await client.post("/v1/responses", json={**BODY, "stream": True})
+    events = events_of(r.text)
+    assert [name for name, _ in events][-2:] == ["error", "response.failed"]
+    assert events[-2][1]["code"] == "timeout" and events[-1][1]["response"]["error"]["code"] == "server_error"
 
 
 async def test_admission_errors_keep_their_http_status_when_streaming(engine, client):
