@@ -9,8 +9,9 @@ import json
 import logging
 import re
 
+import importlib
+
 import anyio
-import httpx2
 import msgspec
 import openai
 import pydantic
@@ -180,7 +181,8 @@ async def test_the_same_conversation_makes_the_same_engine_request_as_chat(engin
                  "tools": [FUNCTION],
                  "input": [
                      {"role": "user", "content": "hello"},
-                     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                     {"type": "message", "role": "assistant",
+                      "content": [{"type": "output_text", "text": "Checking."}]},
                      {"type": "function_call", "call_id": "call_1", "name": "get_weather",
                       "arguments": '{"city": "Paris"}'},
                      {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]}
@@ -349,8 +351,12 @@ async def test_the_sdk_stream_helper_builds_the_created_response(engine, make_se
     events of thinking, text, more thinking and a call, and ends with the items create() returns."""
     events = (delta(reasoning="Hm.", tokens=1), delta("Sure.", tokens=2), delta(reasoning="Go.", tokens=3),
               finish(5, tool_calls=[ToolCall(id="call_x", name="mcp__calendar__create_event", arguments="{}")]))
-    transport = httpx2.ASGITransport(app=create_app(make_settings()))
-    async with httpx2.AsyncClient(transport=transport, base_url="http://test/v1") as http:
+    # the client's own HTTP library (httpx, or httpx2 in newer releases) gives the in-process transport
+    library = next(c.__module__ for c in openai.DefaultAsyncHttpxClient.__mro__
+                   if not c.__module__.startswith("openai"))
+    http_library = importlib.import_module(library.partition(".")[0])
+    transport = http_library.ASGITransport(app=create_app(make_settings()))
+    async with openai.DefaultAsyncHttpxClient(transport=transport, base_url="http://test/v1") as http:
         sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http, max_retries=0)
         play(engine, *events)
         created = await sdk.responses.create(model="test-model", input="hi", tools=[CALENDAR])
