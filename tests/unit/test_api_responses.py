@@ -384,6 +384,11 @@ async def test_leading_whitespace_is_held_until_text_follows(engine, client, pie
     assert events[-1][1]["response"]["output"][0]["content"][0]["text"] == "".join(pieces)
 
 
+async def test_without_max_output_tokens_the_answer_may_run_to_the_servers_limit(engine, client):
+    await client.post("/v1/responses", json=BODY)
+    assert engine.generates[0].params.max_tokens == 32768  # MAX_TOKENS_LIMIT, not MAX_TOKENS_DEFAULT
+
+
 async def test_max_output_tokens_makes_an_incomplete_response(engine, client):
     engine.reply_with(["a", "b"], finish_reason="length")
     body = (await client.post("/v1/responses", json={**BODY, "max_output_tokens": 2})).json()
