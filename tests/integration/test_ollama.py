@@ -41,10 +41,11 @@ def test_list_show_ps_and_version(llama, stack):
     show = llama.show("demo-tiny:latest")
     assert {"completion", "tools"} <= set(show.capabilities)
     assert show.modelinfo["general.architecture"] == "qwen3"
-    assert show.modelinfo["qwen3.context_length"] == 4096
+    context = stack.probe()["context_length"]
+    assert show.modelinfo["qwen3.context_length"] == context
     assert show.details.parameter_size and show.template
     (running,) = llama.ps().models
-    assert running.model == "demo-tiny" and running.context_length == 4096 and running.size_vram > 0
+    assert running.model == "demo-tiny" and running.context_length == context and running.size_vram > 0
     r = httpx.get(stack.base_url + "/api/version", timeout=10)
     assert tuple(int(p) for p in r.json()["version"].split(".")) >= (0, 6, 4)
     assert httpx.get(stack.base_url + "/", timeout=10).text == "Ollama is running"
