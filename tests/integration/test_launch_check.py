@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.demo import VERSION as DEMO_VERSION
 from tests.harness import MODEL_CACHE, REPO, free_port, short_dir
 
 SSH_STUB = """#!/usr/bin/env bash
@@ -90,7 +91,7 @@ def test_check_passes_on_local_hosts(env):
     assert r.returncode == 0, r.stdout + r.stderr
     assert verdicts(r.stdout) == {"127.0.0.1": "OK", "localhost": "OK"}
     assert "preflight passed" in r.stdout
-    assert "demo-tiny generator v1" in r.stdout
+    assert f"demo-tiny generator v{DEMO_VERSION}" in r.stdout
     assert stub_log(env) == ""  # local hosts are checked without ssh
 
 
