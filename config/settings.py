@@ -55,6 +55,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     MAX_BATCH: Positive = 32
     MAX_QUEUE: Positive = 256
     PREFILL_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
+    # -1: a quarter of the memory the smallest rank has left after loading its weights; 0: no prefix cache
+    PROMPT_CACHE_BYTES: Annotated[int, Meta(ge=-1)] = -1
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
     IDLE_TICK_MS: Annotated[int, Meta(ge=1, le=1000)] = 40
     WATCHDOG_TIMEOUT: Seconds = 30.0
@@ -143,6 +145,7 @@ HINTS = {
     "MAX_MESSAGES": "a positive integer",
     "ENGINE_START_TIMEOUT": "a number of seconds > 0",
     "PREFILL_TOKENS_PER_STEP": "an integer >= 16",
+    "PROMPT_CACHE_BYTES": "an integer of bytes (0 turns the prefix cache off, -1 sizes it from memory)",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",
     "IDLE_TICK_MS": "an integer of milliseconds from 1 to 1000",
     "MAX_FRAME_BYTES": "an integer of bytes >= 1024",

@@ -161,6 +161,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.rank0.admission import Prompter
     from engine.rank0.logprobs import extract
+    from engine.rank0.prefix_index import PrefixIndex, prompt_cache_budget
     from engine.rank0.scheduler import Counters, Scheduler
     from engine.rank0.server import EngineServer
     from engine.rank0.validate import Limits
@@ -171,7 +172,11 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
     reports.update(announced)
     inbound: queue.SimpleQueue = queue.SimpleQueue()
-    scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract)
+    cache_budget = prompt_cache_budget(settings.PROMPT_CACHE_BYTES, reports.snapshot())
+    logging.getLogger("engine").info("prefix cache: %s", f"{cache_budget / 2**20:.0f} MiB per rank" if cache_budget
+                                     else "off")
+    scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
+                          PrefixIndex(cache_budget))
     backend = settings.BACKEND if joined.size > 1 else "single"
 
     def info() -> Info:

@@ -191,6 +191,8 @@ class Finish(Msg):
     finish_reason: Literal["stop", "length"]
     prompt_tokens: int
     completion_tokens: int
+    # prompt tokens whose KV came from the prefix cache instead of being computed
+    cached_tokens: int = 0
     text: str = ""
     index: int = 0
     reasoning: str = ""

@@ -11,6 +11,7 @@ from engine import mlx_compat
 from engine.decoding.constrained import Grammars
 from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
 from engine.lockstep.plan import Plan, fingerprint, token_checksum
+from engine.lockstep.prefix import PrefixEntries
 from engine.lockstep.results import StepResults
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,11 @@ class LockstepBatch:
         self.failed: dict[str, str] = {}
         self._fail_seed = failpoint_seed("step")
         self._seeded: set[str] = set()  # requests carrying the failpoint's seed
+        # The prefix cache's entries on this rank, and what they are built from: the inserts that asked to
+        # be kept, and the KV of those that ended in the last step, until the next plan stores or drops it.
+        self.prefix = PrefixEntries()
+        self.keep: set[str] = set()
+        self.ended: dict[str, list] = {}
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -102,12 +108,14 @@ class LockstepBatch:
         self.order = []
         self.wants_logprobs.clear()
         self._seeded.clear()
+        self.keep.clear()
+        self.ended.clear()
 
     def __len__(self) -> int:
         return len(self.order)
 
     def fingerprint(self, step: int) -> int:
-        return fingerprint(step, self.order)
+        return fingerprint(step, self.order, self.prefix.ids())
 
     def verify(self, plan: Plan, rank: int) -> None:
         """Followers: fail fast when the batch or the last sampled tokens differ from rank 0's."""
@@ -131,23 +139,36 @@ class LockstepBatch:
         return max(16, self.prefill_budget // max(1, prefilling))
 
     def apply(self, plan: Plan) -> None:
-        """Remove, then insert, exactly as the plan says."""
+        """Store, remove, insert, then evict, exactly as the plan says."""
         if plan.prefill_chunk and plan.prefill_chunk != self.gen.prefill_step_size:
             mlx_compat.set_prefill_chunk(self.gen, plan.prefill_chunk)
+        stores = {s.rid: s for s in plan.stores}
+        for rid, cache in self.ended.items():
+            if rid in stores:
+                self.prefix.put(stores[rid].entry, cache, stores[rid].length)
+        self.ended.clear()
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
             if uids:
+                kept = [self.rid_of.get(uid, "") for uid in uids]
                 try:
-                    self.gen.remove(uids)
+                    caches = self.gen.remove(uids, return_prompt_caches=any(r in stores for r in kept))
                 except Exception as exc:
+                    caches = {}
                     self.reset(_reason(exc))
+                for uid, rid in zip(uids, kept):
+                    if rid in stores and uid in caches:
+                        self.prefix.put(stores[rid].entry, caches[uid][0], stores[rid].length)
             for uid in uids:
                 self.rid_of.pop(uid, None)
             gone = set(plan.removes)
             self.order = [rid for rid in self.order if rid not in gone]
             self.wants_logprobs -= gone
+            self.keep -= gone
         if plan.inserts:
             self._insert(plan.inserts)
+        if plan.evicts:
+            self.prefix.evict(plan.evicts)
 
     def _insert(self, inserts) -> None:
         """Insert what can be built; a request whose sampler or grammar cannot be made fails alone."""
@@ -168,7 +189,13 @@ class LockstepBatch:
         if not ready:
             return
         try:
-            uids = self.gen.insert([ins.tokens for ins in ready], max_tokens=[ins.max_tokens for ins in ready],
+            # a sequence starting from a prefix entry computes only the tokens after it
+            # (an entry the ranks did not keep is missing on every rank alike: the whole prompt is computed)
+            reuse = [ins.cache_len if ins.cache_id in self.prefix.entries else 0 for ins in ready]
+            caches = [self.prefix.take(ins.cache_id, n) if n else None for ins, n in zip(ready, reuse)]
+            uids = self.gen.insert([ins.tokens[n:] for ins, n in zip(ready, reuse)],
+                                   max_tokens=[ins.max_tokens for ins in ready], caches=caches,
+                                   all_tokens=[ins.tokens[:n] for ins, n in zip(ready, reuse)],
                                    samplers=samplers, logits_processors=processors)
         except Exception as exc:
             for ins in ready:
@@ -181,6 +208,8 @@ class LockstepBatch:
             self.order.append(ins.rid)
             if ins.logprobs:
                 self.wants_logprobs.add(ins.rid)
+            if ins.keep:
+                self.keep.add(ins.rid)
             if self._fail_seed is not None and ins.seed == self._fail_seed:
                 self._seeded.add(ins.rid)
 
@@ -202,6 +231,8 @@ class LockstepBatch:
                 finished.add(rid)
                 self.uid_of.pop(rid, None)
                 del self.rid_of[r.uid]
+                if rid in self.keep and rid not in self.failed:
+                    self.ended[rid] = r.prompt_cache  # until the next plan says whether to store it
             if rid in self.failed:
                 continue  # its token came from a fallback; the request ends with an error instead
             out.tokens.append((rid, r.token, r.finish_reason))
@@ -212,6 +243,7 @@ class LockstepBatch:
         if finished:
             self.order = [rid for rid in self.order if rid not in finished]
             self.wants_logprobs -= finished
+            self.keep -= finished
         self.last_check = token_checksum([tok for _, tok, _ in out.tokens])
         out.failed = dict(self.failed)
         self.failed.clear()  # in place: the guards of running requests hold this dict

@@ -117,6 +117,9 @@ class StepLoop:
             plan = self._next_plan(now, shutdown)
             self._broadcast(plan)
             self.batch.apply(plan)
+            if plan.stores or plan.evicts:
+                # what the ranks now hold, measured on this rank's shard; over budget, the LRU go next plan
+                sched.prefix.applied(self.batch.prefix.sizes())
             if plan.report:
                 self.watchdog.beat(f"gathering rank reports at step {plan.step}")
                 self.reports.update(self.channel.gather(local_row(plan.step)))

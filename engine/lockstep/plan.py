@@ -45,6 +45,19 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     logprobs: bool = False
     # an llguidance grammar every rank compiles into the same token mask (engine/decoding/constrained.py)
     grammar: str = ""
+    # prefix cache: start from the first cache_len tokens of entry cache_id (0: none), computing only the rest
+    cache_id: int = 0
+    cache_len: int = 0
+    # keep this sequence's KV when it ends, until a plan stores it (Plan.stores) or lets it go
+    keep: bool = False
+
+
+class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Keep the KV of the first `length` tokens of a sequence that ended (or is removed by this plan) as entry `entry`."""
+
+    rid: str
+    entry: int
+    length: int
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -63,6 +76,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     prefill_chunk: int = 0
     # Every rank reports its state after applying this plan (rank 0 asks about once a second).
     report: bool = False
+    # Prefix cache operations, applied in this order: stores (before removes let the KV go), inserts
+    # (which copy the entries they start from), then evicts.
+    stores: list[Store] = []
+    evicts: list[int] = []
 
 
 class PlanError(RuntimeError):
@@ -73,9 +90,11 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Plan)
 
 
-def fingerprint(step: int, rids: list[str]) -> int:
-    """A cheap digest of which requests are in the batch, in order, at a step."""
-    return zlib.crc32("\x00".join(rids).encode(), step & 0xFFFFFFFF)
+def fingerprint(step: int, rids: list[str], entries: list[int] = ()) -> int:
+    """A cheap digest of which requests are in the batch, in order, and which prefix cache entries every
+    rank holds, at a step."""
+    text = "\x00".join(rids) + "\x01" + ",".join(map(str, sorted(entries)))
+    return zlib.crc32(text.encode(), step & 0xFFFFFFFF)
 
 
 def token_checksum(tokens: list[int]) -> int:

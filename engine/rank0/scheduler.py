@@ -13,10 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.lockstep.plan import GRAMMAR_CACHE_SIZE, Insert, Plan
+import msgspec
+
+from engine.lockstep.plan import GRAMMAR_CACHE_SIZE, Insert, Plan, Store
 from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.piece import Piece
+from engine.rank0.prefix_index import PrefixIndex
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 
@@ -48,6 +51,8 @@ class Request:
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
     done: bool = False
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    sampled: list[int] = field(default_factory=list)  # every token the batch sampled (kept for the prefix cache)
 
     @property
     def rid(self) -> str:
@@ -88,8 +93,11 @@ class Counters:
 class Scheduler:
     """Builds each step's plan and converts its results into Delta/Finish/Error events."""
 
-    def __init__(self, max_batch: int, eos_token_ids: set[int], counters: Counters, extract: ExtractLogprobs):
+    def __init__(self, max_batch: int, eos_token_ids: set[int], counters: Counters, extract: ExtractLogprobs,
+                 prefix: PrefixIndex | None = None):
         self.max_batch = max_batch
+        self.prefix = prefix if prefix is not None else PrefixIndex(0)
+        self.stores: list[Store] = []  # sequences that ended, whose KV the next plan keeps
         self.eos = eos_token_ids
         self.counters = counters
         self.extract = extract
@@ -131,7 +139,7 @@ class Scheduler:
                 self.to_remove.append(req.rid)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.to_remove)
+        return bool(self.running or self.waiting or self.to_remove or self.stores or self.prefix.evicting)
 
     def expire(self, now: float) -> None:
         """Requests past REQUEST_TIMEOUT end with an error, in any phase."""
@@ -142,7 +150,9 @@ class Scheduler:
         # The batch applies removes before inserts: their slots are free for this plan's inserts.
         removes, self.to_remove = self.to_remove, []
         for rid in removes:
-            self.running.pop(rid, None)
+            req = self.running.pop(rid, None)
+            if req is not None:
+                self._keep(req)  # a removed sequence's KV is as good as a finished one's
         inserts = []
         new_grammar = False
         while self.waiting and len(self.running) < self.max_batch and not shutdown:
@@ -158,6 +168,10 @@ class Scheduler:
                     self.grammars.popitem(last=False)
             req = self.waiting.popleft()
             self.running[req.rid] = req
+            if self.prefix.enabled:
+                entry, reuse = self.prefix.lookup(req.insert.tokens)
+                req.cached_tokens = reuse
+                req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True)
             inserts.append(req.insert)
             if req.echo:
                 self._send(req, Piece(content=req.echo))
@@ -165,9 +179,21 @@ class Scheduler:
         with self.counters.lock:
             self.counters.waiting -= len(inserts)
             self.counters.active = len(self.running)
+        stores, self.stores = self.stores, []
+        evicts = self.prefix.take_evictions()
         return Plan(step=self.step, fingerprint=fingerprint, token_check=token_check,
-                    inserts=inserts, removes=removes, idle=idle and not inserts and not removes,
-                    shutdown=shutdown)
+                    inserts=inserts, removes=removes, stores=stores, evicts=evicts,
+                    idle=idle and not inserts and not removes and not stores and not evicts, shutdown=shutdown)
+
+    def _keep(self, req: Request) -> None:
+        """Plan to store the KV of a sequence that ends (every token fed to the model: the prompt and all but
+        the last sampled token), as a prefix cache entry."""
+        if not req.insert.keep or not req.sampled:
+            return
+        tokens = req.insert.tokens + req.sampled[:-1]
+        entry = self.prefix.add(tokens)
+        if entry is not None:
+            self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
 
     def absorb(self, results: StepResults) -> None:
         """Turn one step's sampled tokens into client events."""
@@ -178,8 +204,10 @@ class Scheduler:
             req = self.running.get(rid)
             if req is None:
                 continue
+            req.sampled.append(token)
             if finish is not None:
                 self.running.pop(rid)  # the batch already dropped it on every rank
+                self._keep(req)
             if req.done:
                 continue
             try:
@@ -253,8 +281,8 @@ class Scheduler:
             logprobs, req.logprobs = req.logprobs, []
             self.events.append((req.outbox, Finish(
                 request_id=req.group or req.rid, finish_reason=finish, prompt_tokens=req.prompt_tokens,
-                completion_tokens=req.completion_tokens, text=piece.content, index=req.index,
-                reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs,
+                completion_tokens=req.completion_tokens, cached_tokens=req.cached_tokens, text=piece.content,
+                index=req.index, reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs,
                 stop_sequence=stop_sequence)))
 
     def take_events(self) -> list[tuple[Any, Any]]:

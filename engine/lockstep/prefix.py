@@ -1,0 +1,66 @@
+"""Every rank's shard of the prefix cache: KV entries by id, stored, copied and evicted only as plans say.
+
+Rank 0 alone decides (engine/rank0/prefix_index.py holds the tokens of each entry); every rank holds
+its own shard of the same entries under the same ids, and the batch fingerprint covers the ids, so a
+rank whose entries differ fails fast like any other desync.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+log = logging.getLogger(__name__)
+
+
+def cache_length(cache: list[Any]) -> int:
+    """Tokens of KV a per-layer cache holds."""
+    return int(cache[0].offset) if cache else 0
+
+
+def cache_nbytes(cache: list[Any]) -> int:
+    return int(sum(c.nbytes for c in cache))
+
+
+class PrefixEntries:
+    """The KV of stored sequences, by entry id (the same ids and lengths on every rank)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, list[Any]] = {}
+
+    def ids(self) -> list[int]:
+        return list(self.entries)
+
+    def sizes(self) -> dict[int, int]:
+        return {i: cache_nbytes(c) for i, c in self.entries.items()}
+
+    def put(self, entry: int, cache: list[Any] | None, length: int) -> None:
+        """Keep the first `length` tokens of cache as entry; a cache that is shorter or cannot be trimmed is
+        dropped (identically on every rank: all ranks hold the same lengths)."""
+        if not cache or length <= 0:
+            return
+        have = cache_length(cache)
+        if have < length or (have > length and not can_trim_prompt_cache(cache)):
+            log.debug("prefix entry %d not kept: %d tokens of KV, %d wanted", entry, have, length)
+            return
+        if have > length:
+            trim_prompt_cache(cache, have - length)
+        self.entries[entry] = cache
+
+    def take(self, entry: int, length: int) -> list[Any]:
+        """A private copy of the entry's first `length` tokens, for a new sequence to extend."""
+        cache = copy.deepcopy(self.entries[entry])
+        extra = cache_length(cache) - length
+        if extra > 0:
+            trim_prompt_cache(cache, extra)
+        return cache
+
+    def evict(self, ids: list[int]) -> None:
+        for i in ids:
+            self.entries.pop(i, None)
+
+    def clear(self) -> None:
+        self.entries.clear()

@@ -1,0 +1,146 @@
+"""Rank 0's side of the prefix cache: which token sequences every rank holds KV for, and which to reuse.
+
+No MLX here. Rank 0 alone looks up, stores and evicts; its decisions travel in the plan
+(Insert.cache_id/cache_len, Plan.stores, Plan.evicts) and every rank's PrefixEntries obeys them.
+The budget is in bytes, measured on rank 0's own shard after each store (every rank holds an equal
+shard of the same entries), and the least recently used entries go first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Reusing fewer tokens than this is not worth copying an entry.
+MIN_REUSE_TOKENS = 32
+
+
+def prompt_cache_budget(setting: int, ranks: Sequence[Any]) -> int:
+    """PROMPT_CACHE_BYTES, or for -1 a quarter of what the smallest rank has left after its weights
+    (RankState: host_memory_total, active_memory)."""
+    if setting >= 0:
+        return setting
+    left = [r.host_memory_total - r.active_memory for r in ranks if r.host_memory_total]
+    return max(0, min(left) // 4) if left else 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of a and b (binary search over slice comparisons, which run in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class Entry:
+    tokens: list[int]
+    nbytes: int = 0  # known once the store has been applied
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    stored: int = 0
+    prompt_tokens: int = 0  # prompt tokens of every inserted sequence
+    cached_tokens: int = 0  # of which came from an entry
+
+
+class PrefixIndex:
+    """Entry id -> the tokens its KV covers, in LRU order, within a byte budget."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.entries: OrderedDict[int, Entry] = OrderedDict()
+        self.next_id = 1
+        self.evicting: list[int] = []  # for the next plan
+        self.stats = CacheStats()
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    def lookup(self, tokens: list[int]) -> tuple[int, int]:
+        """(entry id, tokens to reuse) for a new prompt: the longest common prefix, leaving at least the last
+        prompt token to compute (its logits start the generation); (0, 0) when nothing is worth reusing."""
+        best, best_len = 0, 0
+        limit = len(tokens) - 1
+        for entry_id, entry in self.entries.items():
+            n = min(common_prefix(entry.tokens, tokens), limit)
+            if n > best_len:
+                best, best_len = entry_id, n
+        self.stats.prompt_tokens += len(tokens)
+        if best_len < MIN_REUSE_TOKENS:
+            self.stats.misses += 1
+            return 0, 0
+        self.stats.hits += 1
+        self.stats.cached_tokens += best_len
+        self.entries.move_to_end(best)
+        return best, best_len
+
+    def add(self, tokens: list[int]) -> int | None:
+        """A new entry for a sequence's tokens (its KV stored by the next plan); None when not worth keeping.
+
+        Entries whose tokens are a prefix of the new one are now redundant (the new one serves every lookup
+        they would) and are evicted."""
+        if len(tokens) < MIN_REUSE_TOKENS:
+            return None
+        for entry_id, entry in list(self.entries.items()):
+            if len(entry.tokens) <= len(tokens) and tokens[:len(entry.tokens)] == entry.tokens:
+                self._evict(entry_id)
+            elif len(entry.tokens) > len(tokens) and entry.tokens[:len(tokens)] == tokens:
+                self.entries.move_to_end(entry_id)
+                return None  # an entry already covers it
+        entry_id = self.next_id
+        self.next_id += 1
+        self.entries[entry_id] = Entry(tokens=list(tokens))
+        self.stats.stored += 1
+        return entry_id
+
+    def applied(self, sizes: dict[int, int], in_use: set[int] = frozenset()) -> None:
+        """After a plan: the bytes of each entry rank 0 holds. Entries the ranks did not keep are forgotten;
+        then the least recently used go until the rest fits the budget (not those in_use by this plan)."""
+        for entry_id in [i for i in self.entries if i not in sizes]:
+            del self.entries[entry_id]
+        for entry_id, nbytes in sizes.items():
+            if entry_id in self.entries:
+                self.entries[entry_id].nbytes = nbytes
+        self.fit(self.budget, in_use)
+
+    def fit(self, budget: int, in_use: set[int] = frozenset()) -> int:
+        """Evict least recently used entries until they fit budget bytes; the bytes freed."""
+        freed = 0
+        total = self.nbytes
+        for entry_id in list(self.entries):
+            if total <= budget:
+                break
+            if entry_id in in_use:
+                continue
+            nbytes = self.entries[entry_id].nbytes
+            self._evict(entry_id)
+            total -= nbytes
+            freed += nbytes
+        return freed
+
+    def _evict(self, entry_id: int) -> None:
+        del self.entries[entry_id]
+        self.evicting.append(entry_id)
+        self.stats.evictions += 1
+
+    def take_evictions(self) -> list[int]:
+        out, self.evicting = self.evicting, []
+        return out
