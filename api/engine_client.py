@@ -31,6 +31,8 @@ class Generation:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
+        # prompt tokens the engine took from its prefix cache (known once a choice finishes)
+        self.cached_tokens = 0
         self.done = False
         self._conn = conn
         self._deadline = deadline
@@ -53,6 +55,7 @@ class Generation:
                 return msg
             self.done = True
             self.prompt_tokens, self.completion_tokens = msg.prompt_tokens, msg.completion_tokens
+            self.cached_tokens = max(self.cached_tokens, msg.cached_tokens)
             return msg
         except APIError:
             self.done = True

@@ -109,6 +109,7 @@ class Renderer:
         self.request_id, self.model, self.created = request_id, model, int(time.time())
         self.include_usage = include_usage
         self.logprobs = False  # set by respond() from the request
+        self.cached_tokens = 0  # of the prompt, from the prefix cache: set before usage() and response()
         # with include_usage every chunk carries "usage": null until the last one
         self.chunk_usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
 
@@ -202,6 +203,7 @@ async def _collect(engine: EngineClient, msg: ipc.Generate, renderer: Renderer, 
         record.prompt_tokens, record.completion_tokens = gen.prompt_tokens, gen.completion_tokens
         await gen.aclose()
     logger.debug("%s completion: %r", msg.request_id, ["".join(c.content) for c in choices])
+    renderer.cached_tokens = gen.cached_tokens
     return renderer.response(choices, gen.prompt_tokens, gen.completion_tokens)
 
 
@@ -225,6 +227,7 @@ async def _stream(gen: Generation, n: int, renderer: Renderer, record: AccessRec
                 remaining -= 1
                 yield event(renderer.finish(ev.index, choice.reason))
         _count(gen, choices)
+        renderer.cached_tokens = gen.cached_tokens
         if renderer.include_usage:
             yield event(renderer.usage(gen.prompt_tokens, gen.completion_tokens))
     except APIError as exc:

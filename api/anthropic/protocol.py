@@ -109,8 +109,13 @@ StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 class Usage(Struct, kw_only=True):
+    """Anthropic counts the prompt in parts: input_tokens were computed, cache_read_input_tokens came from the
+    engine's prefix cache (their sum is the prompt)."""
+
     input_tokens: int
     output_tokens: int
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
 
 
 class Message(Struct, kw_only=True):

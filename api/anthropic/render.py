@@ -66,7 +66,8 @@ class MessageRenderer(Renderer):
         blocks += [ToolUseBlock(id=tool_use_id(c), name=c.name, input=tool_input(c)) for c in choice.tool_calls]
         return Message(id=self.request_id, model=self.model, content=blocks, stop_reason=stop_reason(choice),
                        stop_sequence=stop_sequence(choice),
-                       usage=Usage(input_tokens=prompt_tokens, output_tokens=completion_tokens))
+                       usage=Usage(input_tokens=prompt_tokens - self.cached_tokens, output_tokens=completion_tokens,
+                                   cache_read_input_tokens=self.cached_tokens))
 
 
 class BlockWriter:

@@ -40,7 +40,9 @@ async def message_stream(gen: Generation, n: int, renderer: Renderer,
             yield frame
         delta = {"type": "message_delta",
                  "delta": {"stop_reason": stop_reason(choice), "stop_sequence": stop_sequence(choice)},
-                 "usage": {"output_tokens": gen.completion_tokens}}
+                 # the prefix cache's share of the prompt is known once the engine has generated
+                 "usage": {"input_tokens": gen.prompt_tokens - gen.cached_tokens, "output_tokens": gen.completion_tokens,
+                           "cache_read_input_tokens": gen.cached_tokens}}
         yield named_event("message_delta", delta)
         yield named_event("message_stop", {"type": "message_stop"})
     except APIError as exc:

@@ -201,10 +201,16 @@ def _check_stream_options(stream: bool | None, options: StreamOptions | None) ->
 # ---------------------------------------------------------------- responses
 
 
+class PromptTokensDetails(Struct, kw_only=True):
+    # prompt tokens whose KV the engine's prefix cache held, so they were not computed again
+    cached_tokens: int = 0
+
+
 class Usage(Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class TopLogprob(Struct, kw_only=True):

@@ -22,14 +22,16 @@ from api.openai.protocol import (
     FunctionCallChunk,
     ToolCall,
     ToolCallChunk,
+    PromptTokensDetails,
     Usage,
 )
 from ipc.messages import TokenLogprob
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
 
 
 class ChatRenderer(Renderer):
@@ -59,7 +61,7 @@ class ChatRenderer(Renderer):
         return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason)], self.chunk_usage)
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> ChatCompletionChunk:
-        return self._chunk([], _usage(prompt_tokens, completion_tokens))
+        return self._chunk([], _usage(prompt_tokens, completion_tokens, self.cached_tokens))
 
     def response(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> ChatCompletion:
         out = []
@@ -77,7 +79,7 @@ class ChatRenderer(Renderer):
             logprobs = ChoiceLogprobs(content=_chat_logprobs(c.logprobs)) if self.logprobs else None
             out.append(ChatChoice(index=c.index, message=message, logprobs=logprobs, finish_reason=c.reason))
         return ChatCompletion(id=self.request_id, created=self.created, model=self.model, choices=out,
-                              usage=_usage(prompt_tokens, completion_tokens))
+                              usage=_usage(prompt_tokens, completion_tokens, self.cached_tokens))
 
 
 class CompletionRenderer(Renderer):
@@ -95,14 +97,14 @@ class CompletionRenderer(Renderer):
         return self._body([CompletionChoice(text="", index=index, finish_reason=reason)], self.chunk_usage)
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Completion:
-        return self._body([], _usage(prompt_tokens, completion_tokens))
+        return self._body([], _usage(prompt_tokens, completion_tokens, self.cached_tokens))
 
     def response(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> Completion:
         return self._body([
             CompletionChoice(text="".join(c.content), index=c.index, finish_reason=c.reason,
                              logprobs=_completion_logprobs(c.logprobs, 0) if self.logprobs else None)
             for c in choices
-        ], _usage(prompt_tokens, completion_tokens))
+        ], _usage(prompt_tokens, completion_tokens, self.cached_tokens))
 
 
 def _chat_logprobs(entries: list[TokenLogprob]) -> list[protocol.TokenLogprob]:

@@ -47,6 +47,7 @@ class FakeEngine:
         self.script: Script = self._reply
         self._pieces = ["Hello", " world"]
         self._finish_reason = "stop"
+        self.cached_tokens = 0  # what Finish says the prefix cache held of the 7-token prompt
 
     # ---- scripts a test picks
 
@@ -95,7 +96,8 @@ class FakeEngine:
         for i, piece in enumerate(self._pieces, 1):
             await conn.send(ipc.Delta(request_id=rid, text=piece, completion_tokens=i))
         await conn.send(
-            ipc.Finish(request_id=rid, finish_reason=self._finish_reason, prompt_tokens=7, completion_tokens=len(self._pieces))
+            ipc.Finish(request_id=rid, finish_reason=self._finish_reason, prompt_tokens=7,
+                       completion_tokens=len(self._pieces), cached_tokens=self.cached_tokens)
         )
 
     async def handle(self, conn: ipc.FramedStream) -> None:

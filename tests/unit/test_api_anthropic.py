@@ -58,7 +58,8 @@ async def test_non_streaming_message_shape(engine, client):
     assert re.fullmatch(r"msg_[0-9a-f]{32}", body["id"])
     assert body == {"id": body["id"], "type": "message", "role": "assistant", "model": "test-model",
                     "content": [{"type": "text", "text": "Hello world"}], "stop_reason": "end_turn",
-                    "stop_sequence": None, "usage": {"input_tokens": 7, "output_tokens": 2}}
+                    "stop_sequence": None, "usage": {"input_tokens": 7, "output_tokens": 2,
+                                                                 "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}}
     assert engine.generates[0].request_id == body["id"]
 
 
@@ -166,14 +167,15 @@ async def test_stream_event_sequence(engine, client):
         "content_block_start", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop"]
     assert all(data["type"] == name for name, data in events)
-    assert events[0][1]["message"]["usage"] == {"input_tokens": 7, "output_tokens": 0}
+    assert events[0][1]["message"]["usage"] == {"input_tokens": 7, "output_tokens": 0, "cache_read_input_tokens": 0,
+                                                     "cache_creation_input_tokens": 0}
     assert events[3][1]["delta"] == {"type": "thinking_delta", "thinking": "Think"}
     # the whitespace before the call makes no text block, as in the non-streamed message
     assert events[5][1]["content_block"] == {"type": "tool_use", "id": "toolu_abc", "name": "weather", "input": {}}
     assert json.loads(events[6][1]["delta"]["partial_json"]) == {"city": "Paris"}
     assert [data["index"] for _, data in events[2:8]] == [0, 0, 0, 1, 1, 1]
     assert events[8][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-                            "usage": {"output_tokens": 5}}
+                            "usage": {"input_tokens": 7, "output_tokens": 5, "cache_read_input_tokens": 0}}
 
 
 @pytest.mark.parametrize(("pieces", "deltas"), [([" ", "\n", "Hi", " there"], [" \nHi", " there"]),
@@ -252,6 +254,16 @@ async def test_x_api_key_is_accepted_on_messages_only(engine, make_client):
         r = await client.post("/v1/chat/completions", headers={"x-api-key": "sekret"},
                               json={"model": "test-model", "messages": [{"role": "user", "content": "Hi"}]})
         assert r.status_code == 401 and "error" in r.json() and "type" not in r.json()
+
+
+async def test_prompt_tokens_from_the_prefix_cache_are_cache_reads(engine, client):
+    engine.cached_tokens = 5
+    body = (await client.post("/v1/messages", json=BODY)).json()
+    assert body["usage"] == {"input_tokens": 2, "output_tokens": 2, "cache_read_input_tokens": 5,
+                             "cache_creation_input_tokens": 0}
+    events = events_of((await client.post("/v1/messages", json={**BODY, "stream": True})).text)
+    (delta,) = [data for name, data in events if name == "message_delta"]
+    assert delta["usage"] == {"input_tokens": 2, "output_tokens": 2, "cache_read_input_tokens": 5}
 
 
 async def test_count_tokens_tokenizes_the_prompt_create_would_send_without_a_generation(engine, client):

@@ -37,8 +37,19 @@ async def test_non_streaming_shape(engine, client):
             "finish_reason": "stop",
         }
     ]
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert engine.generates[0].request_id == body["id"]
+
+
+async def test_prompt_tokens_from_the_prefix_cache_are_reported_as_cached_tokens(engine, client):
+    engine.cached_tokens = 5
+    body = (await client.post("/v1/chat/completions", json=CHAT)).json()
+    assert body["usage"]["prompt_tokens"] == 7 and body["usage"]["prompt_tokens_details"] == {"cached_tokens": 5}
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True,
+                                                        "stream_options": {"include_usage": True}})
+    payloads = sse_payloads(r.text.splitlines())
+    assert json.loads(payloads[-2])["usage"]["prompt_tokens_details"] == {"cached_tokens": 5}
 
 
 async def test_engine_gets_plain_messages_and_sampling_params(engine, client):
@@ -111,7 +122,8 @@ async def test_streaming_include_usage_adds_a_usage_chunk(engine, client):
     *chunks, last = [json.loads(p) for p in payloads[:-1]]
     assert all(c["usage"] is None for c in chunks)
     assert last["choices"] == []
-    assert last["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    assert last["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 async def test_official_openai_client(engine, make_settings):

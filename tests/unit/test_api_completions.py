@@ -17,7 +17,8 @@ async def test_non_streaming_shape(engine, client):
     assert re.fullmatch(r"cmpl-[0-9a-f]{32}", body["id"])
     assert body["object"] == "text_completion"
     assert body["choices"] == [{"text": "Hello world", "index": 0, "logprobs": None, "finish_reason": "stop"}]
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     (msg,) = engine.generates
     assert (msg.kind, msg.prompt, msg.params.max_tokens, msg.request_id) == ("completion", "Once", 4, body["id"])
 

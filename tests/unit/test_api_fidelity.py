@@ -138,7 +138,8 @@ async def test_n_choices_arrive_interleaved_and_are_told_apart(engine, client):
     body = {**CHAT, "n": 2}
     r = (await client.post("/v1/chat/completions", json=body)).json()
     assert [(c["index"], c["message"]["content"]) for c in r["choices"]] == [(0, "aA"), (1, "bB")]
-    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11,
+                          "prompt_tokens_details": {"cached_tokens": 0}}
     chunks = await sse(client, {**body, "stream_options": {"include_usage": True}})
     assert [c["choices"][0]["index"] for c in chunks[:2]] == [0, 1]  # a role chunk for each choice
     assert chunks[-1]["usage"]["completion_tokens"] == 6
