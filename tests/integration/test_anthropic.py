@@ -33,6 +33,11 @@ def claude(stack):
         yield c
 
 
+def prompt_of(message) -> int:
+    """The whole prompt: what was computed and what the prefix cache held."""
+    return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+
+
 def text_of(message) -> str:
     return "".join(b.text for b in message.content if b.type == "text")
 
@@ -86,13 +91,13 @@ def test_a_tool_result_round_trip(claude):
     # the result reaches the prompt: a longer result is a longer prompt
     longer = claude.messages.count_tokens(model="default", messages=history("sunny and warm all week"), tools=TOOLS,
                                           tool_choice={"type": "none"})
-    assert longer.input_tokens > after.usage.input_tokens
+    assert longer.input_tokens > prompt_of(after)
 
 
 def test_count_tokens_is_the_prompt_of_create(claude):
     counted = claude.messages.count_tokens(model="default", messages=MESSAGES, tools=TOOLS)
     m = claude.messages.create(model="default", max_tokens=1, messages=MESSAGES, tools=TOOLS)
-    assert counted.input_tokens == m.usage.input_tokens > 0
+    assert counted.input_tokens == prompt_of(m) > 0
 
 
 def test_a_bad_request_is_a_400_in_anthropic_shape(claude):
@@ -111,7 +116,7 @@ def test_greedy_output_equals_chat_completions(claude, client):
         {"role": "system", "content": system}, {"role": "user", "content": user}])
     m = claude.messages.create(model="default", max_tokens=24, extra_body=GREEDY, system=system,
                                messages=[{"role": "user", "content": [{"type": "text", "text": user}]}])
-    assert m.usage.input_tokens == chat.usage.prompt_tokens
+    assert prompt_of(m) == chat.usage.prompt_tokens
     assert m.usage.output_tokens == chat.usage.completion_tokens
     assert text_of(m) == chat.choices[0].message.content
 
@@ -131,7 +136,7 @@ def test_greedy_output_with_tool_turns_equals_chat_completions(claude, client):
                                           {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": call}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]},
     ])
-    assert m.usage.input_tokens == chat.usage.prompt_tokens
+    assert prompt_of(m) == chat.usage.prompt_tokens
     assert m.usage.output_tokens == chat.usage.completion_tokens
     assert text_of(m) == (chat.choices[0].message.content or "")
     uses = [(b.name, b.input) for b in m.content if b.type == "tool_use"]

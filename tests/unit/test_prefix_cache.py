@@ -1,0 +1,164 @@
+"""Rank 0's prefix cache decisions without MLX: lookup, what each plan stores and evicts, the byte budget.
+
+The scheduler is driven as the step loop drives it: next_plan, then the step's results, then the
+sizes every rank reports holding after a plan applied (here: a byte per token).
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.lockstep.plan import Insert
+from engine.lockstep.results import StepResults
+from engine.rank0.prefix_index import MIN_REUSE_TOKENS, PrefixIndex, common_prefix, prompt_cache_budget
+from engine.rank0.scheduler import Counters, Request, Scheduler
+from ipc import Finish
+from ipc.messages import RankState
+from tests.unit.test_scheduler import EOS, Detok, TextSplitter, extract
+
+SYSTEM = list(range(100, 400))  # a 300-token system prompt
+
+
+def make(budget: int) -> Scheduler:
+    return Scheduler(8, {EOS}, Counters(), extract, PrefixIndex(budget))
+
+
+def request(rid: str, tokens: list[int], outbox: list) -> Request:
+    return Request(insert=Insert(rid=rid, tokens=tokens, max_tokens=8), outbox=outbox, prompt_tokens=len(tokens),
+                   deadline=math.inf, detok=Detok(), splitter=TextSplitter(), group=rid)
+
+
+def submit(sched: Scheduler, *reqs: Request) -> None:
+    assert sched.counters.admit(len(reqs), capacity=100)
+    for r in reqs:
+        sched.submit([r])
+
+
+def applied(sched: Scheduler, plan) -> None:
+    """Every rank applied plan: it holds the index's entries (a byte per token)."""
+    if plan.stores or plan.evicts:
+        sched.prefix.applied({i: len(e.tokens) for i, e in sched.prefix.entries.items()})
+
+
+def run(sched: Scheduler, rid: str, tokens: list[int], answer: list[int]) -> tuple:
+    """One request from submission to its Finish: (its Insert, its Finish, the plan that stored it)."""
+    outbox: list = []
+    submit(sched, request(rid, tokens, outbox))
+    plan = sched.next_plan(0, 0)
+    applied(sched, plan)
+    (insert,) = plan.inserts
+    for i, tok in enumerate(answer):
+        sched.absorb(StepResults(tokens=[(rid, tok, "stop" if tok == EOS else None)]))
+    (finish,) = [ev for _, ev in sched.take_events() if isinstance(ev, Finish)]
+    store_plan = sched.next_plan(0, 0)
+    applied(sched, store_plan)
+    return insert, finish, store_plan
+
+
+def test_common_prefix_finds_the_first_difference():
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix(list(range(10_000)), list(range(7_777)) + [0]) == 7_777
+
+
+def test_a_second_turn_reuses_the_first_turns_prompt_and_answer():
+    sched = make(10**9)
+    turn1 = SYSTEM + [7, 8, 9]
+    insert1, finish1, stored = run(sched, "a", turn1, [50, 51, 52, EOS])
+    assert insert1.cache_id == 0 and insert1.keep and finish1.cached_tokens == 0
+    # every token fed to the model: the prompt and the answer except the EOS that ended it
+    (store,) = stored.stores
+    assert store.rid == "a" and store.length == len(turn1) + 3
+    turn2 = turn1 + [50, 51, 52] + [11, 12]
+    insert2, finish2, _ = run(sched, "b", turn2, [60, EOS])
+    assert (insert2.cache_id, insert2.cache_len) == (store.entry, len(turn1) + 3)
+    assert finish2.cached_tokens == len(turn1) + 3
+
+
+def test_another_conversation_with_the_same_system_prompt_reuses_only_the_system_prompt():
+    sched = make(10**9)
+    run(sched, "a", SYSTEM + [7, 8, 9], [50, EOS])
+    insert, finish, _ = run(sched, "b", SYSTEM + [20, 21], [60, EOS])
+    assert insert.cache_len == len(SYSTEM) and finish.cached_tokens == len(SYSTEM)
+
+
+def test_the_last_prompt_token_is_always_computed():
+    sched = make(10**9)
+    run(sched, "a", SYSTEM, [50, 51, EOS])
+    insert, _, _ = run(sched, "b", SYSTEM, [60, EOS])  # the same prompt again
+    assert insert.cache_len == len(SYSTEM) - 1
+
+
+def test_short_prompts_neither_reuse_nor_store():
+    sched = make(10**9)
+    short = list(range(MIN_REUSE_TOKENS - 5))
+    _, _, stored = run(sched, "a", short, [5, EOS])
+    assert not stored.stores and not sched.prefix.entries
+
+
+def test_an_entry_that_a_longer_one_extends_is_evicted_as_redundant():
+    sched = make(10**9)
+    _, _, first = run(sched, "a", SYSTEM + [7], [50, EOS])
+    _, _, second = run(sched, "b", SYSTEM + [7, 50, 8], [60, EOS])
+    # the plan that stores the longer entry evicts the one it extends
+    assert second.evicts == [first.stores[0].entry]
+    assert list(sched.prefix.entries) == [second.stores[0].entry]
+
+
+def test_entries_beyond_the_byte_budget_are_evicted_least_recently_used_first():
+    sched = make(budget=2 * 320)  # room for two entries of ~310 tokens
+    entries = []
+    for i in range(3):
+        _, _, stored = run(sched, f"r{i}", [i] + SYSTEM + [7], [50 + i, EOS])
+        entries.append(stored.stores[0].entry)
+    evicted = sched.next_plan(0, 0).evicts
+    assert evicted == [entries[0]] and sched.prefix.nbytes <= 2 * 320
+    assert sched.prefix.stats.evictions == 1
+
+
+def test_a_removed_sequence_is_stored_with_the_tokens_it_had_computed():
+    sched = make(10**9)
+    outbox: list = []
+    submit(sched, request("a", SYSTEM + [7], outbox))
+    sched.next_plan(0, 0)
+    for tok in (50, 51, 52):
+        sched.absorb(StepResults(tokens=[("a", tok, None)]))
+    sched.cancel("a")
+    plan = sched.next_plan(0, 0)
+    assert plan.removes == ["a"]
+    (store,) = plan.stores
+    assert store.length == len(SYSTEM) + 1 + 2  # the last sampled token was never fed to the model
+
+
+def test_a_failed_sequence_is_not_stored():
+    sched = make(10**9)
+    submit(sched, request("a", SYSTEM + [7], []))
+    sched.next_plan(0, 0)
+    sched.absorb(StepResults(tokens=[("a", 50, None)]))
+    sched.absorb(StepResults(failed={"a": "boom"}))
+    assert not sched.next_plan(0, 0).stores
+
+
+def test_with_the_cache_off_nothing_is_kept():
+    sched = make(0)
+    insert, finish, stored = run(sched, "a", SYSTEM + [7], [50, EOS])
+    assert not insert.keep and insert.cache_id == 0 and not stored.stores and finish.cached_tokens == 0
+
+
+def test_entries_the_ranks_did_not_keep_are_forgotten():
+    sched = make(10**9)
+    _, _, stored = run(sched, "a", SYSTEM + [7], [50, EOS])
+    sched.prefix.applied({})  # e.g. the KV was shorter than planned on every rank
+    assert not sched.prefix.entries
+    insert, _, _ = run(sched, "b", SYSTEM + [7, 50, 1], [60, EOS])
+    assert insert.cache_id == 0
+
+
+def test_the_default_budget_is_a_quarter_of_what_the_smallest_rank_has_left():
+    ranks = [RankState(rank=0, host_memory_total=64 << 30, active_memory=40 << 30),
+             RankState(rank=1, host_memory_total=32 << 30, active_memory=16 << 30)]
+    assert prompt_cache_budget(-1, ranks) == (16 << 30) // 4
+    assert prompt_cache_budget(0, ranks) == 0
+    assert prompt_cache_budget(123, ranks) == 123
+    assert prompt_cache_budget(-1, [RankState(rank=0)]) == 0  # memory unknown: off
