@@ -233,11 +233,13 @@ class ResponseRenderer(Renderer):
             metadata=req.metadata or {},
         )
 
-    def usage_of(self, prompt_tokens: int, completion_tokens: int, writer: ItemWriter) -> ResponseUsage:
-        return ResponseUsage(input_tokens=prompt_tokens, input_tokens_details=InputTokensDetails(),
-                     output_tokens=completion_tokens,
-                     output_tokens_details=OutputTokensDetails(reasoning_tokens=writer.reasoning_tokens),
-                     total_tokens=prompt_tokens + completion_tokens)
+    def usage_of(self, prompt_tokens: int, completion_tokens: int, writer: ItemWriter,
+                 cached_tokens: int = 0) -> ResponseUsage:
+        return ResponseUsage(input_tokens=prompt_tokens,
+                             input_tokens_details=InputTokensDetails(cached_tokens=cached_tokens),
+                             output_tokens=completion_tokens,
+                             output_tokens_details=OutputTokensDetails(reasoning_tokens=writer.reasoning_tokens),
+                             total_tokens=prompt_tokens + completion_tokens)
 
 
 def response_error(exc: APIError) -> ResponseError:

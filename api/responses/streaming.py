@@ -32,7 +32,7 @@ def named_event(event: Event, sequence_number: int) -> bytes:
 def _terminal(renderer: ResponseRenderer, writer: ItemWriter, finish: ipc.Finish, gen: Generation) -> Response:
     incomplete = finish.finish_reason == "length"
     return renderer.body("incomplete" if incomplete else "completed", writer.output,
-                         usage=renderer.usage_of(gen.prompt_tokens, gen.completion_tokens, writer))
+                         usage=renderer.usage_of(gen.prompt_tokens, gen.completion_tokens, writer, gen.cached_tokens))
 
 
 async def response_stream(gen: Generation, n: int, renderer: Renderer,

@@ -384,6 +384,12 @@ async def test_leading_whitespace_is_held_until_text_follows(engine, client, pie
     assert events[-1][1]["response"]["output"][0]["content"][0]["text"] == "".join(pieces)
 
 
+async def test_prompt_tokens_from_the_prefix_cache_are_cached_tokens(engine, client):
+    engine.cached_tokens = 5
+    usage = (await client.post("/v1/responses", json=BODY)).json()["usage"]
+    assert usage["input_tokens"] == 7 and usage["input_tokens_details"]["cached_tokens"] == 5
+
+
 async def test_without_max_output_tokens_the_answer_may_run_to_the_servers_limit(engine, client):
     await client.post("/v1/responses", json=BODY)
     assert engine.generates[0].params.max_tokens == 32768  # MAX_TOKENS_LIMIT, not MAX_TOKENS_DEFAULT
