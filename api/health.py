@@ -54,6 +54,10 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "queued": info.queued,
         "max_batch": info.max_batch,
         "max_queue": info.max_queue,
+        "prompt_cache": {"budget_bytes": info.prompt_cache_budget, "bytes": info.prompt_cache_bytes,
+                         "entries": info.prompt_cache_entries, "hits": info.prompt_cache_hits,
+                         "misses": info.prompt_cache_misses, "evictions": info.prompt_cache_evictions,
+                         "prompt_tokens": info.prompt_tokens_total, "cached_tokens": info.prompt_tokens_cached},
         "rank_states": [
             {**msgspec.structs.asdict(r), "report_age": round(r.report_age, 3)} for r in info.rank_states
         ],

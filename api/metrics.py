@@ -170,6 +170,7 @@ class EngineCollector(Collector):
         yield SummaryMetricFamily(f"{PREFIX}_engine_plan_broadcast_seconds",
                                   "Step-plan broadcasts from rank 0 to every rank.",
                                   count_value=info.broadcast_time_count, sum_value=info.broadcast_time_sum)
+        yield from _prefix_cache(info)
         memory = GaugeMetricFamily(f"{PREFIX}_rank_memory_bytes", "MLX memory of each rank (active, cache, peak).",
                                    labels=["rank", "host", "kind"])
         host = GaugeMetricFamily(f"{PREFIX}_rank_host_memory_bytes", "Memory of each rank's host (total, available).",
@@ -177,6 +178,8 @@ class EngineCollector(Collector):
         age = GaugeMetricFamily(f"{PREFIX}_rank_report_age_seconds", "Seconds since each rank last reported.",
                                 labels=["rank", "host"])
         step = GaugeMetricFamily(f"{PREFIX}_rank_step", "The step each rank last reported.", labels=["rank", "host"])
+        cached = GaugeMetricFamily(f"{PREFIX}_rank_prompt_cache_bytes",
+                                   "KV bytes of each rank's shard of the prefix cache.", labels=["rank", "host"])
         for r in info.rank_states:
             labels = [str(r.rank), r.host]
             memory.add_metric([*labels, "active"], r.active_memory)
@@ -186,4 +189,27 @@ class EngineCollector(Collector):
             host.add_metric([*labels, "available"], r.host_memory_available)
             age.add_metric(labels, r.report_age)
             step.add_metric(labels, r.step)
-        yield from (memory, host, age, step)
+            cached.add_metric(labels, r.prompt_cache_bytes)
+        yield from (memory, host, age, step, cached)
+
+
+def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:
+    """The prefix cache as rank 0 sees it; computed = total - cached is the prefill work actually done."""
+    yield GaugeMetricFamily(f"{PREFIX}_prompt_cache_budget_bytes",
+                            "KV bytes per rank the prefix cache may hold (PROMPT_CACHE_BYTES; 0: off).",
+                            value=info.prompt_cache_budget)
+    yield GaugeMetricFamily(f"{PREFIX}_prompt_cache_bytes", "KV bytes per rank the prefix cache holds.",
+                            value=info.prompt_cache_bytes)
+    yield GaugeMetricFamily(f"{PREFIX}_prompt_cache_entries", "Sequences the prefix cache holds.",
+                            value=info.prompt_cache_entries)
+    yield CounterMetricFamily(f"{PREFIX}_prompt_cache_hits", "Sequences that started from a cached prefix.",
+                              value=info.prompt_cache_hits)
+    yield CounterMetricFamily(f"{PREFIX}_prompt_cache_misses", "Sequences that found no cached prefix worth reusing.",
+                              value=info.prompt_cache_misses)
+    yield CounterMetricFamily(f"{PREFIX}_prompt_cache_evictions", "Entries evicted (least recently used first).",
+                              value=info.prompt_cache_evictions)
+    yield CounterMetricFamily(f"{PREFIX}_engine_prompt_tokens",
+                              "Prompt tokens of the sequences that joined the batch.", value=info.prompt_tokens_total)
+    yield CounterMetricFamily(f"{PREFIX}_prompt_cache_tokens",
+                              "Of those, tokens whose KV came from the prefix cache instead of being computed.",
+                              value=info.prompt_tokens_cached)

@@ -161,7 +161,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.rank0.admission import Prompter
     from engine.rank0.logprobs import extract
-    from engine.rank0.prefix_index import PrefixIndex, prompt_cache_budget
+    from engine.rank0.prefix_index import PrefixIndex, prefix_info, prompt_cache_budget
     from engine.rank0.scheduler import Counters, Scheduler
     from engine.rank0.server import EngineServer
     from engine.rank0.validate import Limits
@@ -187,7 +187,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     max_queue=settings.MAX_QUEUE, rank_states=reports.snapshot(),
                     step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
                     broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count,
-                    facts=loaded.facts)
+                    facts=loaded.facts, **prefix_info(scheduler.prefix))
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)

@@ -40,11 +40,11 @@ def host_memory() -> tuple[int, int]:
         return total, 0
 
 
-def local_row(step: int) -> list[int]:
+def local_row(step: int, prompt_cache_bytes: int = 0) -> list[int]:
     """This rank's state as int32s (memory in KiB so it fits)."""
     total, available = host_memory()
     return [os.getpid(), step & 0x7FFFFFFF, mx.get_active_memory() // _KIB, mx.get_cache_memory() // _KIB,
-            mx.get_peak_memory() // _KIB, total // _KIB, available // _KIB]
+            mx.get_peak_memory() // _KIB, total // _KIB, available // _KIB, prompt_cache_bytes // _KIB]
 
 
 def hostname_row() -> list[int]:
@@ -68,7 +68,8 @@ class RankReports:
         self.states = [
             RankState(rank=r, host=self.hosts[r] if r < len(self.hosts) else "", pid=row[0], step=row[1],
                       active_memory=row[2] * _KIB, cache_memory=row[3] * _KIB, peak_memory=row[4] * _KIB,
-                      host_memory_total=row[5] * _KIB, host_memory_available=row[6] * _KIB)
+                      host_memory_total=row[5] * _KIB, host_memory_available=row[6] * _KIB,
+                      prompt_cache_bytes=row[7] * _KIB)
             for r, row in enumerate(rows)
         ]
 

@@ -51,6 +51,8 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True):
     cache_memory: int = 0
     host_memory_total: int = 0
     host_memory_available: int = 0
+    # KV bytes this rank's shard of the prefix cache holds
+    prompt_cache_bytes: int = 0
     report_age: float = 0.0
 
 
@@ -93,6 +95,17 @@ class Info(Msg):
     step_time_count: int = 0
     broadcast_time_sum: float = 0.0
     broadcast_time_count: int = 0
+    # the prefix cache (rank 0's view; per-rank bytes are in rank_states): budget per rank (0: off), what it
+    # holds, and cumulative counts since the engine started
+    prompt_cache_budget: int = 0
+    prompt_cache_bytes: int = 0
+    prompt_cache_entries: int = 0
+    prompt_cache_hits: int = 0
+    prompt_cache_misses: int = 0
+    prompt_cache_evictions: int = 0
+    # prompt tokens of every sequence that joined the batch, and how many of them came from the cache
+    prompt_tokens_total: int = 0
+    prompt_tokens_cached: int = 0
     # None from an engine older than this field
     facts: ModelFacts | None = None
 

@@ -32,13 +32,24 @@ def describe_info(i: Info) -> str:
         f"  ranks     {i.ranks}, backend {i.backend}, engine pid {i.engine_pid}, up {_duration(i.uptime)}",
         f"  step      {i.step}  (last step {i.last_step_age:.1f}s ago)",
         f"  requests  {i.active} active of {i.max_batch} slots, {i.queued} queued of {i.max_queue}",
+        _prompt_cache(i),
     ]
     for r in i.rank_states:
         used = r.host_memory_total - r.host_memory_available
         lines.append(f"  rank {r.rank:<4} {r.host or '?'}  pid {r.pid}  step {r.step}  reported {r.report_age:.1f}s ago"
                      f"  memory {_size(r.active_memory)} (cache {_size(r.cache_memory)}, peak {_size(r.peak_memory)})"
-                     f"  host {_size(used)} of {_size(r.host_memory_total)} used")
+                     f"  host {_size(used)} of {_size(r.host_memory_total)} used"
+                     f"  prefix cache {_size(r.prompt_cache_bytes)}")
     return "\n".join(lines)
+
+
+def _prompt_cache(i: Info) -> str:
+    if not i.prompt_cache_budget:
+        return "  prefix cache off (PROMPT_CACHE_BYTES=0)"
+    share = f"{100 * i.prompt_tokens_cached / i.prompt_tokens_total:.0f} %" if i.prompt_tokens_total else "-"
+    return (f"  prefix cache {i.prompt_cache_entries} entries, {_size(i.prompt_cache_bytes)} of "
+            f"{_size(i.prompt_cache_budget)} per rank; {i.prompt_cache_hits} hits, {i.prompt_cache_misses} misses, "
+            f"{i.prompt_cache_evictions} evictions; {share} of prompt tokens from the cache")
 
 
 def describe_failures(layout: Layout, pid: int) -> str:

@@ -86,7 +86,7 @@ class StepLoop:
             self.batch.verify(plan, self.rank)
             self.batch.apply(plan)
             if plan.report:
-                self.channel.gather(local_row(plan.step))
+                self.channel.gather(local_row(plan.step, self.batch.prefix.nbytes()))
             if plan.shutdown:
                 log.info("rank %d: shutdown plan received at step %d", self.rank, plan.step)
                 return
@@ -112,7 +112,7 @@ class StepLoop:
                 server.post(sched.take_events())
                 self.watchdog.beat("idle")
                 if self.reports is not None and self.reports.due(now):
-                    self.reports.update([local_row(self.step)])
+                    self.reports.update([local_row(self.step, self.batch.prefix.nbytes())])
                 continue
             plan = self._next_plan(now, shutdown)
             self._broadcast(plan)
@@ -122,7 +122,7 @@ class StepLoop:
                 sched.prefix.applied(self.batch.prefix.sizes())
             if plan.report:
                 self.watchdog.beat(f"gathering rank reports at step {plan.step}")
-                self.reports.update(self.channel.gather(local_row(plan.step)))
+                self.reports.update(self.channel.gather(local_row(plan.step, self.batch.prefix.nbytes())))
             self.stats.step += 1
             if plan.shutdown:
                 server.post(sched.take_events())

@@ -34,6 +34,9 @@ class PrefixEntries:
     def ids(self) -> list[int]:
         return list(self.entries)
 
+    def nbytes(self) -> int:
+        return sum(cache_nbytes(c) for c in self.entries.values())
+
     def sizes(self) -> dict[int, int]:
         return {i: cache_nbytes(c) for i, c in self.entries.items()}
 

@@ -26,6 +26,15 @@ def prompt_cache_budget(setting: int, ranks: Sequence[Any]) -> int:
     return max(0, min(left) // 4) if left else 0
 
 
+def prefix_info(index: PrefixIndex) -> dict[str, int]:
+    """The Info fields of the prefix cache (read from the socket thread: plain ints, a stale value is harmless)."""
+    st = index.stats
+    return {"prompt_cache_budget": index.budget, "prompt_cache_bytes": index.held,
+            "prompt_cache_entries": len(index.entries), "prompt_cache_hits": st.hits,
+            "prompt_cache_misses": st.misses, "prompt_cache_evictions": st.evictions,
+            "prompt_tokens_total": st.prompt_tokens, "prompt_tokens_cached": st.cached_tokens}
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of a and b (binary search over slice comparisons, which run in C)."""
     lo, hi = 0, min(len(a), len(b))
@@ -65,6 +74,7 @@ class PrefixIndex:
         self.next_id = 1
         self.evicting: list[int] = []  # for the next plan
         self.stats = CacheStats()
+        self.held = 0  # bytes of the entries as of the last plan applied (read by other threads)
 
     @property
     def enabled(self) -> bool:
@@ -120,6 +130,7 @@ class PrefixIndex:
             if entry_id in self.entries:
                 self.entries[entry_id].nbytes = nbytes
         self.fit(self.budget, in_use)
+        self.held = self.nbytes
 
     def fit(self, budget: int, in_use: set[int] = frozenset()) -> int:
         """Evict least recently used entries until they fit budget bytes; the bytes freed."""
