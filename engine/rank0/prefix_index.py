@@ -1,20 +1,25 @@
 """Rank 0's side of the prefix cache: which token sequences every rank holds KV for, and which to reuse.
 
-No MLX here. Rank 0 alone looks up, stores and evicts; its decisions travel in the plan
-(Insert.cache_id/cache_len, Plan.stores, Plan.evicts) and every rank's PrefixEntries obeys them.
+No MLX here (numpy compares token prefixes). Rank 0 alone looks up, stores and evicts; its decisions
+travel in the plan (Insert.cache_id/cache_len, Plan.stores, Plan.evicts) and every rank's PrefixEntries
+obeys them.
 The budget is in bytes, measured on rank 0's own shard after each store (every rank holds an equal
 shard of the same entries), and the least recently used entries go first.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 # Reusing fewer tokens than this is not worth copying an entry.
 MIN_REUSE_TOKENS = 32
+_WIDTH = array("I").itemsize
 
 
 def prompt_cache_budget(setting: int, ranks: Sequence[Any]) -> int:
@@ -35,24 +40,28 @@ def prefix_info(index: PrefixIndex) -> dict[str, int]:
             "prompt_tokens_total": st.prompt_tokens, "prompt_tokens_cached": st.cached_tokens}
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of a and b (binary search over slice comparisons, which run in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def token_bytes(tokens: list[int]) -> bytes:
+    """Tokens as fixed-width bytes: compact, and prefixes compare in C (bytes.startswith, numpy)."""
+    return array("I", tokens).tobytes()
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """Tokens in the longest common prefix of two token_bytes."""
+    n = min(len(a), len(b)) // _WIDTH
+    if a[:n * _WIDTH] == b[:n * _WIDTH]:
+        return n
+    differ = np.frombuffer(a, np.uint32, n) != np.frombuffer(b, np.uint32, n)
+    return int(np.argmax(differ))
 
 
 @dataclass
 class Entry:
-    tokens: list[int]
+    tokens: bytes  # token_bytes of the tokens its KV covers
     nbytes: int = 0  # known once the store has been applied
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens) // _WIDTH
 
 
 @dataclass
@@ -89,8 +98,9 @@ class PrefixIndex:
         prompt token to compute (its logits start the generation); (0, 0) when nothing is worth reusing."""
         best, best_len = 0, 0
         limit = len(tokens) - 1
+        key = token_bytes(tokens)
         for entry_id, entry in self.entries.items():
-            n = min(common_prefix(entry.tokens, tokens), limit)
+            n = min(common_prefix(entry.tokens, key), limit)
             if n > best_len:
                 best, best_len = entry_id, n
         self.stats.prompt_tokens += len(tokens)
@@ -109,15 +119,16 @@ class PrefixIndex:
         they would) and are evicted."""
         if len(tokens) < MIN_REUSE_TOKENS:
             return None
+        key = token_bytes(tokens)
         for entry_id, entry in list(self.entries.items()):
-            if len(entry.tokens) <= len(tokens) and tokens[:len(entry.tokens)] == entry.tokens:
+            if key.startswith(entry.tokens):
                 self._evict(entry_id)
-            elif len(entry.tokens) > len(tokens) and entry.tokens[:len(tokens)] == tokens:
+            elif entry.tokens.startswith(key):
                 self.entries.move_to_end(entry_id)
                 return None  # an entry already covers it
         entry_id = self.next_id
         self.next_id += 1
-        self.entries[entry_id] = Entry(tokens=list(tokens))
+        self.entries[entry_id] = Entry(tokens=key)
         self.stats.stored += 1
         return entry_id
 

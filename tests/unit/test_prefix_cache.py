@@ -10,7 +10,8 @@ import math
 
 from engine.lockstep.plan import Insert
 from engine.lockstep.results import StepResults
-from engine.rank0.prefix_index import MIN_REUSE_TOKENS, PrefixIndex, common_prefix, prompt_cache_budget
+from engine.rank0.prefix_index import MIN_REUSE_TOKENS, PrefixIndex, prompt_cache_budget, token_bytes
+from engine.rank0.prefix_index import common_prefix as common_prefix_of_bytes
 from engine.rank0.scheduler import Counters, Request, Scheduler
 from ipc import Finish
 from ipc.messages import RankState
@@ -37,7 +38,7 @@ def submit(sched: Scheduler, *reqs: Request) -> None:
 def applied(sched: Scheduler, plan) -> None:
     """Every rank applied plan: it holds the index's entries (a byte per token)."""
     if plan.stores or plan.evicts:
-        sched.prefix.applied({i: len(e.tokens) for i, e in sched.prefix.entries.items()})
+        sched.prefix.applied({i: e.length for i, e in sched.prefix.entries.items()})
 
 
 def run(sched: Scheduler, rid: str, tokens: list[int], answer: list[int]) -> tuple:
@@ -55,11 +56,17 @@ def run(sched: Scheduler, rid: str, tokens: list[int], answer: list[int]) -> tup
     return insert, finish, store_plan
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return common_prefix_of_bytes(token_bytes(a), token_bytes(b))
+
+
 def test_common_prefix_finds_the_first_difference():
     assert common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
     assert common_prefix([1, 2], [1, 2, 3]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix(list(range(10_000)), list(range(7_777)) + [0]) == 7_777
+    assert common_prefix([256], [1]) == 0  # tokens differ, not just bytes
+    assert common_prefix([1, 256], [1, 1]) == 1
 
 
 def test_a_second_turn_reuses_the_first_turns_prompt_and_answer():
