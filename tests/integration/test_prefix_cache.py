@@ -10,8 +10,8 @@ import pytest
 
 from tests.harness import Stack, wait_for
 
-# ~3000 demo tokens of system prompt, like an agent's instructions and tools
-SYSTEM = " ".join(f"Rule {i}: keep the answer short, cite file {i % 17}.py and never guess." for i in range(180))
+# ~1200 demo tokens of system prompt, like an agent's instructions (bench/agent_replay.py measures ~3k)
+SYSTEM = " ".join(f"Rule {i}: keep the answer short, cite file {i % 17}.py and never guess." for i in range(70))
 
 
 def chat(base: str, messages: list[dict], **kw) -> dict:
@@ -51,7 +51,7 @@ def cached():
 def test_turn_two_reuses_turn_one_and_answers_the_same(cached, uncached):
     base = cached.base_url
     one = chat(base, conversation("Which file holds rule 7?"))
-    assert one["usage"]["prompt_tokens"] > 2500
+    assert one["usage"]["prompt_tokens"] > 1000
     answer = one["choices"][0]["message"]["content"]
     two = chat(base, conversation("Which file holds rule 7?", answer, "And rule 8?"))
     cached_tokens = two["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -82,7 +82,7 @@ def test_several_choices_answer_as_without_the_cache(cached, uncached):
     chat(cached.base_url, conversation("warm up"))
     got = chat(cached.base_url, conversation("Pick three rules."), **body)
     want = chat(uncached, conversation("Pick three rules."), **body)
-    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] > 2000
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] > 1000
     assert [c["message"]["content"] for c in got["choices"]] == [c["message"]["content"] for c in want["choices"]]
 
 
@@ -101,7 +101,7 @@ def test_the_cache_is_reported_in_health_and_metrics(cached):
 
 
 def test_a_budget_far_below_the_working_set_evicts_and_keeps_serving():
-    s = Stack(extra={"PROMPT_CACHE_BYTES": str(4 << 20)})  # about one 3k-token conversation of the demo model
+    s = Stack(extra={"PROMPT_CACHE_BYTES": str(2 << 20)})  # about one conversation of the demo model
     engine, api = s.start_engine(), s.start_api()
     try:
         for i in range(4):
@@ -109,7 +109,7 @@ def test_a_budget_far_below_the_working_set_evicts_and_keeps_serving():
             chat(s.base_url, conversation(f"Conversation {i}.", one["choices"][0]["message"]["content"], "More."))
         info = s.probe()
         assert info["prompt_cache_evictions"] >= 3
-        assert info["prompt_cache_bytes"] <= 4 << 20
+        assert info["prompt_cache_bytes"] <= 2 << 20
     finally:
         api.stop()
         engine.stop()
