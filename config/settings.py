@@ -57,6 +57,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     PREFILL_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
     # -1: a quarter of the memory the smallest rank has left after loading its weights; 0: no prefix cache
     PROMPT_CACHE_BYTES: Annotated[int, Meta(ge=-1)] = -1
+    # KV bytes per rank for running sequences and the prefix cache together; -1: half of the memory the
+    # smallest rank has left after loading its weights; 0: no limit
+    KV_MEMORY_BYTES: Annotated[int, Meta(ge=-1)] = -1
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
     IDLE_TICK_MS: Annotated[int, Meta(ge=1, le=1000)] = 40
     WATCHDOG_TIMEOUT: Seconds = 30.0
@@ -146,6 +149,7 @@ HINTS = {
     "ENGINE_START_TIMEOUT": "a number of seconds > 0",
     "PREFILL_TOKENS_PER_STEP": "an integer >= 16",
     "PROMPT_CACHE_BYTES": "an integer of bytes (0 turns the prefix cache off, -1 sizes it from memory)",
+    "KV_MEMORY_BYTES": "an integer of bytes (0: no limit, -1 sizes it from memory)",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",
     "IDLE_TICK_MS": "an integer of milliseconds from 1 to 1000",
     "MAX_FRAME_BYTES": "an integer of bytes >= 1024",

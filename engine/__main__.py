@@ -172,11 +172,16 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
     reports.update(announced)
     inbound: queue.SimpleQueue = queue.SimpleQueue()
+    kv = _kv_budget(settings, loaded, joined.size, reports.snapshot())
     cache_budget = prompt_cache_budget(settings.PROMPT_CACHE_BYTES, reports.snapshot())
+    if kv.enabled and cache_budget > kv.budget:
+        logging.getLogger("engine").warning("PROMPT_CACHE_BYTES (%d) exceeds the KV memory budget (%d): the prefix "
+                                            "cache gets the KV budget at most", cache_budget, kv.budget)
+        cache_budget = kv.budget
     logging.getLogger("engine").info("prefix cache: %s", f"{cache_budget / 2**20:.0f} MiB per rank" if cache_budget
                                      else "off")
     scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
-                          PrefixIndex(cache_budget))
+                          PrefixIndex(cache_budget), kv)
     backend = settings.BACKEND if joined.size > 1 else "single"
 
     def info() -> Info:
@@ -187,14 +192,37 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     max_queue=settings.MAX_QUEUE, rank_states=reports.snapshot(),
                     step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
                     broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count,
-                    facts=loaded.facts, **prefix_info(scheduler.prefix))
+                    facts=loaded.facts, **prefix_info(scheduler.prefix),
+                    kv_budget_bytes=kv.budget if kv.enabled else 0, kv_reserved_bytes=scheduler.kv_reserved,
+                    kv_token_bytes=kv.token_bytes)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
-    server = EngineServer(settings, Prompter(tokenizer, limits, grammars), counters, inbound, info)
+    server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
     loop = StepLoop(batch, channel, watchdog, settings.IDLE_TICK_MS / 1000.0, settings.DRAIN_TIMEOUT, scheduler,
                     server, inbound, reports, stats)
     return loop, server
+
+
+def _kv_budget(settings, loaded, ranks: int, states):
+    """The KV memory budget per rank, and one token's KV on a rank, from the model's config."""
+    from engine.rank0.kv_budget import KVBudget, memory_budget, size, token_bytes
+
+    log = logging.getLogger("engine")
+    per_token = token_bytes(loaded.facts.config, ranks, loaded.facts.dtype)
+    budget = memory_budget(settings.KV_MEMORY_BYTES, states)
+    kv = KVBudget(budget, per_token)
+    if budget and not per_token:
+        log.warning("KV memory: the model's config does not give its layers, KV heads and head size, so a "
+                    "request's KV cannot be estimated and KV_MEMORY_BYTES is not enforced")
+    elif not budget:
+        log.log(logging.INFO if settings.KV_MEMORY_BYTES == 0 else logging.WARNING,
+                "KV memory: no limit (%s); a long prompt or a big batch can exhaust the host's memory",
+                "KV_MEMORY_BYTES=0" if settings.KV_MEMORY_BYTES == 0 else "the ranks do not report their memory")
+    else:
+        log.info("KV memory: %s per rank for running sequences and the prefix cache (%d bytes per token, %d "
+                 "tokens)", size(budget), per_token, budget // per_token)
+    return kv
 
 
 def _serve(settings, joined: Joined, loop, server) -> int:

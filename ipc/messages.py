@@ -106,6 +106,11 @@ class Info(Msg):
     # prompt tokens of every sequence that joined the batch, and how many of them came from the cache
     prompt_tokens_total: int = 0
     prompt_tokens_cached: int = 0
+    # KV memory per rank (rank 0's estimate from the model's config): the budget of the running sequences and
+    # the prefix cache together (0: no limit), what the running sequences reserve, and one token's KV
+    kv_budget_bytes: int = 0
+    kv_reserved_bytes: int = 0
+    kv_token_bytes: int = 0
     # None from an engine older than this field
     facts: ModelFacts | None = None
 

@@ -13,6 +13,7 @@ from engine.decoding.constrained import GrammarError, Grammars
 from engine.lockstep.plan import Insert
 from engine.rank0 import validate
 from engine.rank0.errors import Refused
+from engine.rank0.kv_budget import KVBudget
 from engine.rank0.logprobs import TokenTexts
 from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.scheduler import Request
@@ -25,9 +26,11 @@ FORCEABLE_PARSERS = {"json_tools"}
 class Admission:
     """What rank 0 derives once from the tokenizer to admit requests."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, context_length: int, grammars: Grammars):
+    def __init__(self, tokenizer: Any, vocab_size: int, context_length: int, grammars: Grammars,
+                 kv: KVBudget | None = None):
         self.tokenizer = tokenizer
         self.grammars = grammars
+        self.kv = kv if kv is not None else KVBudget(0, 0)
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.rules = OutputRules(tokenizer)
@@ -37,6 +40,10 @@ class Admission:
     def requests(self, gen: Generate, tokens: list[int], outbox: Any, deadline: float) -> list[Request]:
         """The choices of gen, ready for the scheduler; raises Refused."""
         p = gen.params
+        max_tokens = min(p.max_tokens, self.context_length - len(tokens))
+        too_big = self.kv.refusal(len(tokens), max_tokens, p.n)
+        if too_big:  # it would wait forever: even alone, with the prefix cache empty, it does not fit
+            raise Refused(too_big, "max_tokens", "kv_memory_exceeded")
         bad = [t for t in p.logit_bias if not 0 <= t < self.vocab_size]
         if bad:
             raise Refused(f"logit_bias names token id {bad[0]}, outside the vocabulary (0..{self.vocab_size - 1})",
@@ -57,7 +64,7 @@ class Admission:
             mlx_compat.keep_leading_space(detok)
             insert = Insert(
                 rid=gen.request_id if i == 0 else f"{gen.request_id}/{i}",
-                tokens=tokens, max_tokens=min(p.max_tokens, self.context_length - len(tokens)),
+                tokens=tokens, max_tokens=max_tokens,
                 temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
                 # choice i of a seeded request is the n=1 result with seed + i: reproducible, and distinct
                 seed=(seed + i) & 0xFFFFFFFF,
@@ -116,12 +123,12 @@ class Admission:
 class Prompter:
     """Chat template and tokenisation on rank 0, with the errors a client can cause."""
 
-    def __init__(self, tokenizer: Any, limits: validate.Limits, grammars: Grammars):
+    def __init__(self, tokenizer: Any, limits: validate.Limits, grammars: Grammars, kv: KVBudget | None = None):
         self.tokenizer = tokenizer
         self.limits = limits
         self.context_length = limits.context_length
         self.vocab_size = limits.vocab_size
-        self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars)
+        self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars, kv)
 
     def tokens(self, gen: Generate) -> list[int]:
         """The prompt's token ids; raises Refused."""

@@ -18,6 +18,7 @@ import msgspec
 from engine.lockstep.plan import GRAMMAR_CACHE_SIZE, Insert, Plan, Store
 from engine.lockstep.results import StepResults
 from engine.rank0 import errors
+from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
 from engine.rank0.prefix_index import PrefixIndex
 from ipc import Delta, Error, Finish
@@ -91,12 +92,20 @@ class Counters:
 
 
 class Scheduler:
-    """Builds each step's plan and converts its results into Delta/Finish/Error events."""
+    """Builds each step's plan and converts its results into Delta/Finish/Error events.
+
+    With a KV budget, a waiting request joins the batch only when the batch's KV with it, plus the prefix
+    cache, fits; the prefix cache yields first (least recently used entries), then the request waits at
+    the head of the queue, and everything behind it waits too (strict FIFO: a long request is never
+    starved by shorter ones that keep fitting), until running sequences finish.
+    """
 
     def __init__(self, max_batch: int, eos_token_ids: set[int], counters: Counters, extract: ExtractLogprobs,
-                 prefix: PrefixIndex | None = None):
+                 prefix: PrefixIndex | None = None, kv: KVBudget | None = None):
         self.max_batch = max_batch
         self.prefix = prefix if prefix is not None else PrefixIndex(0)
+        self.kv = kv if kv is not None else KVBudget(0, 0)
+        self.kv_reserved = 0  # KV bytes per rank the running sequences may take (read by the socket thread)
         self.stores: list[Store] = []  # sequences that ended, whose KV the next plan keeps
         self.eos = eos_token_ids
         self.counters = counters
@@ -157,10 +166,12 @@ class Scheduler:
         new_grammar = False
         while self.waiting and len(self.running) < self.max_batch and not shutdown:
             grammar = self.waiting[0].insert.grammar
-            if grammar and grammar not in self.grammars:
-                if new_grammar:
-                    break  # every rank compiles it inside the step: one new grammar per step
-                new_grammar = True
+            fresh = bool(grammar) and grammar not in self.grammars
+            if fresh and new_grammar:
+                break  # every rank compiles it inside the step: one new grammar per step
+            if not self._kv_fits(self.waiting[0]):
+                break  # it waits for running sequences to end, and everything behind it with it
+            new_grammar = new_grammar or fresh
             if grammar:
                 self.grammars[grammar] = None
                 self.grammars.move_to_end(grammar)
@@ -179,11 +190,37 @@ class Scheduler:
         with self.counters.lock:
             self.counters.waiting -= len(inserts)
             self.counters.active = len(self.running)
+        self.kv_reserved = self._reserved()
         stores, self.stores = self.stores, []
         evicts = self.prefix.take_evictions()
         return Plan(step=self.step, fingerprint=fingerprint, token_check=token_check,
                     inserts=inserts, removes=removes, stores=stores, evicts=evicts,
                     idle=idle and not inserts and not removes and not stores and not evicts, shutdown=shutdown)
+
+    def kv_bytes(self, req: Request) -> int:
+        """The most KV req's sequence can take on a rank."""
+        return self.kv.sequence(len(req.insert.tokens), req.insert.max_tokens)
+
+    def _reserved(self, joining: Request | None = None) -> int:
+        """The running sequences' KV (with joining's, when given), as the padded batch holds it."""
+        sizes = [self.kv_bytes(r) for r in self.running.values()]
+        if joining is not None:
+            sizes.append(self.kv_bytes(joining))
+        return batch_bytes(sizes)
+
+    def _kv_fits(self, req: Request) -> bool:
+        """Whether req's KV fits the budget next to the running sequences' and the prefix cache; the prefix
+        cache gives up its least recently used entries to make room before req has to wait."""
+        if not self.kv.enabled:
+            return True
+        room = self.kv.budget - self._reserved(req)
+        if room < 0:
+            return False
+        # entries whose store no plan has applied yet are not measured: count them at their estimate
+        pending = sum(self.kv.sequence(len(e.tokens), 0) for e in self.prefix.entries.values() if not e.nbytes)
+        if self.prefix.nbytes > room - pending:
+            self.prefix.fit(max(0, room - pending))
+        return self.prefix.nbytes + pending <= room
 
     def _keep(self, req: Request) -> None:
         """Plan to store the KV of a sequence that ends (every token fed to the model: the prompt and all but
@@ -296,3 +333,4 @@ class Scheduler:
 
     def _count(self) -> None:
         self.counters.active = len(self.running)
+        self.kv_reserved = self._reserved()

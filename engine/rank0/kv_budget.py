@@ -1,0 +1,108 @@
+"""How much KV memory a sequence takes on each rank, and the budget rank 0 keeps every rank within.
+
+No MLX here: the size of one token's K and V comes from the model's config and the rank count, and
+rank 0 admits a sequence into the batch only when the batch's KV and the prefix cache stay within
+KV_MEMORY_BYTES (engine/rank0/scheduler.py), so a long prompt or a big batch waits instead of
+running a host out of memory.
+
+mlx-lm's batch keeps every sequence's KV in one left-padded tensor, so each row is as long as the
+longest sequence: a batch of n sequences holds n times the largest of them (batch_bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# mlx-lm's KVCache and BatchKVCache grow in steps of this many tokens
+KV_STEP = 256
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+# a config that names no dtype: MLX models run in float16 or bfloat16
+DEFAULT_DTYPE_BYTES = 2
+# KV_MEMORY_BYTES=-1: this share of what the smallest rank has left after loading its weights (the rest is
+# for activations, the batch's temporary copies when it grows, and everything else the host runs)
+DEFAULT_SHARE = 2
+
+
+def _number(config: Mapping[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def token_bytes(config: Mapping[str, Any], ranks: int, dtype: str = "") -> int:
+    """Bytes one token's K and V take on one rank: layers x 2 x KV heads on the rank x head_dim x dtype bytes;
+    0 when the config does not say (then no budget can be kept).
+
+    Tensor parallelism gives each rank kv_heads / ranks heads (mlx-lm's shard() divides them); rounding up
+    keeps the estimate an upper bound should they not divide evenly. Sliding-window and linear-attention
+    layers hold less than this, so for such models the estimate errs on the safe side."""
+    layers = _number(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _number(config, "num_attention_heads", "n_head")
+    kv_heads = _number(config, "num_key_value_heads", "num_kv_heads", "n_kv_heads") or heads
+    head_dim = _number(config, "head_dim") or (_number(config, "hidden_size") // heads if heads else 0)
+    if not (layers and kv_heads and head_dim):
+        return 0
+    per_rank = -(-kv_heads // max(1, ranks))
+    size = DTYPE_BYTES.get(dtype.removeprefix("torch."), DEFAULT_DTYPE_BYTES)
+    return layers * 2 * per_rank * head_dim * size
+
+
+def steps(tokens: int) -> int:
+    """tokens rounded up to the KV cache's growth step."""
+    return -(-max(0, tokens) // KV_STEP) * KV_STEP
+
+
+def batch_bytes(sequences: Iterable[int]) -> int:
+    """What a batch of sequences of these sizes holds: every row padded to the largest."""
+    sizes = list(sequences)
+    return len(sizes) * max(sizes) if sizes else 0
+
+
+def memory_budget(setting: int, ranks: Sequence[Any]) -> int:
+    """KV_MEMORY_BYTES, or for -1 half of what the smallest rank has left after its weights (RankState:
+    host_memory_total, active_memory); 0 (no limit) when no rank reports its memory."""
+    if setting >= 0:
+        return setting
+    left = [r.host_memory_total - r.active_memory for r in ranks if r.host_memory_total]
+    return max(1, min(left) // DEFAULT_SHARE) if left else 0
+
+
+def size(n: int) -> str:
+    """Bytes for people: MiB or GiB."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """Bytes per rank for the running sequences' KV and the prefix cache together (0: no limit), and the
+    KV bytes of one token on one rank."""
+
+    budget: int
+    token_bytes: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0 and self.token_bytes > 0
+
+    def sequence(self, prompt_tokens: int, max_tokens: int) -> int:
+        """The most KV one sequence can take on a rank: its prompt and every token it may generate."""
+        return self.token_bytes * steps(prompt_tokens + max_tokens)
+
+    def refusal(self, prompt_tokens: int, max_tokens: int, n: int = 1) -> str | None:
+        """Why a request's n choices could never fit, even alone in the batch with the prefix cache empty;
+        None when they can."""
+        if not self.enabled:
+            return None
+        need = n * self.sequence(prompt_tokens, max_tokens)
+        if need <= self.budget:
+            return None
+        choices = f"{n} choices x " if n > 1 else ""
+        return (f"this request's KV cache would need up to {need} bytes ({size(need)}) per rank: {choices}"
+                f"{steps(prompt_tokens + max_tokens)} tokens ({prompt_tokens} prompt + {max_tokens} max_tokens, in "
+                f"steps of {KV_STEP}) x {self.token_bytes} bytes per token, but the engine's KV memory budget is "
+                f"{self.budget} bytes ({size(self.budget)}) per rank (KV_MEMORY_BYTES); lower max_tokens, shorten "
+                "the prompt" + (", ask for fewer choices (n)" if n > 1 else "") + " or raise KV_MEMORY_BYTES")
