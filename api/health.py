@@ -58,6 +58,8 @@ def details(info: ipc.Info) -> dict[str, Any]:
                          "entries": info.prompt_cache_entries, "hits": info.prompt_cache_hits,
                          "misses": info.prompt_cache_misses, "evictions": info.prompt_cache_evictions,
                          "prompt_tokens": info.prompt_tokens_total, "cached_tokens": info.prompt_tokens_cached},
+        "kv_memory": {"budget_bytes": info.kv_budget_bytes, "reserved_bytes": info.kv_reserved_bytes,
+                      "token_bytes": info.kv_token_bytes},
         "rank_states": [
             {**msgspec.structs.asdict(r), "report_age": round(r.report_age, 3)} for r in info.rank_states
         ],

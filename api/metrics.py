@@ -171,6 +171,7 @@ class EngineCollector(Collector):
                                   "Step-plan broadcasts from rank 0 to every rank.",
                                   count_value=info.broadcast_time_count, sum_value=info.broadcast_time_sum)
         yield from _prefix_cache(info)
+        yield from _kv_memory(info)
         memory = GaugeMetricFamily(f"{PREFIX}_rank_memory_bytes", "MLX memory of each rank (active, cache, peak).",
                                    labels=["rank", "host", "kind"])
         host = GaugeMetricFamily(f"{PREFIX}_rank_host_memory_bytes", "Memory of each rank's host (total, available).",
@@ -213,3 +214,13 @@ def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:
     yield CounterMetricFamily(f"{PREFIX}_prompt_cache_tokens",
                               "Of those, tokens whose KV came from the prefix cache instead of being computed.",
                               value=info.prompt_tokens_cached)
+
+
+def _kv_memory(info: ipc.Info) -> Iterator[Metric]:
+    """KV memory per rank as rank 0 estimates it: the running sequences' reservation and the prefix cache
+    stay within the budget together."""
+    yield GaugeMetricFamily(f"{PREFIX}_kv_budget_bytes", "KV bytes per rank for running sequences and the prefix "
+                            "cache together (KV_MEMORY_BYTES; 0: no limit).", value=info.kv_budget_bytes)
+    yield GaugeMetricFamily(f"{PREFIX}_kv_reserved_bytes", "KV bytes per rank the running sequences may take "
+                            "(prompt plus max_tokens each, as the padded batch holds them).",
+                            value=info.kv_reserved_bytes)

@@ -33,6 +33,7 @@ def describe_info(i: Info) -> str:
         f"  step      {i.step}  (last step {i.last_step_age:.1f}s ago)",
         f"  requests  {i.active} active of {i.max_batch} slots, {i.queued} queued of {i.max_queue}",
         _prompt_cache(i),
+        _kv_memory(i),
     ]
     for r in i.rank_states:
         used = r.host_memory_total - r.host_memory_available
@@ -50,6 +51,15 @@ def _prompt_cache(i: Info) -> str:
     return (f"  prefix cache {i.prompt_cache_entries} entries, {_size(i.prompt_cache_bytes)} of "
             f"{_size(i.prompt_cache_budget)} per rank; {i.prompt_cache_hits} hits, {i.prompt_cache_misses} misses, "
             f"{i.prompt_cache_evictions} evictions; {share} of prompt tokens from the cache")
+
+
+def _kv_memory(i: Info) -> str:
+    if not i.kv_budget_bytes:
+        return "  KV memory no limit (KV_MEMORY_BYTES=0, or the engine could not size it: see its log)"
+    held = i.kv_reserved_bytes + i.prompt_cache_bytes
+    return (f"  KV memory {_size(i.kv_reserved_bytes)} reserved by running sequences + {_size(i.prompt_cache_bytes)} "
+            f"prefix cache of {_size(i.kv_budget_bytes)} per rank ({100 * held / i.kv_budget_bytes:.0f} %); "
+            f"{i.kv_token_bytes} bytes per token")
 
 
 def describe_failures(layout: Layout, pid: int) -> str:
