@@ -175,8 +175,11 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     kv = _kv_budget(settings, loaded, joined.size, reports.snapshot())
     cache_budget = prompt_cache_budget(settings.PROMPT_CACHE_BYTES, reports.snapshot())
     if kv.enabled and cache_budget > kv.budget:
-        logging.getLogger("engine").warning("PROMPT_CACHE_BYTES (%d) exceeds the KV memory budget (%d): the prefix "
-                                            "cache gets the KV budget at most", cache_budget, kv.budget)
+        # the prefix cache lives inside the KV budget: more than all of it could never be held
+        logging.getLogger("engine").log(
+            logging.WARNING if settings.PROMPT_CACHE_BYTES >= 0 else logging.INFO,
+            "the prefix cache's budget (%d bytes, PROMPT_CACHE_BYTES=%d) exceeds the KV memory budget (%d bytes): "
+            "it gets the KV memory budget", cache_budget, settings.PROMPT_CACHE_BYTES, kv.budget)
         cache_budget = kv.budget
     logging.getLogger("engine").info("prefix cache: %s", f"{cache_budget / 2**20:.0f} MiB per rank" if cache_budget
                                      else "off")
