@@ -217,7 +217,7 @@ class Scheduler:
         if room < 0:
             return False
         # entries whose store no plan has applied yet are not measured: count them at their estimate
-        pending = sum(self.kv.sequence(len(e.tokens), 0) for e in self.prefix.entries.values() if not e.nbytes)
+        pending = sum(self.kv.sequence(e.length, 0) for e in self.prefix.entries.values() if not e.nbytes)
         if self.prefix.nbytes > room - pending:
             self.prefix.fit(max(0, room - pending))
         return self.prefix.nbytes + pending <= room

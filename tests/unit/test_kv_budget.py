@@ -113,7 +113,7 @@ def plan(sched: Scheduler):
     """The next plan, applied by every rank (entries held at a byte per token)."""
     p = sched.next_plan(0, 0)
     if p.stores or p.evicts:
-        sched.prefix.applied({i: len(e.tokens) for i, e in sched.prefix.entries.items()})
+        sched.prefix.applied({i: e.length for i, e in sched.prefix.entries.items()})
     return p
 
 
@@ -245,7 +245,7 @@ def test_an_entry_not_yet_stored_counts_against_the_budget_at_its_estimate():
     # a's KV is about to become an entry (this plan stores it): c does not fit next to b and it yet
     p = sched.next_plan(0, 0)
     assert p.stores and not p.inserts
-    sched.prefix.applied({i: len(e.tokens) for i, e in sched.prefix.entries.items()})
+    sched.prefix.applied({i: e.length for i, e in sched.prefix.entries.items()})
     # stored and measured, the entry yields to c
     p = plan(sched)
     assert [i.rid for i in p.inserts] == ["c"] and p.evicts
