@@ -20,6 +20,9 @@ import numpy as np
 # Reusing fewer tokens than this is not worth copying an entry.
 MIN_REUSE_TOKENS = 32
 _WIDTH = array("I").itemsize
+# A new entry supersedes the one its sequence started from when it left at most this many of its tokens
+# unused (or a quarter of them): the tail of the last answer, re-tokenised differently.
+SUPERSEDED_TAIL = 256
 
 
 def prompt_cache_budget(setting: int, ranks: Sequence[Any]) -> int:
@@ -103,7 +106,7 @@ class PrefixIndex:
             n = min(common_prefix(entry.tokens, key), limit)
             if n > best_len:
                 best, best_len = entry_id, n
-        self.stats.prompt_tokens += len(tokens)
+        self.count(tokens)
         if best_len < MIN_REUSE_TOKENS:
             self.stats.misses += 1
             return 0, 0
@@ -112,14 +115,24 @@ class PrefixIndex:
         self.entries.move_to_end(best)
         return best, best_len
 
-    def add(self, tokens: list[int]) -> int | None:
+    def count(self, tokens: list[int]) -> None:
+        """A sequence joins the batch with this prompt (counted with the cache on or off)."""
+        self.stats.prompt_tokens += len(tokens)
+
+    def add(self, tokens: list[int], source: int = 0, reused: int = 0) -> int | None:
         """A new entry for a sequence's tokens (its KV stored by the next plan); None when not worth keeping.
 
         Entries whose tokens are a prefix of the new one are now redundant (the new one serves every lookup
-        they would) and are evicted."""
+        they would) and are evicted. So is the entry the sequence started from (source, of which it reused
+        `reused` tokens) when the sequence took nearly all of it: a conversation's next turn supersedes the
+        last, even where the answer, sent back as text, tokenises differently from how it was sampled. A
+        sequence that took only an early part (another conversation with the same system prompt) leaves it."""
         if len(tokens) < MIN_REUSE_TOKENS:
             return None
         key = token_bytes(tokens)
+        old = self.entries.get(source)
+        if old is not None and old.length - reused <= max(SUPERSEDED_TAIL, old.length // 4):
+            self._evict(source)
         for entry_id, entry in list(self.entries.items()):
             if key.startswith(entry.tokens):
                 self._evict(entry_id)

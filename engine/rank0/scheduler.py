@@ -183,6 +183,8 @@ class Scheduler:
                 entry, reuse = self.prefix.lookup(req.insert.tokens)
                 req.cached_tokens = reuse
                 req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True)
+            else:
+                self.prefix.count(req.insert.tokens)
             inserts.append(req.insert)
             if req.echo:
                 self._send(req, Piece(content=req.echo))
@@ -228,7 +230,7 @@ class Scheduler:
         if not req.insert.keep or not req.sampled:
             return
         tokens = req.insert.tokens + req.sampled[:-1]
-        entry = self.prefix.add(tokens)
+        entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len)
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
 

@@ -113,6 +113,30 @@ def test_an_entry_that_a_longer_one_extends_is_evicted_as_redundant():
     assert list(sched.prefix.entries) == [second.stores[0].entry]
 
 
+def test_a_next_turn_supersedes_the_entry_it_started_from_even_where_the_answer_retokenised_differently():
+    sched = make(10**9)
+    _, _, first = run(sched, "a", SYSTEM + [7], [50, 51, 52, EOS])
+    # the answer comes back re-tokenised: [50, 5, 1] instead of the sampled [50, 51, 52]
+    insert, _, second = run(sched, "b", SYSTEM + [7, 50, 5, 1, 8], [60, EOS])
+    assert insert.cache_id == first.stores[0].entry and insert.cache_len == len(SYSTEM) + 2
+    assert second.evicts == [first.stores[0].entry]
+    assert list(sched.prefix.entries) == [second.stores[0].entry]
+
+
+def test_another_conversation_on_the_same_system_prompt_leaves_the_long_entry_it_started_from():
+    sched = make(10**9)
+    long_history = SYSTEM + list(range(1000, 1600))  # a conversation far past its system prompt
+    _, _, first = run(sched, "a", long_history, [50, EOS])
+    _, _, other = run(sched, "b", SYSTEM + [9, 9], [60, EOS])
+    assert other.evicts == [] and len(sched.prefix.entries) == 2
+
+
+def test_prompt_tokens_are_counted_with_the_cache_off_too():
+    sched = make(0)
+    run(sched, "a", SYSTEM + [7], [50, EOS])
+    assert sched.prefix.stats.prompt_tokens == len(SYSTEM) + 1 and sched.prefix.stats.cached_tokens == 0
+
+
 def test_entries_beyond_the_byte_budget_are_evicted_least_recently_used_first():
     sched = make(budget=2 * 320)  # room for two entries of ~310 tokens
     entries = []
