@@ -366,12 +366,8 @@ def markdown(res: dict) -> str:
     return "\n".join(out)
 
 
-INTERRUPTED = False
-
-
 def interrupt(signum, frame):
-    global INTERRUPTED
-    INTERRUPTED = True
+    # Ours for both signals: asyncio.run() only cancels its task on SIGINT, which a client may absorb.
     raise KeyboardInterrupt
 
 
@@ -403,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                    quiet_wait=args.quiet_wait, quiet_threshold=args.quiet_threshold, cache_dir=args.cache_dir)
     opts = quick(opts) if args.quick else opts
     opts = replace(opts, **{k: v for k in ("turns", "reps", "sessions") if (v := getattr(args, k)) is not None})
+    if opts.turns < 2 or opts.reps < 1 or opts.sessions < 1:
+        parser.error("--turns must be at least 2 (turn 2 is measured), --reps and --sessions at least 1")
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
