@@ -146,6 +146,11 @@ class LockstepBatch:
         for rid, cache in self.ended.items():
             if rid in stores:
                 self.prefix.put(stores[rid].entry, cache, stores[rid].length)
+        gone = set(plan.removes)
+        for st in plan.stores:
+            # a running sequence whose prompt others wait for: a copy of its KV so far
+            if st.rid not in self.ended and st.rid not in gone and st.rid in self.uid_of:
+                self._snapshot(st)
         self.ended.clear()
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
@@ -169,6 +174,16 @@ class LockstepBatch:
             self._insert(plan.inserts)
         if plan.evicts:
             self.prefix.evict(plan.evicts)
+
+    def _snapshot(self, st) -> None:
+        uid = self.uid_of[st.rid]
+        try:
+            caches = self.gen.extract_cache([uid])
+        except Exception:  # the same on every rank: the entry is missing everywhere, and rank 0 forgets it
+            log.exception("request %s: its KV could not be copied for the prefix cache", st.rid)
+            return
+        if uid in caches:
+            self.prefix.put(st.entry, caches[uid][0], st.length)
 
     def _insert(self, inserts) -> None:
         """Insert what can be built; a request whose sampler or grammar cannot be made fails alone."""

@@ -23,6 +23,9 @@ _WIDTH = array("I").itemsize
 # A new entry supersedes the one its sequence started from when it left at most this many of its tokens
 # unused (or a quarter of them): the tail of the last answer, re-tokenised differently.
 SUPERSEDED_TAIL = 256
+# A waiting prompt that shares this many more tokens with a prompt being prefilled than with any entry
+# waits for that prefill and starts from its KV, instead of computing the same tokens alongside it.
+SHARE_MIN_TOKENS = 256
 
 
 def prompt_cache_budget(setting: int, ranks: Sequence[Any]) -> int:
@@ -99,13 +102,7 @@ class PrefixIndex:
     def lookup(self, tokens: list[int]) -> tuple[int, int]:
         """(entry id, tokens to reuse) for a new prompt: the longest common prefix, leaving at least the last
         prompt token to compute (its logits start the generation); (0, 0) when nothing is worth reusing."""
-        best, best_len = 0, 0
-        limit = len(tokens) - 1
-        key = token_bytes(tokens)
-        for entry_id, entry in self.entries.items():
-            n = min(common_prefix(entry.tokens, key), limit)
-            if n > best_len:
-                best, best_len = entry_id, n
+        best, best_len = self.best(token_bytes(tokens), len(tokens) - 1)
         self.count(tokens)
         if best_len < MIN_REUSE_TOKENS:
             self.stats.misses += 1
@@ -113,6 +110,15 @@ class PrefixIndex:
         self.stats.hits += 1
         self.stats.cached_tokens += best_len
         self.entries.move_to_end(best)
+        return best, best_len
+
+    def best(self, key: bytes, limit: int) -> tuple[int, int]:
+        """(entry id, common prefix in tokens, at most limit) of the entry sharing the most with key; no stats."""
+        best, best_len = 0, 0
+        for entry_id, entry in self.entries.items():
+            n = min(common_prefix(entry.tokens, key), limit)
+            if n > best_len:
+                best, best_len = entry_id, n
         return best, best_len
 
     def count(self, tokens: list[int]) -> None:

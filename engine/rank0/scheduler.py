@@ -20,7 +20,7 @@ from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
-from engine.rank0.prefix_index import PrefixIndex
+from engine.rank0.prefix_index import SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 
@@ -54,6 +54,14 @@ class Request:
     done: bool = False
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     sampled: list[int] = field(default_factory=list)  # every token the batch sampled (kept for the prefix cache)
+    _key: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        """The prompt as token_bytes, for prefix comparisons (computed once)."""
+        if self._key is None:
+            self._key = token_bytes(self.insert.tokens)
+        return self._key
 
     @property
     def rid(self) -> str:
@@ -107,6 +115,9 @@ class Scheduler:
         self.kv = kv if kv is not None else KVBudget(0, 0)
         self.kv_reserved = 0  # KV bytes per rank the running sequences may take (read by the socket thread)
         self.stores: list[Store] = []  # sequences that ended, whose KV the next plan keeps
+        # sequences being prefilled that a waiting prompt shares a long prefix with: their prompt's KV is kept as
+        # an entry as soon as its prefill is done, and the waiting prompt starts from it
+        self.wanted: set[str] = set()
         self.eos = eos_token_ids
         self.counters = counters
         self.extract = extract
@@ -157,6 +168,7 @@ class Scheduler:
 
     def next_plan(self, fingerprint: int, token_check: int, *, idle: bool = False, shutdown: bool = False) -> Plan:
         # The batch applies removes before inserts: their slots are free for this plan's inserts.
+        self.wanted &= self.running.keys()
         removes, self.to_remove = self.to_remove, []
         for rid in removes:
             req = self.running.pop(rid, None)
@@ -171,6 +183,8 @@ class Scheduler:
                 break  # every rank compiles it inside the step: one new grammar per step
             if not self._kv_fits(self.waiting[0]):
                 break  # it waits for running sequences to end, and everything behind it with it
+            if self.prefix.enabled and self._shares_a_prefill(self.waiting[0]):
+                break  # it waits for that prefill (a few steps), everything behind it with it
             new_grammar = new_grammar or fresh
             if grammar:
                 self.grammars[grammar] = None
@@ -224,6 +238,26 @@ class Scheduler:
             self.prefix.fit(max(0, room - pending))
         return self.prefix.nbytes + pending <= room
 
+    def _shares_a_prefill(self, req: Request) -> bool:
+        """Whether req shares a long prefix with a prompt still being prefilled, beyond what the cache holds:
+        then that prompt's KV is kept when its prefill ends, and req waits to start from it. Concurrent
+        requests with one system prompt compute it once."""
+        limit = len(req.insert.tokens) - 1
+        _, cached = self.prefix.best(req.key, limit)
+        for other in self.running.values():
+            if other.insert.keep and not other.sampled and not other.done:
+                if min(common_prefix(other.key, req.key), limit) - cached >= SHARE_MIN_TOKENS:
+                    self.wanted.add(other.rid)
+                    return True
+        return False
+
+    def _prompt_done(self, req: Request) -> None:
+        """A prompt others wait for has been prefilled: keep its KV as an entry (the next plan stores it)."""
+        self.wanted.discard(req.rid)
+        entry = self.prefix.add(req.insert.tokens)
+        if entry is not None:
+            self.stores.append(Store(rid=req.rid, entry=entry, length=len(req.insert.tokens)))
+
     def _keep(self, req: Request) -> None:
         """Plan to store the KV of a sequence that ends (every token fed to the model: the prompt and all but
         the last sampled token), as a prefix cache entry."""
@@ -244,6 +278,8 @@ class Scheduler:
             if req is None:
                 continue
             req.sampled.append(token)
+            if len(req.sampled) == 1 and finish is None and req.rid in self.wanted:
+                self._prompt_done(req)
             if finish is not None:
                 self.running.pop(rid)  # the batch already dropped it on every rank
                 self._keep(req)

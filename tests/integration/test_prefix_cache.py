@@ -21,8 +21,9 @@ def chat(base: str, messages: list[dict], **kw) -> dict:
     return r.json()
 
 
-def conversation(user: str, answer: str | None = None, follow_up: str | None = None) -> list[dict]:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+def conversation(user: str, answer: str | None = None, follow_up: str | None = None,
+                 system: str = SYSTEM) -> list[dict]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     if answer is not None:
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow_up}]
     return messages
@@ -75,6 +76,24 @@ def test_sixteen_concurrent_requests_sharing_a_system_prompt_answer_as_without_t
     assert answers(cached.base_url) == answers(uncached)
     info = cached.probe()
     assert info["prompt_cache_hits"] >= 16 and info["active"] == 0
+
+
+def test_concurrent_requests_with_a_new_system_prompt_compute_it_once(cached, uncached):
+    system = "Another agent. " + SYSTEM  # nothing cached starts like it
+    questions = [f"Task {i}: list the rules about file {i}.py." for i in range(8)]
+    before = cached.probe()
+
+    def answers(base: str) -> list[str]:
+        with cf.ThreadPoolExecutor(8) as pool:
+            done = list(pool.map(lambda q: chat(base, conversation(q, system=system)), questions))
+        return [d["choices"][0]["message"]["content"] for d in done]
+
+    assert answers(cached.base_url) == answers(uncached)
+    after = cached.probe()
+    received = after["prompt_tokens_total"] - before["prompt_tokens_total"]
+    computed = received - (after["prompt_tokens_cached"] - before["prompt_tokens_cached"])
+    # the first request computes the system prompt; the other seven start from its KV
+    assert computed <= received / 4, (computed, received)
 
 
 def test_several_choices_answer_as_without_the_cache(cached, uncached):

@@ -131,6 +131,34 @@ def test_another_conversation_on_the_same_system_prompt_leaves_the_long_entry_it
     assert other.evicts == [] and len(sched.prefix.entries) == 2
 
 
+def test_concurrent_prompts_with_one_long_system_prompt_compute_it_once():
+    sched = make(10**9)
+    long_system = list(range(100, 700))  # 600 tokens, beyond SHARE_MIN_TOKENS
+    outboxes: list[list] = [[], [], []]
+    submit(sched, *(request(f"s{i}", long_system + [10 + i], outboxes[i]) for i in range(3)))
+    first = sched.next_plan(0, 0)
+    assert [i.rid for i in first.inserts] == ["s0"]  # the others wait for its prefill
+    applied(sched, first)
+    assert sched.next_plan(0, 0).inserts == []  # still prefilling: no token yet
+    sched.absorb(StepResults(tokens=[("s0", 50, None)]))  # its prompt is done
+    second = sched.next_plan(0, 0)
+    applied(sched, second)
+    (store,) = second.stores
+    assert store.rid == "s0" and store.length == len(long_system) + 1
+    assert [(i.rid, i.cache_id, i.cache_len) for i in second.inserts] == \
+        [("s1", store.entry, len(long_system)), ("s2", store.entry, len(long_system))]
+
+
+def test_a_short_shared_prefix_does_not_hold_a_prompt_back():
+    sched = make(10**9)
+    submit(sched, *(request(f"s{i}", SYSTEM + [10 + i], []) for i in range(2)))  # 300 shared: above the bar
+    assert len(sched.next_plan(0, 0).inserts) == 1
+    sched = make(10**9)
+    short = list(range(100, 200))  # 100 shared tokens: not worth a wait
+    submit(sched, *(request(f"s{i}", short + [10 + i], []) for i in range(2)))
+    assert len(sched.next_plan(0, 0).inserts) == 2
+
+
 def test_prompt_tokens_are_counted_with_the_cache_off_too():
     sched = make(0)
     run(sched, "a", SYSTEM + [7], [50, EOS])
