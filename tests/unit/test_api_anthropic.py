@@ -17,30 +17,13 @@ from api.anthropic.serving import messages_generate
 from config import load_settings
 from api.errors import (ContextLengthExceeded, EngineUnavailable, GenerationFailed, GenerationTimeout, ModelNotFound,
                         Overloaded, Unauthorized)
+from tests.unit.named_events import events_of, play
 
 pytestmark = pytest.mark.anyio
 
 BODY = {"model": "test-model", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
 WEATHER = {"name": "weather", "description": "The weather", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-
-
-def events_of(text: str) -> list[tuple[str, dict]]:
-    """(event name, data) of each SSE frame."""
-    out = []
-    for frame in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in frame.split("\n"))
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
-def play(engine, *events: ipc.Delta | ipc.Finish) -> None:
-    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
-        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
-        for ev in events:
-            await conn.send(msgspec.structs.replace(ev, request_id=msg.request_id))
-
-    engine.script = script
 
 
 def tool_call_events():

@@ -24,6 +24,7 @@ from api import create_app
 from api.responses import serving
 from api.responses.serving import prompt_name
 from ipc.messages import ToolCall, TokenLogprob, TopLogprob
+from tests.unit.named_events import events_of, play
 from tests.unit.openai_errors import assert_error
 
 pytestmark = pytest.mark.anyio
@@ -38,24 +39,6 @@ CALENDAR = {"type": "namespace", "name": "mcp__calendar", "description": "Plan e
      "parameters": {"type": "object", "properties": {"title": {"type": "string"}}}, "defer_loading": True},
 ]}
 SDK_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
-
-
-def events_of(text: str) -> list[tuple[str, dict]]:
-    """(event name, data) of each SSE frame."""
-    out = []
-    for frame in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in frame.split("\n"))
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
-def play(engine, *events: ipc.Delta | ipc.Finish) -> None:
-    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
-        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
-        for ev in events:
-            await conn.send(msgspec.structs.replace(ev, request_id=msg.request_id))
-
-    engine.script = script
 
 
 def delta(text: str = "", tokens: int = 1, **kw) -> ipc.Delta:
