@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 import msgspec
 
 import ipc
@@ -25,5 +26,17 @@ def play(engine, *events: ipc.Delta | ipc.Finish) -> None:
         await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
         for ev in events:
             await conn.send(msgspec.structs.replace(ev, request_id=msg.request_id))
+
+    engine.script = script
+
+
+def slow_prefill(engine, seconds: float) -> None:
+    """Script the fake engine: Started, then nothing for `seconds` (a long prefill), then one token's Finish."""
+
+    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
+        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
+        await anyio.sleep(seconds)
+        await conn.send(ipc.Finish(request_id=msg.request_id, finish_reason="stop", prompt_tokens=7,
+                                   completion_tokens=1, text="ok"))
 
     engine.script = script

@@ -17,7 +17,7 @@ from api.anthropic.serving import messages_generate
 from config import load_settings
 from api.errors import (ContextLengthExceeded, EngineUnavailable, GenerationFailed, GenerationTimeout, ModelNotFound,
                         Overloaded, Unauthorized)
-from tests.unit.named_events import events_of, play
+from tests.unit.named_events import events_of, play, slow_prefill
 
 pytestmark = pytest.mark.anyio
 
@@ -263,14 +263,7 @@ async def test_count_tokens_tokenizes_the_prompt_create_would_send_without_a_gen
 
 async def test_pings_keep_a_long_prefill_alive(engine, client, monkeypatch):
     monkeypatch.setattr("api.anthropic.streaming.PING_SECONDS", 0.05)
-
-    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
-        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
-        await anyio.sleep(0.4)  # the prefill
-        await conn.send(ipc.Finish(request_id=msg.request_id, finish_reason="stop", prompt_tokens=7,
-                                   completion_tokens=1, text="ok"))
-
-    engine.script = script
+    slow_prefill(engine, 0.4)
     names = [name for name, _ in events_of((await client.post("/v1/messages", json={**BODY, "stream": True})).text)]
     assert names[:2] == ["message_start", "ping"] and names.count("ping") >= 3
     assert [n for n in names if n != "ping"][1:] == [

@@ -24,7 +24,7 @@ from api import create_app
 from api.responses import serving
 from api.responses.serving import prompt_name
 from ipc.messages import ToolCall, TokenLogprob, TopLogprob
-from tests.unit.named_events import events_of, play
+from tests.unit.named_events import events_of, play, slow_prefill
 from tests.unit.openai_errors import assert_error
 
 pytestmark = pytest.mark.anyio
@@ -446,14 +446,7 @@ async def test_admission_errors_keep_their_http_status_when_streaming(engine, cl
 
 async def test_in_progress_events_keep_a_long_prefill_alive(engine, client, monkeypatch):
     monkeypatch.setattr("api.responses.streaming.KEEPALIVE_SECONDS", 0.05)
-
-    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
-        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
-        await anyio.sleep(0.4)  # the prefill
-        await conn.send(ipc.Finish(request_id=msg.request_id, finish_reason="stop", prompt_tokens=7,
-                                   completion_tokens=1, text="ok"))
-
-    engine.script = script
+    slow_prefill(engine, 0.4)
     events = events_of((await client.post("/v1/responses", json={**BODY, "stream": True})).text)
     names = [name for name, _ in events]
     assert names[:2] == ["response.created", "response.in_progress"] and names.count("response.in_progress") >= 4
