@@ -22,6 +22,12 @@ Positive = Annotated[int, Meta(ge=1)]
 Seconds = Annotated[float, Meta(gt=0)]
 
 
+# Variables that once meant something: a `.env` naming one still loads (the value is ignored).
+RETIRED = frozenset({
+    "IDLE_TICK_MS",  # idle ranks sleep until rank 0 wakes them; there is no idle tick any more
+})
+
+
 class ConfigError(Exception):
     """A setting with a bad value: the message names the variable, the value and what is accepted."""
 
@@ -61,7 +67,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # smallest rank has left after loading its weights; 0: no limit
     KV_MEMORY_BYTES: Annotated[int, Meta(ge=-1)] = -1
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
-    IDLE_TICK_MS: Annotated[int, Meta(ge=1, le=1000)] = 40
     WATCHDOG_TIMEOUT: Seconds = 30.0
     HEALTH_STALL_SECONDS: Seconds = 10.0
     ENGINE_RESTART: Literal["never", "always"] = "never"
@@ -151,7 +156,6 @@ HINTS = {
     "PROMPT_CACHE_BYTES": "an integer of bytes (0 turns the prefix cache off, -1 sizes it from memory)",
     "KV_MEMORY_BYTES": "an integer of bytes (0: no limit, -1 sizes it from memory)",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",
-    "IDLE_TICK_MS": "an integer of milliseconds from 1 to 1000",
     "MAX_FRAME_BYTES": "an integer of bytes >= 1024",
     "MAX_REQUEST_BYTES": "an integer of bytes >= 1024",
     "BODY_READ_TIMEOUT": "a number of seconds > 0",
@@ -184,6 +188,8 @@ def load_settings(
     raw: dict[str, str] = {}
     if env_file.is_file():
         for key, value in dotenv_values(env_file).items():
+            if key in RETIRED:
+                continue
             if key not in fields:
                 raise ConfigError(
                     f"{env_file}: unknown variable {key}; the accepted ones are listed in .env.example"

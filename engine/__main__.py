@@ -133,6 +133,7 @@ def _build(settings, joined: Joined, watchdog):
     from engine.decoding.constrained import Grammars
     from engine.lockstep.batch import LockstepBatch
     from engine.lockstep.channel import PlanChannel
+    from engine.lockstep.doorbell import open_doorbell
     from engine.lockstep.loop import StepLoop
     from engine.ranks import decode_hostnames, hostname_row, local_row
 
@@ -145,18 +146,21 @@ def _build(settings, joined: Joined, watchdog):
     channel = PlanChannel(joined.group if joined.size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("starting the step loop")
-    idle_tick = settings.IDLE_TICK_MS / 1000.0
     # One startup exchange names every rank's host for status and /health...
     hosts = decode_hostnames(channel.gather(hostname_row()))
     # ...and every rank announces its pid before rank 0 serves: the supervisor learns the ranks from
     # Info.rank_states, complete from rank 0's first answer.
     announced = channel.gather(local_row(0))
+    doorbell = None
+    if joined.size > 1:
+        watchdog.beat("connecting the doorbell")  # idle ranks sleep on it instead of meeting in a collective
+        doorbell = open_doorbell(joined.rank, joined.size, channel.gather)
     if joined.rank != 0:
-        return StepLoop(batch, channel, watchdog, idle_tick, settings.DRAIN_TIMEOUT), None
-    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced)
+        return StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell), None
+    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell)
 
 
-def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced):
+def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.rank0.admission import Prompter
@@ -202,8 +206,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
     server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
-    loop = StepLoop(batch, channel, watchdog, settings.IDLE_TICK_MS / 1000.0, settings.DRAIN_TIMEOUT, scheduler,
-                    server, inbound, reports, stats)
+    loop = StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
+                    stats)
     return loop, server
 
 

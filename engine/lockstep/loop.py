@@ -1,10 +1,11 @@
 """The lockstep loop every rank runs: meet, apply the plan, step the batch together.
 
 Only rank 0 decides. A rank waiting inside all_sum busy-waits a whole core, so an idle engine
-never parks in a collective: with several ranks it meets once per IDLE_TICK_MS for an idle plan
-(rank 0 spends the tick waiting on its inbound queue, so a submission ends its wait at once;
-followers sleep the tick, then join the next meeting). A single rank meets no one: it waits on
-its inbound queue for up to a second at a time.
+never parks in a collective. With several ranks, rank 0 sends one idle plan when the work runs
+out; the other ranks then sleep on the doorbell (engine/lockstep/doorbell.py) and rank 0 on its
+inbound queue, and rank 0 rings them right before its next plan (work arrived, or shutdown).
+Meanwhile the once-a-second rank reports travel over the doorbell's connections too. A single
+rank meets no one. Rank 0 waits up to a second at a time, then looks at deadlines and reports.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import msgspec
 
 from engine.lockstep.batch import LockstepBatch
 from engine.lockstep.channel import PlanChannel
+from engine.lockstep.doorbell import RING, Bell, Doorbell
 from engine.lockstep.plan import Plan
 from engine.rank0 import errors
 from engine.rank0.scheduler import Scheduler, Submit, Withdraw
@@ -27,8 +29,9 @@ from engine.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
-# How long an idle single rank waits on its inbound queue before looking at reports again.
-ALONE_WAIT_SECONDS = 1.0
+# How long an idle rank 0 waits on its inbound queue before looking at deadlines and reports again, and how
+# long another rank sleeps on its doorbell between watchdog beats.
+IDLE_WAIT_SECONDS = 1.0
 
 
 @dataclass
@@ -46,14 +49,15 @@ class LoopStats:
 class StepLoop:
     """One rank's loop; rank 0 also gets the scheduler, the socket server and their queue."""
 
-    def __init__(self, batch: LockstepBatch, channel: PlanChannel, watchdog: Watchdog, idle_tick: float,
-                 drain_seconds: float, scheduler: Scheduler | None = None, server: EngineServer | None = None,
-                 inbound: queue.SimpleQueue | None = None, reports: RankReports | None = None,
-                 stats: LoopStats | None = None):
+    def __init__(self, batch: LockstepBatch, channel: PlanChannel, watchdog: Watchdog, drain_seconds: float,
+                 doorbell: Doorbell | Bell | None = None, scheduler: Scheduler | None = None,
+                 server: EngineServer | None = None, inbound: queue.SimpleQueue | None = None,
+                 reports: RankReports | None = None, stats: LoopStats | None = None):
         self.batch = batch
         self.channel = channel
         self.watchdog = watchdog
-        self.idle_tick = idle_tick
+        self.doorbell = doorbell  # rank 0 rings it, the others sleep on it (None: a single rank)
+        self.asleep = False  # rank 0: the other ranks got an idle plan and wait for the doorbell
         self.drain_seconds = drain_seconds  # DRAIN_TIMEOUT: in-flight requests get this long after a stop
         self.scheduler = scheduler
         self.server = server
@@ -91,11 +95,20 @@ class StepLoop:
                 log.info("rank %d: shutdown plan received at step %d", self.rank, plan.step)
                 return
             if plan.idle:
-                self.watchdog.beat("idle")
-                time.sleep(self.idle_tick)
+                self._sleep(plan.step)
                 continue
             self.watchdog.beat(f"step {plan.step}")
             self.batch.step()
+
+    def _sleep(self, step: int) -> None:
+        """Until rank 0 rings for its next plan, answering its report requests meanwhile."""
+        while True:
+            self.watchdog.beat("idle, waiting for rank 0's doorbell")
+            kind = self.doorbell.wait(IDLE_WAIT_SECONDS)
+            if kind == RING:
+                return
+            if kind is not None:
+                self.doorbell.answer(local_row(step, self.batch.prefix.nbytes()))
 
     # -- rank 0 ------------------------------------------------------------------------
     def _lead(self) -> None:
@@ -103,19 +116,27 @@ class StepLoop:
         assert sched is not None and server is not None and self.inbound is not None
         single = self.channel.size == 1
         while True:
-            self._drain_inbound(block=not sched.has_work(), single=single)
+            # wait for work only once no other rank waits for a plan (they busy-wait in the collective)
+            self._drain_inbound(block=not sched.has_work() and (single or self.asleep))
             now = time.monotonic()
             sched.expire(now)
             shutdown = self._drained(now)
             sched.step = self.step
-            if not shutdown and not sched.has_work() and single:
+            if not shutdown and not sched.has_work() and (single or self.asleep):
                 server.post(sched.take_events())
                 self.watchdog.beat("idle")
                 if self.reports is not None and self.reports.due(now):
-                    self.reports.update([local_row(self.step, self.batch.prefix.nbytes())])
+                    row = local_row(self.step, self.batch.prefix.nbytes())
+                    self.watchdog.beat("collecting the sleeping ranks' reports")  # a frozen rank stalls it here
+                    self.reports.update([row] if single else self.doorbell.gather(row))
                 continue
+            # with no work and the other ranks awake, this is the idle plan that puts them to sleep
             plan = self._next_plan(now, shutdown)
+            if self.asleep:
+                self.watchdog.beat(f"ringing the doorbell for plan {plan.step}")
+                self.doorbell.ring()
             self._broadcast(plan)
+            self.asleep = plan.idle and not single
             self.batch.apply(plan)
             if plan.stores or plan.evicts:
                 # what the ranks now hold, measured on this rank's shard; over budget, the LRU go next plan
@@ -170,10 +191,10 @@ class StepLoop:
         self.stats.step_time_count += 1
         self.scheduler.absorb(results)
 
-    def _drain_inbound(self, block: bool, single: bool) -> None:
+    def _drain_inbound(self, block: bool) -> None:
         """Move submissions and withdrawals into the scheduler. With block (no work), wait for the first
-        one up to one idle tick (a second when alone), except while stopping."""
-        timeout = (ALONE_WAIT_SECONDS if single else self.idle_tick) if block else None
+        one up to IDLE_WAIT_SECONDS, except while stopping."""
+        timeout = IDLE_WAIT_SECONDS if block else None
         first = True
         while True:
             try:

@@ -81,6 +81,12 @@ def test_unknown_key_in_env_file_is_named(tmp_path: Path) -> None:
         _settings({}, env_file)
 
 
+def test_a_retired_setting_in_an_old_env_file_still_loads(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("IDLE_TICK_MS=40\nMAX_BATCH=4\n")  # idle ranks sleep now; there is no tick to set
+    assert _settings({}, env_file).MAX_BATCH == 4
+
+
 def test_unknown_environment_variables_are_ignored() -> None:
     assert _settings({"API_PROT": "1", "HOME": "/root"}) == Settings()
 
