@@ -61,6 +61,10 @@ class Generation:
             self.done = True
             raise
 
+    def has_event(self) -> bool:
+        """Whether next_event() can return at once (the engine's frames arrived faster than they were read)."""
+        return self._conn.arrived()
+
     async def readable(self, timeout: float) -> bool:
         """True once an event may be read (or the deadline has passed); False after timeout idle seconds."""
         left = self._deadline - anyio.current_time()

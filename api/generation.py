@@ -208,12 +208,18 @@ async def _collect(engine: EngineClient, msg: ipc.Generate, renderer: Renderer, 
 
 
 async def _stream(gen: Generation, n: int, renderer: Renderer, record: AccessRecord) -> AsyncGenerator[bytes, None]:
+    """The SSE body. Events that arrived together go out in one write: a client reading slower than tokens
+    come gets fewer, larger writes instead of one per token."""
     choices = [Choice(i) for i in range(n)]
+    out: list[bytes] = []
     try:
         for i in range(n):
             first = renderer.first(i)
             if first is not None:
-                yield event(first)
+                out.append(event(first))
+        if out:
+            yield b"".join(out)
+            out = []
         remaining = n
         while remaining:
             ev = await next_event(gen)
@@ -222,15 +228,20 @@ async def _stream(gen: Generation, n: int, renderer: Renderer, record: AccessRec
             chunk = renderer.delta(choice, ev)
             choice.add(ev)
             if chunk is not None:
-                yield event(chunk)
+                out.append(event(chunk))
             if isinstance(ev, ipc.Finish):
                 remaining -= 1
-                yield event(renderer.finish(ev.index, choice.reason))
+                out.append(event(renderer.finish(ev.index, choice.reason)))
+            if out and (not remaining or not gen.has_event()):
+                yield b"".join(out)
+                out = []
         _count(gen, choices)
         renderer.cached_tokens = gen.cached_tokens
         if renderer.include_usage:
             yield event(renderer.usage(gen.prompt_tokens, gen.completion_tokens))
     except APIError as exc:
+        if out:
+            yield b"".join(out)
         record.outcome = exc.code or exc.type
         logger.warning("%s: stream ended with an error: %s", gen.request_id, escape(exc.message))
         yield error_event(exc)

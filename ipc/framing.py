@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import struct
 
 import anyio
@@ -69,6 +70,11 @@ class FramedStream:
             await anyio.wait_readable(sock)
             return True
         return False
+
+    def arrived(self) -> bool:
+        """Whether the next frame has already (begun to) arrive, so recv() will not wait for the peer to send."""
+        sock = self.stream.extra(SocketAttribute.raw_socket, None)
+        return sock is not None and bool(select.select([sock], [], [], 0)[0])
 
     async def send(self, msg: Msg) -> None:
         """Send one message; raises ConnectionClosed when the peer is gone."""

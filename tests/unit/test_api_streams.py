@@ -11,7 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+import ipc
 from api import create_app
+from ipc.framing import encode_frame
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Hi"}]}
 REPO = Path(__file__).resolve().parents[2]
@@ -139,3 +141,35 @@ def test_entry_point_imports_no_mlx():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.anyio
+async def test_events_that_arrive_together_leave_in_one_write_and_nothing_is_lost(engine, make_settings):
+    """A client that reads slower than tokens come: the engine's frames pile up, and the stream sends what
+    has piled up in one write instead of one write per token, every token still in order."""
+    pieces = [f"t{i} " for i in range(60)]
+
+    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
+        rid = msg.request_id
+        await conn.send(ipc.Started(request_id=rid, prompt_tokens=7))
+        frames = [ipc.Delta(request_id=rid, text=p, completion_tokens=i) for i, p in enumerate(pieces, 1)]
+        frames.append(ipc.Finish(request_id=rid, finish_reason="length", prompt_tokens=7,
+                                 completion_tokens=len(pieces)))
+        await conn.stream.send(b"".join(encode_frame(f) for f in frames))  # all at once: the reader is behind
+        try:
+            await conn.recv()
+        except ipc.ConnectionClosed:
+            pass
+
+    engine.script = script
+    app = create_app(make_settings())
+    with anyio.fail_after(10):
+        sent = await drive(app, json.dumps({**CHAT, "stream": True}).encode(), anyio.Event())
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body" and m.get("body")]
+    events = [line.removeprefix(b"data: ") for body in bodies for line in body.split(b"\n\n") if line]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "".join(pieces)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    writes_with_text = [b for b in bodies if b"t1 " in b or b"t59 " in b]
+    assert len(bodies) <= 4 and len(writes_with_text) == 1, [len(b) for b in bodies]
