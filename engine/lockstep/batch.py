@@ -80,6 +80,8 @@ class LockstepBatch:
         self.prefix = PrefixEntries()
         self.keep: set[str] = set()
         self.ended: dict[str, list] = {}
+        # ...kept through one more plan: a plan sent ahead was made before rank 0 saw them end
+        self.ended_before: dict[str, list] = {}
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -110,6 +112,7 @@ class LockstepBatch:
         self._seeded.clear()
         self.keep.clear()
         self.ended.clear()
+        self.ended_before.clear()
 
     def __len__(self) -> int:
         return len(self.order)
@@ -117,18 +120,25 @@ class LockstepBatch:
     def fingerprint(self, step: int) -> int:
         return fingerprint(step, self.order, self.prefix.ids())
 
-    def verify(self, plan: Plan, rank: int) -> None:
-        """Followers: fail fast when the batch or the last sampled tokens differ from rank 0's."""
-        mine = self.fingerprint(plan.step)
+    def expect(self, step: int) -> tuple[int, int, int, list[str]]:
+        """What plan `step` must carry if rank 0 makes it now: (step, fingerprint, token check, batch)."""
+        return step, self.fingerprint(step), self.last_check, list(self.order)
+
+    def verify(self, plan: Plan, rank: int, expected: tuple[int, int, int, list[str]] | None = None) -> None:
+        """Followers: fail fast when the batch or the last sampled tokens differ from rank 0's (as they were
+        when rank 0 made the plan: now, or, for a plan sent ahead, when `expected` was taken)."""
+        step, mine, check, order = expected if expected is not None else self.expect(plan.step)
+        if plan.step != step:
+            raise DesyncError(f"rank {rank}: received plan {plan.step} where plan {step} was due")
         if plan.fingerprint != mine:
             raise DesyncError(
                 f"rank {rank}: batch fingerprint {mine:#010x} != rank 0's {plan.fingerprint:#010x} "
-                f"at step {plan.step} (active here: {self.order})"
+                f"at step {plan.step} (active here: {order})"
             )
-        if plan.token_check != self.last_check:
+        if plan.token_check != check:
             raise DesyncError(
                 f"rank {rank}: sampled tokens differ from rank 0's at step {plan.step - 1} "
-                f"(checksum {self.last_check:#010x} != {plan.token_check:#010x})"
+                f"(checksum {check:#010x} != {plan.token_check:#010x})"
             )
 
     def prefill_chunk(self, arriving: int) -> int:
@@ -143,15 +153,17 @@ class LockstepBatch:
         if plan.prefill_chunk and plan.prefill_chunk != self.gen.prefill_step_size:
             mlx_compat.set_prefill_chunk(self.gen, plan.prefill_chunk)
         stores = {s.rid: s for s in plan.stores}
-        for rid, cache in self.ended.items():
+        ended = {**self.ended_before, **self.ended}
+        for rid, cache in ended.items():
             if rid in stores:
                 self.prefix.put(stores[rid].entry, cache, stores[rid].length)
         gone = set(plan.removes)
         for st in plan.stores:
             # a running sequence whose prompt others wait for: a copy of its KV so far
-            if st.rid not in self.ended and st.rid not in gone and st.rid in self.uid_of:
+            if st.rid not in ended and st.rid not in gone and st.rid in self.uid_of:
                 self._snapshot(st)
-        self.ended.clear()
+        self.ended_before = {rid: c for rid, c in self.ended.items() if rid not in stores}
+        self.ended = {}
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
             if uids:

@@ -1,12 +1,28 @@
-"""The plan channel: plans from rank 0 to all ranks through mx.distributed.all_sum on fixed-size buffers."""
+"""The plan channel: plans from rank 0 to all ranks through mx.distributed.all_sum on fixed-size buffers.
+
+A plan can be sent ahead (`post`, later `collect`): its first buffer's all_sum is queued on the model's
+stream before the next forward pass, so it is summed as soon as the pass before it ends, and the ranks
+read it while that next pass computes. Waiting for a plan after queuing a pass would otherwise make
+every step wait for the previous one to finish before the next one's graph is even built.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from engine.lockstep import plan as plans
 from engine.lockstep.plan import Plan
+
+
+@dataclass
+class Pending:
+    """A plan on its way: the first buffer's sum, queued; rank 0 also holds the plan itself."""
+
+    first: mx.array | None
+    plan: Plan | None
 
 
 class PlanChannel:
@@ -52,3 +68,26 @@ class PlanChannel:
             plans.send(plan, self.all_sum, self.buffer_bytes)
             return plan
         return plans.receive(self.all_sum, self.buffer_bytes, self.rank)
+
+    def post(self, plan: Plan | None) -> Pending:
+        """Queue the plan's first buffer now (rank 0 passes the plan, the others None); `collect` it later."""
+        if self.size == 1:
+            assert plan is not None
+            return Pending(None, plan)
+        zeros = bytes(self.buffer_bytes)
+        buf = next(plans.chunks(plan, self.buffer_bytes)) if self.rank == 0 else zeros
+        out = mx.distributed.all_sum(mx.array(np.frombuffer(buf, dtype=np.uint8)), group=self.group,
+                                     stream=self.stream)
+        mx.async_eval(out)
+        self.collectives += 1
+        return Pending(out, plan)
+
+    def collect(self, pending: Pending) -> Plan:
+        """The posted plan, every rank alike; a plan longer than one buffer sends the rest now."""
+        if self.size == 1:
+            return pending.plan
+        mx.eval(pending.first)
+        if self.rank == 0:
+            plans.send(pending.plan, self.all_sum, self.buffer_bytes, skip_first=True)
+            return pending.plan
+        return plans.receive(self.all_sum, self.buffer_bytes, self.rank, first=np.asarray(pending.first).tobytes())

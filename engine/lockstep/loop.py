@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import msgspec
 
 from engine.lockstep.batch import LockstepBatch
-from engine.lockstep.channel import PlanChannel
+from engine.lockstep.channel import Pending, PlanChannel
 from engine.lockstep.doorbell import RING, Bell, Doorbell
 from engine.lockstep.plan import Plan
 from engine.rank0 import errors
@@ -84,10 +84,13 @@ class StepLoop:
 
     # -- followers -----------------------------------------------------------------------
     def _follow(self) -> None:
+        pending: Pending | None = None  # the next plan, sent ahead of the step in flight
+        expected = None  # what that plan must carry: the batch as it was when rank 0 made it
         while True:
             self.watchdog.beat("waiting for rank 0's plan")
-            plan = self.channel.broadcast(None)
-            self.batch.verify(plan, self.rank)
+            plan = self.channel.broadcast(None) if pending is None else self.channel.collect(pending)
+            self.batch.verify(plan, self.rank, expected)
+            pending = expected = None
             self.batch.apply(plan)
             if plan.report:
                 self.channel.gather(local_row(plan.step, self.batch.prefix.nbytes()))
@@ -97,6 +100,9 @@ class StepLoop:
             if plan.idle:
                 self._sleep(plan.step)
                 continue
+            # rank 0 sends the next plan now, before this step's forward pass (see _lead)
+            expected = self.batch.expect(plan.step + 1)
+            pending = self.channel.post(None)
             self.watchdog.beat(f"step {plan.step}")
             self.batch.step()
 
@@ -112,30 +118,38 @@ class StepLoop:
 
     # -- rank 0 ------------------------------------------------------------------------
     def _lead(self) -> None:
+        """Plan, send, apply, step. With several ranks the plan of step n+1 is made and sent before step n's
+        forward pass is queued: its all_sum then runs between the two passes, and every rank reads it and
+        builds pass n+1 while pass n computes, as mlx-lm's own loop does. Sending it after queuing pass n
+        would make every rank wait for pass n to end before building the next one. The plan knows what
+        rank 0 knew one step earlier: a new request joins a busy batch one step later; from idle, at once."""
         sched, server = self.scheduler, self.server
         assert sched is not None and server is not None and self.inbound is not None
         single = self.channel.size == 1
+        pending: Pending | None = None
         while True:
-            # wait for work only once no other rank waits for a plan (they busy-wait in the collective)
-            self._drain_inbound(block=not sched.has_work() and (single or self.asleep))
-            now = time.monotonic()
-            sched.expire(now)
-            shutdown = self._drained(now)
-            sched.step = self.step
-            if not shutdown and not sched.has_work() and (single or self.asleep):
-                server.post(sched.take_events())
-                self.watchdog.beat("idle")
-                if self.reports is not None and self.reports.due(now):
-                    row = local_row(self.step, self.batch.prefix.nbytes())
-                    self.watchdog.beat("collecting the sleeping ranks' reports")  # a frozen rank stalls it here
-                    self.reports.update([row] if single else self.doorbell.gather(row))
-                continue
-            # with no work and the other ranks awake, this is the idle plan that puts them to sleep
-            plan = self._next_plan(now, shutdown)
-            if self.asleep:
-                self.watchdog.beat(f"ringing the doorbell for plan {plan.step}")
-                self.doorbell.ring()
-            self._broadcast(plan)
+            if pending is not None:
+                plan = self._collect(pending)
+                pending = None
+            else:
+                # wait for work only once no other rank waits for a plan (they busy-wait in the collective)
+                self._drain_inbound(block=not sched.has_work() and (single or self.asleep))
+                now = time.monotonic()
+                shutdown = self._drained(now)
+                if not shutdown and not sched.has_work() and (single or self.asleep):
+                    server.post(sched.take_events())
+                    self.watchdog.beat("idle")
+                    if self.reports is not None and self.reports.due(now):
+                        row = local_row(self.step, self.batch.prefix.nbytes())
+                        self.watchdog.beat("collecting the sleeping ranks' reports")  # a frozen rank stalls it here
+                        self.reports.update([row] if single else self.doorbell.gather(row))
+                    continue
+                # with no work and the other ranks awake, this is the idle plan that puts them to sleep
+                plan = self._next_plan(now, shutdown)
+                if self.asleep:
+                    self.watchdog.beat(f"ringing the doorbell for plan {plan.step}")
+                    self.doorbell.ring()
+                self._broadcast(plan)
             self.asleep = plan.idle and not single
             self.batch.apply(plan)
             if plan.stores or plan.evicts:
@@ -150,6 +164,10 @@ class StepLoop:
                 log.info("rank 0: shutdown plan sent at step %d", plan.step)
                 return
             if not plan.idle:
+                if not single:
+                    self._drain_inbound(block=False)
+                    now = time.monotonic()
+                    pending = self._post(self._next_plan(now, self._drained(now)))
                 self._step(plan)
             server.post(sched.take_events())
 
@@ -168,6 +186,8 @@ class StepLoop:
 
     def _next_plan(self, now: float, shutdown: bool) -> Plan:
         sched = self.scheduler
+        sched.expire(now)
+        sched.step = self.step
         plan = sched.next_plan(self.batch.fingerprint(self.step), self.batch.last_check,
                                idle=not sched.has_work(), shutdown=shutdown)
         if not plan.idle:
@@ -182,6 +202,21 @@ class StepLoop:
         self.channel.broadcast(plan)
         self.stats.broadcast_time_sum += time.perf_counter() - t0
         self.stats.broadcast_time_count += 1
+
+    def _post(self, plan: Plan) -> Pending:
+        self.watchdog.beat(f"sending plan {plan.step} ahead")
+        t0 = time.perf_counter()
+        pending = self.channel.post(plan)
+        self.stats.broadcast_time_sum += time.perf_counter() - t0
+        return pending
+
+    def _collect(self, pending: Pending) -> Plan:
+        self.watchdog.beat(f"collecting plan {pending.plan.step}")
+        t0 = time.perf_counter()
+        plan = self.channel.collect(pending)
+        self.stats.broadcast_time_sum += time.perf_counter() - t0
+        self.stats.broadcast_time_count += 1
+        return plan
 
     def _step(self, plan: Plan) -> None:
         self.watchdog.beat(f"step {plan.step}")

@@ -110,16 +110,20 @@ def chunks(plan: Plan, buffer_bytes: int) -> Iterator[bytes]:
         yield data[offset : offset + buffer_bytes].ljust(buffer_bytes, b"\0")
 
 
-def send(plan: Plan, all_sum: AllSum, buffer_bytes: int) -> None:
-    """Rank 0: contribute the plan, one all_sum per buffer."""
-    for buf in chunks(plan, buffer_bytes):
-        all_sum(buf)
+def send(plan: Plan, all_sum: AllSum, buffer_bytes: int, skip_first: bool = False) -> None:
+    """Rank 0: contribute the plan, one all_sum per buffer (skip_first: the first one was summed already,
+    ahead of time)."""
+    for i, buf in enumerate(chunks(plan, buffer_bytes)):
+        if i or not skip_first:
+            all_sum(buf)
 
 
-def receive(all_sum: AllSum, buffer_bytes: int, rank: int) -> Plan:
-    """Every other rank: contribute zeros until the whole plan has arrived; raises PlanError."""
+def receive(all_sum: AllSum, buffer_bytes: int, rank: int, first: bytes | None = None) -> Plan:
+    """Every other rank: contribute zeros until the whole plan has arrived (first: the sum of the first
+    buffer, when it was summed ahead of time); raises PlanError."""
     zeros = bytes(buffer_bytes)
-    first = all_sum(zeros)
+    if first is None:
+        first = all_sum(zeros)
     (length,) = _LEN.unpack_from(first)
     data = bytearray(first)
     while len(data) < length + _LEN.size:
