@@ -113,3 +113,18 @@ def test_fingerprint_and_token_checksum_follow_order() -> None:
     assert plans.fingerprint(3, ["a", "b"]) != plans.fingerprint(4, ["a", "b"])
     assert plans.token_checksum([1, 2]) != plans.token_checksum([2, 1])
     assert plans.token_checksum([]) == 0
+
+
+@pytest.mark.parametrize("tokens", [0, 500])
+def test_a_plan_sent_ahead_arrives_whole_when_its_first_buffer_was_summed_earlier(tokens: int) -> None:
+    """The loop sums a plan's first buffer before the step's forward pass and the rest (if any) after it."""
+    plan = plan_with(tokens=tokens)
+    wire = Collective(256)
+    first = next(plans.chunks(plan, 256))
+    wire.lead(first)  # summed ahead, before the forward pass
+    plans.send(plan, wire.lead, 256, skip_first=True)  # the rest, once the pass is queued
+    assert wire.sent == list(plans.chunks(plan, 256))
+    calls, all_sum = wire.follower()
+    ahead = all_sum(bytes(256))
+    assert plans.receive(all_sum, 256, rank=1, first=ahead) == plan
+    assert len(calls) == len(wire.sent)
