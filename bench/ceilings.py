@@ -1,14 +1,17 @@
 """In-process mlx-lm ceilings: what the same model does with no server around it.
 
-Run as a script, alone (`stream`, `batch`) or on every rank under mlx.launch (`batch`, each
-rank loading its shard with sharded_load). It prints one `BENCH-RESULT {json}` line (rank 0
-only); under mlx.launch every rank first prints `BENCH-DETACHED` once its stdin points at
-/dev/null, so the orchestrator knows when the launcher's stdin byte will quiet it.
+Run as a script, alone or on every rank under mlx.launch (each rank loading its shard with
+sharded_load, running the same prompts; rank 0 decides when to stop). It prints one
+`BENCH-RESULT {json}` line (rank 0 only); under mlx.launch every rank first prints
+`BENCH-DETACHED` once its stdin points at /dev/null, so the orchestrator knows when the
+launcher's stdin byte will quiet it.
 
     python -m bench.ceilings stream --model PATH --prompts '["hi", ...]' --max-tokens 128
     python -m bench.ceilings batch  --model PATH --prompts '[...8 prompts...]' --max-tokens 128
     mlx.launch --hosts 127.0.0.1,127.0.0.1 --backend ring -- \
         python -m bench.ceilings batch --model PATH --prompts '[...]' [--plan-broadcast]
+    mlx.launch --hosts 127.0.0.1,127.0.0.1 --backend ring -- \
+        python -m bench.ceilings stream --model PATH --prompts '["hi", ...]'
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def run_stream(model, tokenizer, prompts: list[str], max_tokens: int, bias: dict
 
     once("warm up", 8)
     runs, t0 = [], time.perf_counter()
-    while len(runs) < len(prompts) or (time.perf_counter() - t0 < min_seconds and len(runs) < MAX_REPS):
+    # Under mlx.launch each rank's clock differs: a rank deciding alone to run once more would wait forever.
+    while _agree(len(runs) < len(prompts) or (time.perf_counter() - t0 < min_seconds and len(runs) < MAX_REPS)):
         runs.append(once(prompts[len(runs) % len(prompts)], max_tokens))
     return summarize_stream(runs)
 
