@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.report import targets  # noqa: E402
+from bench.report import shown, targets, verdict  # noqa: E402
 
 STYLES = {  # key: (label, colour, line style, marker)
     "ours_1r": ("ours, 1 rank", "tab:blue", "-", "o"),
@@ -50,10 +50,11 @@ def write(res: dict, path: Path) -> None:
         if e:
             ax.plot([e["sequences"]], [e["aggregate_tps"]], marker=marker, ms=14 if marker == "*" else 9, ls="none",
                     color=colour, label=label)
-    sg = ceilings.get("stream_generate_1r")
-    if sg:
-        ax.plot([1], [sg["e2e_tps"]], marker="D", ms=8, ls="none", color="black",
-                label="in-process stream_generate, 1 rank")
+    for key, label, face in (("stream_generate_1r", "in-process stream_generate, 1 rank", "black"),
+                             ("stream_generate_2r", "in-process stream_generate, 2 ranks", "white")):
+        sg = ceilings.get(key)
+        if sg:
+            ax.plot([1], [sg["e2e_tps"]], marker="D", ms=8, ls="none", color="black", mfc=face, label=label)
 
     for a in (ax, bx):
         a.set_xscale("log", base=2)
@@ -70,12 +71,8 @@ def write(res: dict, path: Path) -> None:
     bx.set_yscale("log")
     bx.set_title("Time to first token (lower is better)")
 
-    verdicts = []
-    for t in targets(res):
-        if t["pass"] is not None:
-            r = f"{t['ratio']:.2f}" if t["ratio"] is not None else f"{t['ours']:.1f}"
-            verdict = ("PASS" if t["pass"] else "MISS") + ("*" if t["noisy"] else " ")
-            verdicts.append(f"{verdict} {r:>5} ({t['goal']}): {t['target']}")
+    verdicts = [f"{verdict(t):<5} {shown(t):>8} ({t['goal']}): {t['target']}" for t in targets(res)
+                if t["pass"] is not None]
     if any(t["noisy"] for t in targets(res)):
         verdicts.append("* measured while other processes used the cores: noisy")
     height = 6.4 + 0.14 * len(verdicts)

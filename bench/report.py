@@ -1,8 +1,9 @@
-"""Markdown tables and the issue-3 targets (PASS/MISS with the ratio) from one run's results."""
+"""Markdown tables and the targets (PASS/MISS with the ratio or difference) from one run's results."""
 
 from __future__ import annotations
 
 import math
+import operator
 
 SERVERS = [  # results key, row label
     ("ours_1r", "ours, 1 rank"),
@@ -11,7 +12,11 @@ SERVERS = [  # results key, row label
     ("mlxlm_2r_pipe", "mlx_lm.server, 2 ranks (stdin pipe)"),
     ("mlxlm_2r_plain", "mlx_lm.server, 2 ranks (plain)"),
 ]
-IDLE_TARGET = 10.0  # % of one core, per process
+# Idle parts only: the 4-rank engine started for its idle CPU and its first token after idle.
+IDLE_SERVERS = [*SERVERS, ("ours_4r", "ours, 4 ranks")]
+IDLE_TARGET = 2.0  # % of one core, per process
+WAKE_TARGET_MS = 50.0  # first token after idle minus a warm one
+OPS = {">=": operator.ge, "<=": operator.le, "<": operator.lt}
 
 
 def num(x, spec: str = ".1f") -> str:
@@ -56,46 +61,73 @@ def ceiling_2r(ceilings: dict) -> dict | None:
                key=lambda e: e["aggregate_tps"], default=None)
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not math.isnan(x)
+
+
 def targets(res: dict) -> list[dict]:
-    """Each issue-3 target: measured value, reference, ratio, goal, verdict (None when not measured)."""
+    """Each target: ours, the reference, the value checked (a ratio, or a difference or a percentage with its
+    unit), the goal and the verdict (None when not measured); noisy when either side's best run shared the
+    host with other processes' load."""
     s, c = res.get("servers", {}), res.get("ceilings", {})
+    quiet = res["meta"].get("quiet_threshold", 0.5)
     out = []
 
-    quiet = res["meta"].get("quiet_threshold", 0.5)
+    def loaded(*entries) -> bool:
+        return any(_finite(x) and x >= quiet for x in (get(e, "other_load_cores") for e in entries))
 
-    def add(name, ours_entry, ours_key, ref_entry, ref_key, goal, op=">="):
+    def add(name, ours, ref, value, goal, op, noisy, unit=""):
+        ok = OPS[op](value, goal) if _finite(value) else None
+        out.append({"target": name, "ours": ours, "reference": ref, "ratio": value if not unit else None,
+                    "value": value, "unit": unit, "goal": f"{op} {goal:g}{unit}", "pass": ok, "noisy": noisy})
+
+    def ratio(name, ours_entry, ours_key, ref_entry, ref_key, goal, op=">=", scale=1.0):
         ours, ref = get(ours_entry, ours_key), get(ref_entry, ref_key)
-        ratio = ours / ref if ours is not None and ref and not math.isnan(ours) and not math.isnan(ref) else None
-        ok = None if ratio is None else (ratio >= goal if op == ">=" else ratio < goal)
-        loads = [get(e, "other_load_cores", default=0.0) for e in (ours_entry, ref_entry)]
-        out.append({"target": name, "ours": ours, "reference": ref, "ratio": ratio, "goal": f"{op} {goal:g}",
-                    "pass": ok, "noisy": max(loads) >= quiet})
+        value = ours / ref if _finite(ours) and _finite(ref) and ref else None
+        add(name, ours * scale if _finite(ours) else None, ref * scale if _finite(ref) else None, value, goal, op,
+            loaded(ours_entry, ref_entry))
 
-    add("1 rank: single-stream decode tok/s, HTTP vs mlx_lm.stream_generate",
-        get(s, "ours_1r", "single"), "decode_tps_best", c.get("stream_generate_1r"), "decode_tps", 0.95)
-    add("1 rank: aggregate tok/s at c=8 vs in-process BatchGenerator(8)",
-        at(s.get("ours_1r"), 8), "aggregate_tps", c.get("batchgen_1r"), "aggregate_tps", 0.95)
-    add("1 rank: aggregate tok/s at c=8 vs mlx_lm.server",
-        at(s.get("ours_1r"), 8), "aggregate_tps", at(s.get("mlxlm_1r"), 8), "aggregate_tps", 1.0)
-    add("2 ranks: aggregate tok/s at c=8 vs in-process 2-rank BatchGenerator(8) (faster of with/without "
-        "per-step plan broadcast)",
-        at(s.get("ours_2r"), 8), "aggregate_tps", ceiling_2r(c), "aggregate_tps", 0.9)
-    add("2 ranks: aggregate tok/s at c=8 vs mlx_lm.server started the same way (stdin pipe)",
-        at(s.get("ours_2r"), 8), "aggregate_tps", at(s.get("mlxlm_2r_pipe"), 8), "aggregate_tps", 1.5)
-    pre = get(s, "ours_1r", "prefill")
-    if pre:
-        out.append({"target": f"TTFT of a {pre['short_prompt_tokens']}-token prompt during eight "
-                              f"{pre['long_prompt_tokens']}-token prefills / their TTFT",
-                    "ours": pre["short_ttft_s"], "reference": pre["long_ttft_p50_s"], "ratio": pre["ratio"],
-                    "goal": "< 0.333", "pass": pre["ratio"] < 1 / 3 if pre["short_sent_during_prefill"] else None,
-                    "noisy": pre.get("other_load_cores", 0.0) >= quiet})
-    idle = get(s, "ours_2r", "idle_cpu")
-    if idle:
-        worst = max(idle.items(), key=lambda kv: -1 if math.isnan(kv[1]) else kv[1])
-        out.append({"target": f"2 ranks idle: busiest process ({worst[0]}) % of one core", "ours": worst[1],
-                    "reference": None, "ratio": None, "goal": f"< {IDLE_TARGET:g} %", "pass": worst[1] < IDLE_TARGET,
-                    "noisy": False})
+    ours1, mlx1, ours2 = s.get("ours_1r"), s.get("mlxlm_1r"), s.get("ours_2r")
+    ratio("1 rank: single-stream decode tok/s, HTTP vs in-process mlx_lm.stream_generate",
+          get(ours1, "single"), "decode_tps_best", c.get("stream_generate_1r"), "decode_tps", 0.95)
+    ratio("1 rank: aggregate tok/s at c=8 vs in-process BatchGenerator(8)",
+          at(ours1, 8), "aggregate_tps", c.get("batchgen_1r"), "aggregate_tps", 0.97)
+    ratio("1 rank: aggregate tok/s at c=32 vs mlx_lm.server",
+          at(ours1, 32), "aggregate_tps", at(mlx1, 32), "aggregate_tps", 1.1)
+    ratio("1 rank: TTFT ms p50, one short request at a time, vs mlx_lm.server",
+          get(ours1, "ttft"), "ttft_p50_s", get(mlx1, "ttft"), "ttft_p50_s", 1.0, "<=", scale=1000.0)
+    ratio("2 ranks: aggregate tok/s at c=8 vs in-process 2-rank BatchGenerator(8) (faster of with/without "
+          "per-step plan broadcast)", at(ours2, 8), "aggregate_tps", ceiling_2r(c), "aggregate_tps", 0.95)
+    ratio("2 ranks: aggregate tok/s at c=8 vs mlx_lm.server started the same way (stdin pipe)",
+          at(ours2, 8), "aggregate_tps", at(s.get("mlxlm_2r_pipe"), 8), "aggregate_tps", 1.0)
+    ratio("2 ranks: single-stream decode tok/s, HTTP vs in-process 2-rank mlx_lm.stream_generate",
+          get(ours2, "single"), "decode_tps_best", c.get("stream_generate_2r"), "decode_tps", 0.9)
+    ranks, idle = next(((k, v) for k, v in s.items() if k.startswith("ours_") and "wake" in v), ("ours_4r", {}))
+    n = ranks.removeprefix("ours_").removesuffix("r")
+    cpu = idle.get("idle_cpu") or {}
+    if cpu:
+        worst = max(cpu.items(), key=lambda kv: kv[1] if _finite(kv[1]) else math.inf)
+        add(f"{n} ranks idle: busiest process ({worst[0]}), % of one core", worst[1], None, worst[1], IDLE_TARGET,
+            "<", False, " %")
+    else:
+        add(f"{n} ranks idle: busiest process, % of one core", None, None, None, IDLE_TARGET, "<", False, " %")
+    wake = idle.get("wake") or {}
+    add(f"{n} ranks: TTFT ms p50 after {num(wake.get('gap_s'), 'g')} s idle minus right after another request",
+        1000 * wake["cold_p50_s"] if wake else None, 1000 * wake["warm_p50_s"] if wake else None,
+        wake.get("diff_p50_ms"), WAKE_TARGET_MS, "<=", loaded(wake), " ms")
     return out
+
+
+def verdict(t: dict) -> str:
+    return "–" if t["pass"] is None else ("PASS" if t["pass"] else "MISS") + ("*" if t["noisy"] else "")
+
+
+def shown(t: dict) -> str:
+    """The checked value: a ratio, or a difference in ms, or a percentage."""
+    v = t["value"]
+    if not _finite(v):
+        return "–"
+    return f"{v:+.0f} ms" if t["unit"] == " ms" else f"{v:.1f} %" if t["unit"] == " %" else f"{v:.3f}"
 
 
 def markdown(res: dict) -> str:
@@ -106,26 +138,33 @@ def markdown(res: dict) -> str:
              f"greedy; our PREFILL_TOKENS_PER_STEP {m['prefill_tokens_per_step']}. `other load` = cores busy with processes "
              "outside this benchmark during the best run of a cell."]
 
-    sg = c.get("stream_generate_1r")
-    rows = [["mlx_lm.stream_generate (in-process)", str(len(get(sg, "runs", default=[]))),
-             both(get(sg, "decode_tps"), get(sg, "decode_tps_median")), num(get(sg, "e2e_tps")),
-             num(1000 * get(sg, "ttft_p50_s", default=math.nan), ".0f"), num(get(sg, "other_load_cores"), ".2f")]]
+    def stream_row(label: str, sg: dict | None) -> list[str]:
+        return [label, str(len(get(sg, "runs", default=[]))), both(get(sg, "decode_tps"), get(sg, "decode_tps_median")),
+                num(get(sg, "e2e_tps")), num(1000 * get(sg, "ttft_p50_s", default=math.nan), ".0f"),
+                num(get(sg, "other_load_cores"), ".2f")]
+
+    def http_row(key: str) -> list[str]:
+        r = get(s, key, "single")
+        return [f"{dict(SERVERS)[key]} (HTTP stream)", str(get(r, "requests", default="–")),
+                both(get(r, "decode_tps_best"), get(r, "decode_tps_p50")), num(get(r, "e2e_tps_p50")),
+                num(1000 * get(r, "ttft_p50_s", default=math.nan), ".0f"), num(get(r, "other_load_cores"), ".2f")]
+
+    rows = [stream_row("mlx_lm.stream_generate, 1 rank (in-process)", c.get("stream_generate_1r"))]
     b1 = c.get("batchgen1_1r")
     if b1:
-        rows.append(["mlx_lm BatchGenerator(1) (in-process; what both servers run)", str(len(b1["runs"])),
+        rows.append(["mlx_lm BatchGenerator(1), 1 rank (in-process; what both servers run)", str(len(b1["runs"])),
                      both(b1.get("decode_tps"), b1.get("decode_tps_median")), num(b1.get("aggregate_tps")), "–",
                      num(b1.get("other_load_cores"), ".2f")])
-    for key in ("ours_1r", "mlxlm_1r"):
-        r = get(s, key, "single")
-        rows.append([f"{dict(SERVERS)[key]} (HTTP stream)", str(get(r, "requests", default="–")),
-                     both(get(r, "decode_tps_best"), get(r, "decode_tps_p50")), num(get(r, "e2e_tps_p50")),
-                     num(1000 * get(r, "ttft_p50_s", default=math.nan), ".0f"), num(get(r, "other_load_cores"), ".2f")])
-    parts += ["### 1. Single stream, 1 rank",
+    rows += [http_row("ours_1r"), http_row("mlxlm_1r")]
+    if c.get("stream_generate_2r") or get(s, "ours_2r", "single"):
+        rows += [stream_row("mlx_lm.stream_generate, 2 ranks (in-process, sharded, under mlx.launch)",
+                            c.get("stream_generate_2r")), http_row("ours_2r")]
+    parts += ["### 1. Single stream",
               table(["", "runs", "decode tok/s best (median)", "end-to-end tok/s", "TTFT ms p50", "other load"],
                     rows)]
 
     rows = []
-    for key in ("ours_1r", "mlxlm_1r"):
+    for key in ("ours_1r", "mlxlm_1r", "ours_2r"):
         r = get(s, key, "ttft")
         if r:
             rows.append([dict(SERVERS)[key], str(r["requests"]), num(1000 * r["ttft_p50_s"], ".0f"),
@@ -211,21 +250,38 @@ def markdown(res: dict) -> str:
                           str(len(pre["errors"]))]])]
 
     rows = []
-    for key, label in SERVERS:
-        for proc, pct in (get(s, key, "idle_cpu") or {}).items():
-            rows.append([label, proc, num(pct, ".1f"), "PASS" if pct < IDLE_TARGET else "MISS"])
+    for key, label in IDLE_SERVERS:
+        e = s.get(key) or {}
+        window = e.get("idle_window_s")
+        for proc, pct in (e.get("idle_cpu") or {}).items():
+            how = f"{len(e['idle_cpu_windows'])} × {window:g} s" if window else "one window"
+            rows.append([label, proc, num(pct, ".1f"), how, "–" if not _finite(pct) else
+                         "PASS" if pct < IDLE_TARGET else "MISS"])
     if rows:
-        parts += ["### 7. Idle CPU (% of one core over the idle window, from /proc/<pid>/stat)",
-                  table(["server", "process", "% core", f"< {IDLE_TARGET:g} %"], rows)]
+        parts += [f"### 7. Idle CPU (% of one core over the idle windows, from /proc/<pid>/stat; each window "
+                  f"starts {m.get('idle_settle_s', 2.0):g} s after the last request ended)",
+                  table(["server", "process", "% core", "windows", f"< {IDLE_TARGET:g} %"], rows)]
 
-    rows = []
-    for t in targets(res):
-        verdict = "–" if t["pass"] is None else ("PASS" if t["pass"] else "MISS") + ("*" if t["noisy"] else "")
-        rows.append([t["target"], num(t["ours"], ".3g"), num(t["reference"], ".3g"), num(t["ratio"], ".3f"),
-                     t["goal"], verdict])
-    parts += ["### Targets (issue 3)", table(["target", "ours", "reference", "ratio", "goal", "result"], rows),
-              f"Best run against best run. `*`: other processes used ≥ {m.get('quiet_threshold', 0.5):g} cores "
-              "during one side's best run, so the ratio carries their noise; re-run on a quieter host."]
+    for key, label in IDLE_SERVERS:
+        w = get(s, key, "wake")
+        if not w:
+            continue
+        rows = [[f"after {w['gap_s']:g} s idle", str(len(w["cold_ttft_s"])), num(1000 * w["cold_p50_s"], ".1f"),
+                 num(1000 * w["cold_best_s"], ".1f"), " ".join(f"{1000 * x:.0f}" for x in w["cold_ttft_s"])],
+                ["right after another request ended", str(len(w["warm_ttft_s"])), num(1000 * w["warm_p50_s"], ".1f"),
+                 num(1000 * w["warm_best_s"], ".1f"), " ".join(f"{1000 * x:.0f}" for x in w["warm_ttft_s"])]]
+        parts += [f"### 8. First token after idle, {label} (short chat requests, `max_tokens` 4, one at a time)",
+                  table(["sent", "requests", "TTFT p50 ms", "best ms", "all ms"], rows),
+                  f"Difference: p50 {num(w['diff_p50_ms'], '+.1f')} ms, best {num(w['diff_best_ms'], '+.1f')} ms "
+                  f"(target: p50 ≤ {WAKE_TARGET_MS:g} ms); errors {w['error_count']}; other load "
+                  f"{num(w['other_load_cores'], '.2f')} cores (worst round)."]
+
+    rows = [[t["target"], num(t["ours"], ".3g"), num(t["reference"], ".3g"), shown(t), t["goal"], verdict(t)]
+            for t in targets(res)]
+    parts += ["### Targets", table(["target", "ours", "reference", "ratio or difference", "goal", "result"], rows),
+              f"Best run against best run (TTFT: p50 against p50). `*`: other processes used ≥ "
+              f"{m.get('quiet_threshold', 0.5):g} cores during one side's best run, so the result carries their "
+              "noise; re-run on a quieter host."]
 
     if res.get("failures"):
         parts += ["### Failed parts", "\n".join(f"- {k}: {v.splitlines()[0] if v else ''}"

@@ -1,4 +1,4 @@
-"""`python -m bench.run`: measure our server against mlx-lm on this machine, in one run (issue 3).
+"""`python -m bench.run`: measure our server against mlx-lm on this machine, in one run.
 
 Prints Markdown tables, writes bench/results/<timestamp>.json and a PNG plot next to it.
 See bench/README.md for what is measured and how to read it.
@@ -36,6 +36,8 @@ from bench.servers import (  # noqa: E402
 )
 
 MAX_REPS = 8
+# After a request ends, what the engine may still do before it counts as idle (the idle CPU window starts here).
+IDLE_SETTLE_S = 2.0
 TOPICS = ["the sea", "a red bicycle", "prime numbers", "bread", "the moon", "a lost key", "winter", "jazz",
           "volcanoes", "a small robot", "tea", "old maps", "trains", "owls", "the desert", "clocks"]
 
@@ -56,6 +58,10 @@ class Budget:
     min_seconds: float  # keep repeating a level (up to MAX_REPS) until it has run this long: tiny models
     idle_seconds: float
     idle_cpu_mlx_lm: bool
+    idle_ranks: int  # the idle part: ours on this many local ranks
+    idle_gap: float  # seconds of nothing before each first request after idle
+    idle_rounds: int  # gaps (each one a cold request, and an idle CPU window)
+    warm_per_round: int  # requests sent right after the cold one, each as soon as the previous ended
 
     def reps(self, c: int) -> int:
         return self.reps_at_8 if c == 8 else self.reps_at_32 if c >= 32 else self.reps_default
@@ -63,13 +69,14 @@ class Budget:
 
 def budget_for(args) -> Budget:
     if args.quick:
-        return Budget(max_tokens=args.max_tokens, single_runs=3, ttft_runs=10, levels_1r=[1, 8], levels_2r=[8],
+        return Budget(max_tokens=args.max_tokens, single_runs=3, ttft_runs=10, levels_1r=[1, 8, 32], levels_2r=[8],
                       reps_at_8=1, reps_default=1, reps_at_32=1, ceiling_repeats=1, min_seconds=3.0,
-                      idle_seconds=10.0,
-                      idle_cpu_mlx_lm=False)
+                      idle_seconds=10.0, idle_cpu_mlx_lm=False, idle_ranks=4, idle_gap=10.0, idle_rounds=3,
+                      warm_per_round=3)
     return Budget(max_tokens=args.max_tokens, single_runs=8, ttft_runs=30, levels_1r=[1, 4, 8, 16, 32],
                   levels_2r=[1, 4, 8, 16, 32], reps_at_8=3, reps_default=2, reps_at_32=1, ceiling_repeats=3,
-                  min_seconds=8.0, idle_seconds=10.0, idle_cpu_mlx_lm=True)
+                  min_seconds=8.0, idle_seconds=10.0, idle_cpu_mlx_lm=True, idle_ranks=4, idle_gap=20.0,
+                  idle_rounds=5, warm_per_round=4)
 
 
 class Bench:
@@ -77,10 +84,8 @@ class Bench:
         self.args, self.plan = args, plan
         self.work = Workdir()
         self.model_path, self.model_env = resolve_model(args.model, args.cache_dir)
-        config = json.loads((self.model_path / "config.json").read_text())
-        eos = config.get("eos_token_id")
-        self.eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.vocab = int(config.get("vocab_size", 1000))
+        self.eos = eos_token_ids(self.model_path)
+        self.vocab = int(json.loads((self.model_path / "config.json").read_text()).get("vocab_size", 1000))
         self.bias = {t: -100.0 for t in self.eos}
         self.counter = 0
         self.ours_settings = {"PREFILL_TOKENS_PER_STEP": str(args.prefill_tokens_per_step)}
@@ -106,15 +111,12 @@ class Bench:
                 "host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
                 "python": platform.python_version(), "mlx": version("mlx"), "mlx_lm": version("mlx-lm"),
                 "git": rev, "plan": self.plan.__dict__, "quiet_threshold": self.args.quiet_threshold,
-                "quiet_wait": self.args.quiet_wait}
+                "quiet_wait": self.args.quiet_wait, "idle_settle_s": IDLE_SETTLE_S}
 
     def prompts(self, n: int) -> list[str]:
         """Short, distinct user messages (distinct so no prompt cache can serve one from another)."""
-        out = []
-        for _ in range(n):
-            i = self.counter
-            self.counter += 1
-            out.append(f"Note {i}: write a few lines about {TOPICS[i % len(TOPICS)]}.")
+        out = [prompt(i) for i in range(self.counter, self.counter + n)]
+        self.counter += n
         return out
 
     def chat(self, n: int, model: str | None, max_tokens: int | None = None) -> list[clients.Request]:
@@ -206,14 +208,46 @@ class Bench:
             if extra is not None:
                 extra(server, entry)
             if idle:
-                time.sleep(2.0)
-                entry["idle_cpu"] = self.idle_cpu(server)
+                time.sleep(IDLE_SETTLE_S)
+                entry["idle_cpu"] = cpu.idle_cpu(server.processes(), self.plan.idle_seconds)
         finally:
             server.stop()
             self.running.remove(server)
 
-    def idle_cpu(self, server: Server) -> dict:
-        return cpu.idle_cpu(server.processes(), self.plan.idle_seconds)
+    def idle_wake(self) -> None:
+        """Ours on idle_ranks local ranks: each process's CPU while nothing is asked of it, and the time to
+        first token of a short request sent after idle_gap seconds of nothing against the same request sent
+        right after another one finished."""
+        p = self.plan
+        t0 = time.monotonic()
+        server = start_ours(self.work, self.model_env, self.args.cache_dir, p.idle_ranks, **self.ours_settings)
+        self.running.append(server)
+        entry = self.results["servers"].setdefault(f"ours_{p.idle_ranks}r", {})
+        entry.update(label=server.label, startup_s=time.monotonic() - t0)
+        try:
+            clients.load(server.base_url, self.chat(2, "default", 8), 2)  # warm-up
+            procs = server.processes()
+            windows, cold, warm, errors, loads = [], [], [], [], []
+            for _ in range(p.idle_rounds):
+                # The gap starts as the last request ends; past IDLE_SETTLE_S it is the idle CPU window.
+                time.sleep(IDLE_SETTLE_S)
+                windows.append(cpu.idle_cpu(procs, p.idle_gap - IDLE_SETTLE_S))
+                load = cpu.HostLoad()
+                # One closed-loop client: the first request ends the gap, each next one leaves as the one
+                # before it ends (warm). A fresh connection for the first, kept-alive ones for the rest.
+                r = clients.load(server.base_url, self.chat(1 + p.warm_per_round, "default", 4), 1)
+                loads.append(load.foreign_cores())
+                errors += r.errors
+                samples = sorted(r.samples, key=lambda x: x.sent)
+                cold += [x.ttft for x in samples[:1] if x.ok]
+                warm += [x.ttft for x in samples[1:] if x.ok]
+            entry["idle_cpu"] = {name: sum(w[name] for w in windows) / len(windows) for name in procs}
+            entry["idle_cpu_windows"] = windows
+            entry["idle_window_s"] = p.idle_gap - IDLE_SETTLE_S
+            entry["wake"] = wake_summary(cold, warm, p.idle_gap, errors, max(loads))
+        finally:
+            server.stop()
+            self.running.remove(server)
 
     def prefill_interference(self, server: Server, entry: dict) -> None:
         """TTFT of a 30-token prompt sent while eight 1000-token prompts prefill, vs theirs."""
@@ -298,15 +332,19 @@ class Bench:
         plan_cmd = [PYTHON, "-m", "bench.plan_cost", "--calls", "2000", "--buffer-bytes", "4096"]
         self.section("2 ranks: plan broadcast cost", lambda: self.results.__setitem__(
             "plan_cost", self.measure(lambda: run_launched(self.work, "plan-cost", 2, plan_cmd, 300)[0])))
+        self.section("2 ranks: stream_generate ceiling",
+                     ceiling("stream_generate_2r", "ceil-stream2", True,
+                             ceil + ["stream", "--prompts", stream_prompts] + common))
         self.section("2 ranks: ours", lambda: self.serve(
             "ours_2r", lambda: start_ours(self.work, self.model_env, self.args.cache_dir, 2, **self.ours_settings),
-            p.levels_2r, single=False, idle=True))
+            p.levels_2r, single=True, idle=True))
         self.section("2 ranks: mlx_lm.server (stdin pipe)", lambda: self.serve(
             "mlxlm_2r_pipe", lambda: start_mlx_lm(self.work, path, 2, stdin_fix=True), p.levels_2r,
             single=False, idle=p.idle_cpu_mlx_lm))
         self.section("2 ranks: mlx_lm.server (plain)", lambda: self.serve(
             "mlxlm_2r_plain", lambda: start_mlx_lm(self.work, path, 2, stdin_fix=False), [8],
             single=False, idle=p.idle_cpu_mlx_lm))
+        self.section(f"{p.idle_ranks} ranks: ours idle, and the first token after idle", self.idle_wake)
         self.results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         self.results["meta"]["quiet_wait_s"] = self.quiet_waits
         self.results["meta"]["model"] = m
@@ -320,10 +358,33 @@ class Bench:
 INTERRUPTED = False
 
 
+def wake_summary(cold: list[float], warm: list[float], gap: float, errors: list[str], other_load: float) -> dict:
+    """TTFT after an idle gap against warm TTFT (seconds in, medians and bests out, differences in ms)."""
+    def best(xs: list[float]) -> float:
+        return min(xs, default=math.nan)
+
+    cold_p50, warm_p50 = clients.percentile(cold, 50), clients.percentile(warm, 50)
+    return {"gap_s": gap, "cold_ttft_s": cold, "warm_ttft_s": warm, "cold_p50_s": cold_p50, "warm_p50_s": warm_p50,
+            "cold_best_s": best(cold), "warm_best_s": best(warm), "diff_p50_ms": 1000 * (cold_p50 - warm_p50),
+            "diff_best_ms": 1000 * (best(cold) - best(warm)), "errors": errors[:3], "error_count": len(errors),
+            "other_load_cores": other_load}
+
+
 def interrupt(signum, frame):
     global INTERRUPTED
     INTERRUPTED = True
     raise KeyboardInterrupt
+
+
+def eos_token_ids(model_path: Path) -> list[int]:
+    """The model's EOS ids (config.json's eos_token_id): the benchmarks suppress them with logit_bias."""
+    eos = json.loads((model_path / "config.json").read_text()).get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def prompt(i: int) -> str:
+    """The i-th short user message; distinct ones, so no prompt cache can serve one from another."""
+    return f"Note {i}: write a few lines about {TOPICS[i % len(TOPICS)]}."
 
 
 def resolve_model(name: str, cache_dir: Path) -> tuple[Path, str]:
