@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -236,6 +238,26 @@ async def _load(base_url: str, requests: list[Request], concurrency: int, timeou
 def load(base_url: str, requests: list[Request], concurrency: int, timeout: float = 600.0) -> LoadResult:
     """Closed loop: `concurrency` workers send the requests, each as soon as its previous one ended."""
     return asyncio.run(_load(base_url, requests, concurrency, timeout))
+
+
+async def _steady(base_url: str, make: Callable[[], Request], concurrency: int, stop: threading.Event,
+                  timeout: float) -> list[Sample]:
+    samples: list[Sample] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            samples.append(await stream_one(client, base_url, make()))
+
+    async with _client(concurrency, timeout) as client:
+        await asyncio.wait_for(asyncio.gather(*(worker(client) for _ in range(concurrency))), timeout)
+    return samples
+
+
+def steady(base_url: str, make: Callable[[], Request], concurrency: int, stop: threading.Event,
+           timeout: float = 3600.0) -> list[Sample]:
+    """Closed loop until stop is set: `concurrency` workers each send make()'s next request as soon as their
+    previous one ended (the requests under way when stop is set still run to their end)."""
+    return asyncio.run(_steady(base_url, make, concurrency, stop, timeout))
 
 
 async def _waves(base_url: str, waves: list[tuple[float, list[Request]]], timeout: float) -> list[list[Sample]]:

@@ -24,6 +24,31 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def thread_seconds(pid: int) -> dict[int, float]:
+    """utime + stime of each live thread of a process: tid -> seconds (empty when the process is gone)."""
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        fields = text[text.rindex(")") + 2 :].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def thread_comm(pid: int, tid: int) -> str:
+    """The kernel's name of a thread (what prctl/pthread_setname_np set; else the program's name)."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
 def command(pid: int) -> str:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
