@@ -32,6 +32,7 @@ from bench.servers import PYTHON, REPO, Server, Workdir, start_ours  # noqa: E40
 ATTACH_S = 0.5  # py-spy's time to attach before the window opens
 NATIVE_ENGINE = "native (MLX compute / collective)"
 SHOWN_CPU_SHARE = 0.005  # threads under this share of one core are pooled into one row per process
+THREAD_ORDER = {"MainThread": 0, "engine-socket": 1}  # in the tables, then the others by name
 
 
 def py_spy() -> str | None:
@@ -207,18 +208,18 @@ def markdown(meta: dict, windows: list[dict]) -> str:
                      f"{w['window_s']:.1f} s ({num(w['tokens_per_s'])} tok/s, from {w['tokens_from']}); "
                      f"other load {w['other_load_cores']:.2f} cores; {w['errors']} errors")
         spy_note = ", ".join(f"{p} {100 * v:.0f} %" for p, v in w["py_spy_cpu_share"].items())
-        rows, pooled = [], {}
-        for r in sorted(w["threads"], key=lambda r: (r["process"], -r["cpu_s"])):
-            if r["core_share"] >= SHOWN_CPU_SHARE:
-                rows.append([r["process"], r["thread"], str(r["tid"]), num(r["cpu_ms_per_token"], ".3f"),
-                             num(100 * r["core_share"], ".1f")])
-            else:
-                n, ms, share = pooled.get(r["process"], (0, 0.0, 0.0))
-                pooled[r["process"]] = (n + 1, ms + r["cpu_ms_per_token"], share + r["core_share"])
-        rows += [[p, f"{n} other threads (< {100 * SHOWN_CPU_SHARE:g} % each)", "", num(ms, ".3f"),
-                  num(100 * sh, ".1f")] for p, (n, ms, sh) in sorted(pooled.items())]
-        rows += [[p, "**all threads**", "", f"**{num(ms, '.3f')}**", ""]
-                 for p, ms in sorted(w["process_cpu_ms_per_token"].items())]
+        rows = []
+        for proc in sorted(w["process_cpu_ms_per_token"]):
+            mine = sorted((r for r in w["threads"] if r["process"] == proc), key=lambda r: -r["cpu_s"])
+            small = [r for r in mine if r["core_share"] < SHOWN_CPU_SHARE]
+            rows += [[proc, r["thread"], str(r["tid"]), num(r["cpu_ms_per_token"], ".3f"),
+                      num(100 * r["core_share"], ".1f")] for r in mine if r["core_share"] >= SHOWN_CPU_SHARE]
+            if small:
+                rows.append([proc, f"{len(small)} other threads (< {100 * SHOWN_CPU_SHARE:g} % each)", "",
+                             num(sum(r["cpu_ms_per_token"] for r in small), ".3f"),
+                             num(100 * sum(r["core_share"] for r in small), ".1f")])
+            rows.append([proc, "**all threads**", "", f"**{num(w['process_cpu_ms_per_token'][proc], '.3f')}**",
+                         f"**{num(100 * sum(r['core_share'] for r in mine), '.1f')}**"])
         parts += [f"CPU by thread over the window (/proc/<pid>/task/<tid>/stat; names from `py-spy dump`); "
                   f"py-spy itself used {spy_note or 'nothing'} of a core:",
                   table(["process", "thread", "tid", "CPU ms / token", "% of one core"], rows)]
@@ -227,7 +228,7 @@ def markdown(meta: dict, windows: list[dict]) -> str:
                 parts.append(f"No py-spy profile of {proc}: {prof['missing']}")
                 continue
             rows = []
-            for thread, d in prof["threads"].items():
+            for thread, d in sorted(prof["threads"].items(), key=lambda kv: (THREAD_ORDER.get(kv[0], 9), kv[0])):
                 if all(c in d["waiting"] for c in d["categories"]):
                     continue  # a thread that only waited: nothing to split
                 for cat, k in d["categories"].items():
@@ -236,9 +237,10 @@ def markdown(meta: dict, windows: list[dict]) -> str:
                     rows.append([label, cat, num(100 * k / d["samples"], ".1f"), num(ms, ".3f")])
             main = prof["threads"].get("MainThread", {}).get("samples", 0)
             hz = main / (w["window_s"] + ATTACH_S)
+            behind = ": py-spy fell behind (a busy host)" if hz < 0.9 * prof["rate"] else ""
             parts += [f"{proc}: each thread's samples by category (`{Path(prof['raw']).name}`; {main} samples per "
-                      f"thread, ≈ {hz:.0f} Hz of the {prof['rate']} asked: py-spy falls behind on a busy host; "
-                      f"{prof['read_errors']} failed reads); wall ms per token = share × window / tokens:",
+                      f"thread, ≈ {hz:.0f} Hz of the {prof['rate']} asked{behind}; {prof['read_errors']} failed "
+                      "reads); wall ms per token = share × window / tokens:",
                       table(["thread", "category", "% of its samples", "wall ms / token"], rows)]
             busy = sum(k for _, _, k in prof["leaves"]) or 1
             parts += [f"{proc}: top {len(prof['leaves'])} leaf functions (samples in waiting categories left out):",

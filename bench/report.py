@@ -276,7 +276,10 @@ def markdown(res: dict) -> str:
                   f"(target: p50 ≤ {WAKE_TARGET_MS:g} ms); errors {w['error_count']}; other load "
                   f"{num(w['other_load_cores'], '.2f')} cores (worst round)."]
 
-    rows = [[t["target"], num(t["ours"], ".3g"), num(t["reference"], ".3g"), shown(t), t["goal"], verdict(t)]
+    def short(x) -> str:  # 3 significant digits, without an exponent for the ms of a slow TTFT
+        return num(x, ".0f" if _finite(x) and abs(x) >= 1000 else ".3g")
+
+    rows = [[t["target"], short(t["ours"]), short(t["reference"]), shown(t), t["goal"], verdict(t)]
             for t in targets(res)]
     parts += ["### Targets", table(["target", "ours", "reference", "ratio or difference", "goal", "result"], rows),
               f"Best run against best run (TTFT: p50 against p50). `*`: other processes used ≥ "
