@@ -138,12 +138,14 @@ WAITING = Rule("waiting (selector, queue, condition, sleep)", functions=_WAITS, 
 ENGINE_MAIN = [
     Rule("forward step (mlx-lm BatchGenerator.next)",
          functions=("BatchGenerator.next", "BatchGenerator._next", "BatchGenerator.next_generated")),
-    Rule("plan broadcast / meeting (PlanChannel, all_sum)", functions=("PlanChannel.", "StepLoop._broadcast")),
+    Rule("plan broadcast / meeting (PlanChannel, all_sum, doorbell)",
+         functions=("PlanChannel.", "StepLoop._broadcast", "StepLoop._post", "StepLoop._collect", "Doorbell.")),
     Rule("scheduler output work (Scheduler.absorb and below)", functions=("Scheduler.absorb",)),
     Rule("apply plan (LockstepBatch.apply)", functions=("LockstepBatch.apply",)),
     Rule("socket hand-off (EngineServer.post)", functions=("EngineServer.post",)),
     Rule("plan making (StepLoop._next_plan)", functions=("StepLoop._next_plan",)),
     Rule("waiting for requests (StepLoop._drain_inbound)", functions=("StepLoop._drain_inbound",), waiting=True),
+    Rule("waiting for rank 0 (follower's doorbell)", functions=("StepLoop._sleep", "Bell."), waiting=True),
     Rule("step bookkeeping (LockstepBatch.step outside BatchGenerator.next)", functions=("LockstepBatch.step",)),
 ]
 ENGINE_SOCKET = [

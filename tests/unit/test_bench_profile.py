@@ -19,6 +19,7 @@ RAW = "\n".join([
            "PlanChannel.broadcast (engine/lockstep/channel.py:52);send (engine/lockstep/plan.py:116);"
            "PlanChannel.all_sum (engine/lockstep/channel.py:30) 8",
     LOOP + ";EngineServer.post (engine/rank0/server.py:86) 2",
+    LOOP + ";Doorbell.ring (engine/lockstep/doorbell.py:82) 2",
     LOOP + ";StepLoop._drain_inbound (engine/lockstep/loop.py:181) 15",
     # a truncated stack (py-spy read it while it changed): still somewhere
     "thread (100): MainThread;socket.__repr__ (socket.py:271) 1",
@@ -40,7 +41,7 @@ RAW = "\n".join([
 
 def test_a_raw_profile_parses_into_threads_frames_and_counts():
     parsed = stacks.parse_raw(RAW)
-    assert len(parsed) == 12 and sum(s.count for s in parsed) == 403
+    assert len(parsed) == 13 and sum(s.count for s in parsed) == 405
     first = parsed[0]
     assert (first.tid, first.thread, first.count) == (100, "MainThread", 60)
     assert first.frames[0] == stacks.Frame("_run_module_as_main", "<frozen runpy>")
@@ -50,10 +51,10 @@ def test_a_raw_profile_parses_into_threads_frames_and_counts():
 def test_the_engine_main_thread_splits_into_the_loop_s_parts():
     threads = stacks.shares(stacks.parse_raw(RAW), stacks.engine_rules)
     main = threads["MainThread"]
-    assert main["samples"] == 101 and main["threads"] == 1
+    assert main["samples"] == 103 and main["threads"] == 1
     assert main["categories"] == {
         "forward step (mlx-lm BatchGenerator.next)": 60,
-        "plan broadcast / meeting (PlanChannel, all_sum)": 8,
+        "plan broadcast / meeting (PlanChannel, all_sum, doorbell)": 10,  # waking the followers included
         "scheduler output work (Scheduler.absorb and below)": 10,
         "socket hand-off (EngineServer.post)": 2,
         "waiting for requests (StepLoop._drain_inbound)": 15,
