@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import math
-import shutil
 import signal
 import sys
 import time
@@ -27,7 +26,7 @@ from bench import cpu  # noqa: E402
 from bench.clients import percentile  # noqa: E402
 from bench.report import num, table  # noqa: E402
 from bench.run import resolve_model  # noqa: E402
-from bench.servers import REPO, Server, Workdir, start_ours  # noqa: E402
+from bench.servers import REPO, Server, Workdir, shown, start_ours  # noqa: E402
 
 TURN2_TARGET = 0.2  # cached turn 2 TTFT over the same turn with nothing cached
 COMPUTED_TARGET = 0.25  # prompt tokens computed over prompt tokens received, N sessions
@@ -430,15 +429,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench import agent_plot
 
         agent_plot.write(res, png)
-        print(f"\nPlot: {png.relative_to(REPO) if png.is_relative_to(REPO) else png}")
+        print(f"\nPlot: {shown(png)}")
     except ImportError:
         print("\n(no plot: `pip install matplotlib` or `pip install -e '.[bench]'`)")
-    print(f"Results: {json_path.relative_to(REPO) if json_path.is_relative_to(REPO) else json_path}")
+    print(f"Results: {shown(json_path)}")
     print(f"Wall time: {res['meta']['wall_s'] / 60:.1f} min")
-    if args.keep_logs:
-        print(f"Logs: {work.root}")
-    else:
-        shutil.rmtree(work.root, ignore_errors=True)
+    work.finish(keep=args.keep_logs)
     return 0
 
 

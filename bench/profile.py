@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # `python bench/profile.py`: the repository, not 
 from bench import clients, cpu, stacks  # noqa: E402
 from bench.report import num, table  # noqa: E402
 from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
-from bench.servers import PYTHON, REPO, Server, Workdir, start_ours  # noqa: E402
+from bench.servers import PYTHON, REPO, Server, Workdir, shown, start_ours  # noqa: E402
 
 ATTACH_S = 0.5  # py-spy's time to attach before the window opens
 NATIVE_ENGINE = "native (MLX compute / collective)"
@@ -324,11 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(meta, windows))
     for k, v in failures.items():
         print(f"\n{k} FAILED: {first_line(v)}")
-    print(f"\nProfiles and JSON: {out_dir.relative_to(REPO) if out_dir.is_relative_to(REPO) else out_dir}")
-    if args.keep_logs or failures:
-        print(f"Logs: {work.root}")
-    else:
-        shutil.rmtree(work.root, ignore_errors=True)
+    print(f"\nProfiles and JSON: {shown(out_dir)}")
+    work.finish(keep=args.keep_logs or bool(failures))
     return 0
 
 

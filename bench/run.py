@@ -12,7 +12,6 @@ import math
 import os
 import platform
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from bench.servers import (  # noqa: E402
     Workdir,
     run_launched,
     run_local,
+    shown,
     start_mlx_lm,
     start_ours,
 )
@@ -442,14 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench import plot
 
         plot.write(results, png)
-        print(f"\nPlot: {png.relative_to(REPO) if png.is_relative_to(REPO) else png}")
+        print(f"\nPlot: {shown(png)}")
     except ImportError:
         print("\n(no plot: `pip install matplotlib` or `pip install -e '.[bench]'`)")
-    print(f"Results: {json_path.relative_to(REPO) if json_path.is_relative_to(REPO) else json_path}")
-    if not args.keep_logs and not results.get("failures"):
-        shutil.rmtree(bench.work.root, ignore_errors=True)
-    else:
-        print(f"Logs: {bench.work.root}")
+    print(f"Results: {shown(json_path)}")
+    bench.work.finish(keep=args.keep_logs or bool(results.get("failures")))
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,6 +119,18 @@ class Workdir:
 
     def log(self, name: str) -> Path:
         return self.root / f"{name}-{time.strftime('%H%M%S')}.log"
+
+    def finish(self, keep: bool) -> None:
+        """At the end of a run: print where the logs are when kept, else remove them."""
+        if keep:
+            print(f"Logs: {self.root}")
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def shown(path: Path) -> Path:
+    """A path as printed: relative to the repository when inside it."""
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 
 def start_ours(work: Workdir, model: str, cache_dir: Path, ranks: int, timeout: float = 300.0,
