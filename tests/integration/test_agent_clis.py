@@ -8,6 +8,7 @@ and these tests install them when npm is present and they are missing.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -60,11 +61,23 @@ def _agent_env(home: Path, **more: str) -> dict[str, str]:
 
 
 def test_claude_code_prints_the_models_answer(clis, stack, model, tmp_path):
+    # The demo model's answer depends on Claude Code's prompt, which names the date and the working
+    # directory: it may be only whitespace or an end-of-sequence token. So read the result as JSON,
+    # which says whether the turn succeeded and how many tokens the model produced, whatever they were.
     env = _agent_env(tmp_path, ANTHROPIC_BASE_URL=stack.base_url, ANTHROPIC_AUTH_TOKEN="unused",
                      DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
-    r = _run([str(clis / "claude"), "-p", "Say hello in one word.", "--model", model], env, tmp_path)
+    r = _run([str(clis / "claude"), "-p", "Say hello in one word.", "--model", model, "--output-format", "json"],
+             env, tmp_path)
     assert r.returncode == 0, f"claude exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert r.stdout.strip(), f"claude printed nothing; stderr:\n{r.stderr[-3000:]}"
+    try:
+        result = json.loads(r.stdout)
+    except ValueError:
+        raise AssertionError(f"claude printed no JSON result:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}") from None
+    assert result.get("type") == "result" and result.get("subtype") == "success", result
+    assert result.get("is_error") is False, result
+    assert isinstance(result.get("result"), str), result
+    assert result["usage"]["output_tokens"] >= 1, f"claude saw no tokens from the model: {result}"
+    assert result["usage"]["input_tokens"] + result["usage"].get("cache_read_input_tokens", 0) > 1000, result
     assert any(" 200 " in line for line in _served(stack, "/v1/messages")), "no /v1/messages request succeeded"
 
 
