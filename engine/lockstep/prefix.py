@@ -11,7 +11,7 @@ import copy
 import logging
 from typing import Any
 
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,16 @@ def cache_length(cache: list[Any]) -> int:
 
 def cache_nbytes(cache: list[Any]) -> int:
     return int(sum(c.nbytes for c in cache))
+
+
+def _first_tokens(cache: KVCache, length: int) -> KVCache:
+    """A new KVCache holding the first `length` tokens of cache. MLX arrays are values: the slices are new
+    arrays, and extending the copy never writes into the entry's buffers (the batch merges it into its own)."""
+    out = KVCache()
+    out.keys = cache.keys[..., :length, :]
+    out.values = cache.values[..., :length, :]
+    out.offset = length
+    return out
 
 
 class PrefixEntries:
@@ -54,8 +64,13 @@ class PrefixEntries:
         self.entries[entry] = cache
 
     def take(self, entry: int, length: int) -> list[Any]:
-        """A private copy of the entry's first `length` tokens, for a new sequence to extend."""
-        cache = copy.deepcopy(self.entries[entry])
+        """A private copy of the entry's first `length` tokens, for a new sequence to extend. Plain KV caches
+        copy only those tokens (reusing a short prefix of a long conversation costs the prefix, not the
+        conversation); other kinds are copied whole and trimmed."""
+        held = self.entries[entry]
+        if all(type(c) is KVCache and c.keys is not None for c in held):
+            return [_first_tokens(c, length) for c in held]
+        cache = copy.deepcopy(held)
         extra = cache_length(cache) - length
         if extra > 0:
             trim_prompt_cache(cache, extra)

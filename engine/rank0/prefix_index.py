@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
-# Reusing fewer tokens than this is not worth copying an entry.
-MIN_REUSE_TOKENS = 32
+# Shorter prefixes are neither reused nor stored. Reusing costs a copy of the tokens reused
+# (engine/lockstep/prefix.py), far less than computing them, so even a chat template's first few tokens
+# pay; below this, the entries would only crowd the index.
+MIN_REUSE_TOKENS = 4
 _WIDTH = array("I").itemsize
 # A new entry supersedes the one its sequence started from when it left at most this many of its tokens
 # unused (or a quarter of them): the tail of the last answer, re-tokenised differently.

@@ -64,6 +64,17 @@ def test_turn_two_reuses_turn_one_and_answers_the_same(cached, uncached):
     assert two["usage"]["prompt_tokens"] == reference["usage"]["prompt_tokens"]
 
 
+def test_short_chats_reuse_the_template_header_and_answer_the_same(cached, uncached):
+    # No system prompt: two different one-line questions share only the chat template's first tokens. Those
+    # come from the first one's entry, and the second answers exactly as it does without the cache.
+    base = cached.base_url
+    chat(base, [{"role": "user", "content": "Note 1: a few lines about bread."}])
+    two = chat(base, [{"role": "user", "content": "Note 2: a few lines about the moon."}])
+    assert two["usage"]["prompt_tokens_details"]["cached_tokens"] >= 4
+    reference = chat(uncached, [{"role": "user", "content": "Note 2: a few lines about the moon."}])
+    assert two["choices"][0]["message"]["content"] == reference["choices"][0]["message"]["content"]
+
+
 def test_sixteen_concurrent_requests_sharing_a_system_prompt_answer_as_without_the_cache(cached, uncached):
     questions = [f"Question {i}: which rule mentions file {i}.py?" for i in range(16)]
 

@@ -99,7 +99,7 @@ def test_the_last_prompt_token_is_always_computed():
 
 def test_short_prompts_neither_reuse_nor_store():
     sched = make(10**9)
-    short = list(range(MIN_REUSE_TOKENS - 5))
+    short = list(range(MIN_REUSE_TOKENS - 2))
     _, _, stored = run(sched, "a", short, [5, EOS])
     assert not stored.stores and not sched.prefix.entries
 
