@@ -1,0 +1,217 @@
+"""`python -m bench.interleaved`: one request at a time, taking turns, so every ratio is paired.
+
+bench/run.py measures each server in its own part, minutes apart; on a shared machine whose speed
+drifts by 20-40 % over minutes, that noise lands in the ratios. Here everything runs at once and
+takes turns, round after round, with the same prompt in each round:
+
+- in-process `mlx_lm.stream_generate` (this process holds the model; the single-stream ceiling),
+- our server through HTTP (the API and one engine rank),
+- our engine through its Unix socket, without the API (what the HTTP layer costs, by difference),
+- `mlx_lm.server` through HTTP.
+
+Two kinds of rounds: decode (max_tokens 128, EOS suppressed; decode tok/s between the first and last
+token) and first token (max_tokens 4; ms to the first token with text). Each ratio is the median of
+the per-round ratios. Prompts are bench/run.py's: short, distinct, one after the other, so a prompt
+cache can only reuse the chat template's first tokens, as with real traffic.
+
+    python -m bench.interleaved --model demo-small --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import anyio  # noqa: E402
+import httpx  # noqa: E402
+
+from bench import clients, cpu, servers  # noqa: E402
+from bench.ceilings import chat_tokens  # noqa: E402
+from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
+
+SIDES = ["stream_generate", "ours (HTTP)", "ours (engine socket)", "mlx_lm.server"]
+
+
+def paired(rounds: list[dict[str, float]], num: str, den: str) -> float:
+    """The median over rounds of num/den, from rounds where both were measured."""
+    ratios = [r[num] / r[den] for r in rounds if r.get(num) and r.get(den)]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def table(kind: str, unit: str, rounds: list[dict[str, float]], scale: float = 1.0) -> str:
+    lines = [f"| {kind} | best | median | per round |", "|---|---|---|---|"]
+    for side in SIDES:
+        vals = [r[side] * scale for r in rounds if r.get(side)]
+        if not vals:
+            continue
+        best = min(vals) if unit == "ms" else max(vals)
+        lines.append(f"| {side} | {best:.1f} {unit} | {statistics.median(vals):.1f} {unit} | "
+                     + ", ".join(f"{v:.1f}" for v in vals) + " |")
+    return "\n".join(lines)
+
+
+class Sides:
+    """Everything measured, loaded and started once; each method times one request."""
+
+    def __init__(self, model_path: Path, model_name: str, cache_dir: Path, work: servers.Workdir):
+        from mlx_lm import load
+
+        self.model, self.tokenizer = load(str(model_path))
+        self.bias = {t: -100.0 for t in eos_token_ids(model_path)}
+        self.ours = servers.start_ours(work, model_name, cache_dir, 1)
+        try:
+            self.mlx_lm = servers.start_mlx_lm(work, model_path, 1)
+        except BaseException:
+            self.ours.stop()
+            raise
+        self.socket = str(work.root / f"{self.ours.base_url.rsplit(':', 1)[1]}.sock")
+        self.http = httpx.Client(timeout=600)
+        try:
+            self.model_id = self.http.get(self.ours.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        self.http.close()
+        self.ours.stop()
+        self.mlx_lm.stop()
+
+    def in_process(self, content: str, n: int) -> tuple[float, float]:
+        """(first-token seconds, decode tok/s) of mlx_lm.stream_generate."""
+        from mlx_lm import stream_generate
+        from mlx_lm.sample_utils import make_logits_processors
+
+        t0, times = time.perf_counter(), []
+        for _ in stream_generate(self.model, self.tokenizer, chat_tokens(self.tokenizer, content), max_tokens=n,
+                                 logits_processors=make_logits_processors(logit_bias=self.bias)):
+            times.append(time.perf_counter())
+        return times[0] - t0, _rate(len(times), times)
+
+    def over_http(self, base_url: str, content: str, n: int, model: str | None) -> tuple[float, float]:
+        body = clients.chat(content, n, self.bias, model).body
+        t0, times, tokens = time.perf_counter(), [], 0
+        with self.http.stream("POST", base_url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"{base_url}: HTTP {r.status_code}: {r.read()[:300]!r}")
+            for line in r.iter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                obj = json.loads(line[5:])
+                if clients._text(obj):
+                    times.append(time.perf_counter())
+                if obj.get("usage"):
+                    tokens = int(obj["usage"]["completion_tokens"])
+        if not times or tokens < n:
+            raise RuntimeError(f"{base_url}: {tokens} of {n} tokens")
+        return times[0] - t0, _rate(tokens, times)
+
+    def over_socket(self, content: str, n: int) -> tuple[float, float]:
+        """Our engine alone: the API's own protocol on the Unix socket, timed per Delta."""
+        from ipc import Delta, Error, Finish, Generate, SamplingParams
+        from ipc.connection import connect
+
+        async def go() -> tuple[float, float]:
+            t0 = time.perf_counter()
+            conn = await connect(self.socket, client="bench")
+            marks: list[tuple[float, int]] = []
+            try:
+                await conn.send(Generate(request_id=f"bench-{time.monotonic_ns()}", kind="chat",
+                                         params=SamplingParams(max_tokens=n, temperature=0.0, logit_bias=self.bias),
+                                         messages=[{"role": "user", "content": content}]))
+                while True:
+                    msg = await conn.recv()
+                    if isinstance(msg, Error):
+                        raise RuntimeError(f"engine: {msg.message}")
+                    if isinstance(msg, Delta | Finish) and (msg.text or isinstance(msg, Finish)):
+                        marks.append((time.perf_counter(), msg.completion_tokens))
+                    if isinstance(msg, Finish):
+                        break
+            finally:
+                await conn.aclose()
+            (first, k0), (last, k1) = marks[0], marks[-1]
+            return first - t0, (k1 - k0) / (last - first) if last > first else float("nan")
+
+        return anyio.run(go)
+
+
+def _rate(tokens: int, times: list[float]) -> float:
+    """Decode tok/s: the tokens after the first over the time from the first to the last one with text."""
+    return (tokens - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
+
+
+def measure(sides: Sides, rounds: int, max_tokens: int, quiet: float) -> dict:
+    def one(content: str, n: int) -> dict[str, tuple[float, float]]:
+        cpu.wait_quiet(0.25, quiet)
+        return {"stream_generate": sides.in_process(content, n),
+                "ours (HTTP)": sides.over_http(sides.ours.base_url, content, n, sides.model_id),
+                "ours (engine socket)": sides.over_socket(content, n),
+                "mlx_lm.server": sides.over_http(sides.mlx_lm.base_url, content, n, None)}
+
+    one(prompt(10_000), 8)  # warm every side up
+    decode, first = [], []
+    for i in range(rounds):
+        d = one(prompt(2 * i), max_tokens)
+        decode.append({k: v[1] for k, v in d.items()})
+        f = one(prompt(2 * i + 1), 4)
+        first.append({k: v[0] for k, v in f.items()})
+        print(f"round {i + 1}/{rounds}: decode tok/s " + ", ".join(f"{k} {v:.1f}" for k, v in decode[-1].items())
+              + "; first token ms " + ", ".join(f"{k} {1000 * v:.0f}" for k, v in first[-1].items()),
+              file=sys.stderr, flush=True)
+    return {"decode": decode, "first_token": first}
+
+
+def report(res: dict) -> str:
+    d, f = res["decode"], res["first_token"]
+    out = [table("decode, one stream", "tok/s", d), "", table("first token", "ms", f, 1000.0), "",
+           "| paired ratio (median over rounds) | value |", "|---|---|"]
+    for label, rounds, num, den in [
+        ("decode: ours (HTTP) / stream_generate", d, "ours (HTTP)", "stream_generate"),
+        ("decode: ours (engine socket) / stream_generate", d, "ours (engine socket)", "stream_generate"),
+        ("decode: ours (HTTP) / mlx_lm.server", d, "ours (HTTP)", "mlx_lm.server"),
+        ("first token: ours (HTTP) / mlx_lm.server", f, "ours (HTTP)", "mlx_lm.server"),
+        ("first token: ours (HTTP) / stream_generate", f, "ours (HTTP)", "stream_generate"),
+    ]:
+        out.append(f"| {label} | {paired(rounds, num, den):.3f} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="demo-small", help="demo-tiny, demo-small, or a local MLX model folder")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--quiet-wait", type=float, default=20.0,
+                        help="before each round wait up to this many seconds for other processes to go quiet")
+    parser.add_argument("--cache-dir", type=Path, default=servers.REPO / ".cache" / "models")
+    parser.add_argument("--out", type=Path, default=servers.REPO / "bench" / "results")
+    args = parser.parse_args()
+    model_path, model_name = resolve_model(args.model, args.cache_dir)
+    work = servers.Workdir()
+    sides = None
+    try:
+        sides = Sides(model_path, model_name, args.cache_dir, work)
+        res = measure(sides, args.rounds, args.max_tokens, args.quiet_wait)
+    finally:
+        if sides is not None:
+            sides.stop()
+        work.finish(False)
+    text = report(res)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-interleaved-{args.model.replace('/', '_')}.json"
+    path.write_text(json.dumps({"model": args.model, "rounds": args.rounds, "max_tokens": args.max_tokens, **res},
+                               indent=1))
+    print(f"\nResults: {servers.shown(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

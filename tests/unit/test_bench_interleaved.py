@@ -1,0 +1,31 @@
+"""bench/interleaved.py's summary: ratios paired round by round, and the tables a reader sees."""
+
+from __future__ import annotations
+
+import math
+
+from bench.interleaved import SIDES, paired, report
+
+
+def test_ratios_pair_each_round_with_itself():
+    # the machine halves its speed in round 2: paired ratios stay 0.9, medians of each side would not
+    rounds = [{"ours (HTTP)": 90.0, "stream_generate": 100.0}, {"ours (HTTP)": 45.0, "stream_generate": 50.0},
+              {"ours (HTTP)": 81.0, "stream_generate": 90.0}]
+    assert math.isclose(paired(rounds, "ours (HTTP)", "stream_generate"), 0.9)
+
+
+def test_a_round_missing_one_side_is_left_out_and_none_left_is_nan():
+    rounds = [{"ours (HTTP)": 90.0, "stream_generate": 100.0}, {"ours (HTTP)": 10.0}]
+    assert math.isclose(paired(rounds, "ours (HTTP)", "stream_generate"), 0.9)
+    assert math.isnan(paired([{"ours (HTTP)": 1.0}], "ours (HTTP)", "mlx_lm.server"))
+
+
+def test_report_shows_every_side_best_first_token_as_the_lowest():
+    decode = [dict.fromkeys(SIDES, 50.0), {**dict.fromkeys(SIDES, 60.0), "mlx_lm.server": 40.0}]
+    first = [dict.fromkeys(SIDES, 0.150), {**dict.fromkeys(SIDES, 0.120), "ours (HTTP)": 0.100}]
+    text = report({"decode": decode, "first_token": first})
+    for side in SIDES:
+        assert f"| {side} |" in text
+    assert "| ours (HTTP) | 100.0 ms |" in text  # fastest first token, in ms
+    assert "| mlx_lm.server | 50.0 tok/s |" in text  # best decode rate
+    assert "| first token: ours (HTTP) / mlx_lm.server | 0.917 |" in text  # median of 1.0 and 0.833
