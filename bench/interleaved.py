@@ -6,7 +6,8 @@ takes turns, round after round, with the same prompt in each round:
 
 - in-process `mlx_lm.stream_generate` (this process holds the model; the single-stream ceiling),
 - our server through HTTP (the API and one engine rank),
-- our engine through its Unix socket, without the API (what the HTTP layer costs, by difference),
+- our engine through its Unix socket, without the API (what the HTTP layer costs, by difference; with a
+  prompt of its own, which our prefix cache would otherwise serve whole after the HTTP request),
 - `mlx_lm.server` through HTTP.
 
 Two kinds of rounds: decode (max_tokens 128, EOS suppressed; decode tok/s between the first and last
@@ -148,19 +149,22 @@ def _rate(tokens: int, times: list[float]) -> float:
 
 
 def measure(sides: Sides, rounds: int, max_tokens: int, quiet: float) -> dict:
-    def one(content: str, n: int) -> dict[str, tuple[float, float]]:
+    def one(i: int, n: int) -> dict[str, tuple[float, float]]:
+        # Our engine's socket gets a prompt of its own: after the HTTP request, the same one would come
+        # whole from our prefix cache.
+        content = prompt(i)
         cpu.wait_quiet(0.25, quiet)
         return {"stream_generate": sides.in_process(content, n),
                 "ours (HTTP)": sides.over_http(sides.ours.base_url, content, n, sides.model_id),
-                "ours (engine socket)": sides.over_socket(content, n),
+                "ours (engine socket)": sides.over_socket(prompt(i + 50_000), n),
                 "mlx_lm.server": sides.over_http(sides.mlx_lm.base_url, content, n, None)}
 
-    one(prompt(10_000), 8)  # warm every side up
+    one(10_000, 8)  # warm every side up
     decode, first = [], []
     for i in range(rounds):
-        d = one(prompt(2 * i), max_tokens)
+        d = one(2 * i, max_tokens)
         decode.append({k: v[1] for k, v in d.items()})
-        f = one(prompt(2 * i + 1), 4)
+        f = one(2 * i + 1, 4)
         first.append({k: v[0] for k, v in f.items()})
         print(f"round {i + 1}/{rounds}: decode tok/s " + ", ".join(f"{k} {v:.1f}" for k, v in decode[-1].items())
               + "; first token ms " + ", ".join(f"{k} {1000 * v:.0f}" for k, v in first[-1].items()),
