@@ -73,15 +73,13 @@ class Sides:
             self.ours.stop()
             raise
         self.socket = str(work.root / f"{self.ours.base_url.rsplit(':', 1)[1]}.sock")
-        self.http = httpx.Client(timeout=600)
         try:
-            self.model_id = self.http.get(self.ours.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+            self.model_id = httpx.get(self.ours.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
-        self.http.close()
         self.ours.stop()
         self.mlx_lm.stop()
 
@@ -97,22 +95,12 @@ class Sides:
         return times[0] - t0, _rate(len(times), times)
 
     def over_http(self, base_url: str, content: str, n: int, model: str | None) -> tuple[float, float]:
-        body = clients.chat(content, n, self.bias, model).body
-        t0, times, tokens = time.perf_counter(), [], 0
-        with self.http.stream("POST", base_url + "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                raise RuntimeError(f"{base_url}: HTTP {r.status_code}: {r.read()[:300]!r}")
-            for line in r.iter_lines():
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                obj = json.loads(line[5:])
-                if clients._text(obj):
-                    times.append(time.perf_counter())
-                if obj.get("usage"):
-                    tokens = int(obj["usage"]["completion_tokens"])
-        if not times or tokens < n:
-            raise RuntimeError(f"{base_url}: {tokens} of {n} tokens")
-        return times[0] - t0, _rate(tokens, times)
+        """(first-token seconds, decode tok/s) of one streamed chat request, timed as bench.run times it."""
+        result = clients.load(base_url, [clients.chat(content, n, self.bias, model)], 1)
+        s = result.samples[0]
+        if not s.ok or s.tokens < n:
+            raise RuntimeError(f"{base_url}: {s.error or f'{s.tokens} of {n} tokens'}")
+        return s.ttft, s.decode_tps
 
     def over_socket(self, content: str, n: int) -> tuple[float, float]:
         """Our engine alone: the API's own protocol on the Unix socket, timed per Delta."""
