@@ -86,6 +86,13 @@ class FramedStream:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             raise ConnectionClosed(str(exc)) from None
 
+    async def send_bytes(self, data: bytes) -> None:
+        """Send bytes that are already framed (what is left of a write another thread began)."""
+        try:
+            await self.stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            raise ConnectionClosed(str(exc)) from None
+
     async def recv(self) -> Msg:
         """Receive one message; raises ConnectionClosed at EOF, FrameError on bad input."""
         length = -1

@@ -98,6 +98,11 @@ class Counters:
             self.waiting += n
             return True
 
+    def unadmit(self, n: int) -> None:
+        """Socket thread: give back a reservation whose client left before its requests were submitted."""
+        with self.lock:
+            self.waiting -= n
+
 
 class Scheduler:
     """Builds each step's plan and converts its results into Delta/Finish/Error events.

@@ -2,6 +2,8 @@
 
 It runs an anyio event loop in its own thread; the step loop (main thread) receives
 submissions through a thread-safe queue and hands back each step's events in one call.
+While a client keeps up, the step thread writes its events straight to its socket (see Outbox):
+a token costs one non-blocking write, not a wake of this thread.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+from anyio.abc import SocketAttribute
 
 from config import Settings
 from engine.rank0 import errors, validate
 from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
+from engine.rank0.outbox import DONE, Outbox
 from engine.rank0.scheduler import Counters, Submit, Withdraw
 from ipc import (
     ConnectionClosed,
     Detokenize,
-    Error,
-    Finish,
     FrameError,
     FramedStream,
     FrameTooLarge,
@@ -81,9 +83,18 @@ class EngineServer:
         self._thread.join(timeout=5)
 
     def post(self, events: list) -> None:
-        """Deliver one step's events to their connections (one hop onto the event loop)."""
-        if events and self._loop is not None:
-            self._loop.call_soon_threadsafe(_dispatch, events)
+        """Step thread: deliver one step's events, one write per generation; what cannot be written now
+        takes one hop onto the event loop."""
+        if not events or self._loop is None:
+            return
+        by_outbox: dict[Outbox, list] = {}
+        for outbox, msg in events:
+            by_outbox.setdefault(outbox, []).append(msg)
+        queued: list = []
+        for outbox, msgs in by_outbox.items():
+            outbox.deliver(msgs, queued)
+        if queued:
+            self._loop.call_soon_threadsafe(_dispatch, queued)
 
     def _run(self) -> None:
         try:
@@ -205,7 +216,7 @@ class EngineServer:
             return
         # Bounded: a client that stops reading must not make rank 0 hold its tokens without limit.
         send, receive = anyio.create_memory_object_stream(self.settings.OUTPUT_BUFFER_EVENTS)
-        outbox = Outbox(send)
+        outbox = Outbox(send, conn.max_frame)
         deadline = time.monotonic() + self.settings.REQUEST_TIMEOUT
         try:
             # Grammars compile here, off the event loop (the first one also builds llguidance's tokenizer).
@@ -218,18 +229,26 @@ class EngineServer:
             send.close()
             await _send(conn, errors.queue_full(rid, self.settings.MAX_BATCH, self.settings.MAX_QUEUE))
             return
+        try:
+            # Started goes first: from Submit on, the step thread may write to this socket.
+            await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))
+        except ConnectionClosed:
+            send.close()
+            self.counters.unadmit(len(requests))
+            return
+        outbox.open(conn.stream.extra(SocketAttribute.raw_socket, None), len(requests))
         self.inbound.put(Submit(requests))
         finished = False
         try:
-            await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))
             async with anyio.create_task_group() as tg:
                 outbox.scope = tg.cancel_scope
                 tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope)
-                finished = await self._relay(conn, receive, len(requests))
+                finished = await self._relay(conn, receive)
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
             pass
         finally:
+            outbox.close()  # before the connection closes: the step thread must never write to a reused fd
             send.close()
             if not finished:
                 self.inbound.put(Withdraw(rid))
@@ -239,19 +258,20 @@ class EngineServer:
             with anyio.move_on_after(1.0, shield=True):
                 await _send(conn, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
 
-    async def _relay(self, conn: FramedStream, receive, choices: int) -> bool:
-        """Forward the request's events until its last one (an Error, or each choice's Finish);
+    async def _relay(self, conn: FramedStream, receive) -> bool:
+        """Forward what the step thread could not write itself, until the request's end (DONE);
         False if the client left first."""
         async with receive:
-            async for event in receive:
+            async for item in receive:
+                if item is DONE:
+                    return True
                 try:
-                    await conn.send(event)
+                    if isinstance(item, bytes):
+                        await conn.send_bytes(item)
+                    else:
+                        await conn.send(item)
                 except ConnectionClosed:
                     return False
-                if isinstance(event, Finish):
-                    choices -= 1
-                if isinstance(event, Error) or choices == 0:
-                    return True
         return False
 
     async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope) -> None:
@@ -262,31 +282,6 @@ class EngineServer:
         except (ConnectionClosed, FrameError):
             pass
         scope.cancel()
-
-
-class Outbox:
-    """Where the step loop's events for one generation wait for its connection; overflowing it cancels."""
-
-    __slots__ = ("stream", "scope", "overflowed")
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
-        self.scope: anyio.CancelScope | None = None
-        self.overflowed = False
-
-    def put(self, msg) -> None:
-        """On the event loop: queue msg, or end the generation when its client has stopped reading."""
-        if self.overflowed:
-            return
-        try:
-            self.stream.send_nowait(msg)
-        except anyio.WouldBlock:
-            self.overflowed = True
-            self.stream.close()
-            if self.scope is not None:
-                self.scope.cancel()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # the client left; the step loop hears of it through Withdraw
 
 
 def _dispatch(events: list) -> None:

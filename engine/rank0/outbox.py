@@ -1,0 +1,92 @@
+"""One generation's way out of rank 0: straight from the step thread to its socket while the client keeps up,
+through the event loop (bounded) once it does not."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+
+from ipc import Error, Finish
+from ipc.framing import HEADER, encode_frame
+
+DONE = object()  # after a generation's last event (an Error, or each choice's Finish): its relay may end
+
+
+class Outbox:
+    """Where the step loop's events for one generation go.
+
+    While the client keeps up, the step thread writes a step's events for the generation straight to its
+    non-blocking socket, in one write. The first write that would block (a client reading slower than
+    tokens come) or fail hands the socket back to the event loop for good: the unsent bytes and every later
+    event wait in a bounded stream for the relay, and overflowing it cancels the generation. The lock
+    makes that hand-over, and close() before the connection closes, atomic with a write."""
+
+    __slots__ = ("stream", "max_frame", "sock", "left", "lock", "scope", "overflowed")
+
+    def __init__(self, stream, max_frame: int) -> None:
+        self.stream = stream
+        self.max_frame = max_frame
+        self.sock = None  # the raw socket while the step thread writes to it
+        self.left = 1  # choices without their Finish yet
+        self.lock = threading.Lock()
+        self.scope: anyio.CancelScope | None = None
+        self.overflowed = False
+
+    def open(self, sock, choices: int) -> None:
+        """Event loop, once Started is written: the step thread writes from now on (when sock is a socket)."""
+        self.left = choices
+        with self.lock:
+            self.sock = sock
+
+    def close(self) -> None:
+        """Event loop: the step thread stops writing to the socket before the connection closes."""
+        with self.lock:
+            self.sock = None
+
+    def deliver(self, msgs: list, queued: list) -> None:
+        """Step thread: write msgs to the socket, or append (self, item) to queued for the event loop."""
+        last = False
+        for msg in msgs:
+            if isinstance(msg, Finish):
+                self.left -= 1
+            if isinstance(msg, Error) or self.left <= 0:
+                last = True
+        with self.lock:
+            rest = self._write(msgs) if self.sock is not None else msgs
+        queued.extend((self, item) for item in rest)
+        if last:
+            queued.append((self, DONE))
+
+    def _write(self, msgs: list) -> list:
+        """With the lock held: write what it can, give up the socket if not everything; what is left."""
+        frames = [encode_frame(msg) for msg in msgs]
+        if any(len(frame) - HEADER.size > self.max_frame for frame in frames):
+            self.sock = None  # the relay's send raises FrameTooLarge for it, as for any frame
+            return msgs
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.sock = None  # the client left: the relay's send says so
+            return msgs
+        if sent == len(data):
+            return []
+        self.sock = None
+        return [data[sent:]]
+
+    def put(self, item) -> None:
+        """On the event loop: queue item, or end the generation when its client has stopped reading."""
+        if self.overflowed:
+            return
+        try:
+            self.stream.send_nowait(item)
+        except anyio.WouldBlock:
+            self.overflowed = True
+            self.stream.close()
+            if self.scope is not None:
+                self.scope.cancel()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the client left; the step loop hears of it through Withdraw

@@ -1,0 +1,169 @@
+"""Rank 0's Outbox: the step thread writes a generation's events straight to its socket while the client keeps
+up, and hands everything unsent to the event loop, in order, once a write would block or fail."""
+
+from __future__ import annotations
+
+import socket
+
+import anyio
+import pytest
+
+from engine.rank0.outbox import DONE, Outbox
+from ipc import Delta, Error, Finish
+from ipc.framing import HEADER, decode_message, encode_frame
+
+
+def delta(i: int, index: int = 0) -> Delta:
+    return Delta(request_id="r", text=f"token {i} ", completion_tokens=i + 1, index=index)
+
+
+def finish(index: int = 0) -> Finish:
+    return Finish(request_id="r", finish_reason="stop", prompt_tokens=3, completion_tokens=1, index=index)
+
+
+def frames(data: bytes) -> list:
+    """The messages in a byte string of whole frames."""
+    out = []
+    while data:
+        (n,) = HEADER.unpack(data[:HEADER.size])
+        out.append(decode_message(data[HEADER.size:HEADER.size + n]))
+        data = data[HEADER.size + n:]
+    return out
+
+
+def read_all(sock: socket.socket) -> bytes:
+    sock.setblocking(False)
+    got = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except BlockingIOError:
+            return bytes(got)
+        if not chunk:
+            return bytes(got)
+        got += chunk
+
+
+STREAMS: list = []
+
+
+@pytest.fixture(autouse=True)
+def close_streams():
+    yield
+    while STREAMS:
+        STREAMS.pop().close()
+
+
+def stream(capacity: int):
+    send, receive = anyio.create_memory_object_stream(capacity)
+    STREAMS.extend((send, receive))
+    return send
+
+
+@pytest.fixture
+def pair():
+    ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setblocking(False)
+    yield ours, peer
+    ours.close()
+    peer.close()
+
+
+def outbox(sock, choices: int = 1, max_frame: int = 1 << 20) -> Outbox:
+    box = Outbox(stream(16), max_frame)
+    box.open(sock, choices)
+    return box
+
+
+def test_a_reading_client_gets_every_event_from_the_step_thread_with_nothing_left_for_the_event_loop(pair):
+    ours, peer = pair
+    box = outbox(ours)
+    queued: list = []
+    box.deliver([delta(0)], queued)
+    box.deliver([delta(1)], queued)
+    assert queued == []
+    box.deliver([delta(2), finish()], queued)
+    assert queued == [(box, DONE)]  # the relay only hears that the generation ended
+    assert frames(read_all(peer)) == [delta(0), delta(1), delta(2), finish()]
+
+
+def test_the_generation_ends_after_every_choice_has_finished_or_at_an_error(pair):
+    ours, peer = pair
+    box = outbox(ours, choices=2)
+    queued: list = []
+    box.deliver([delta(0, 0), finish(0)], queued)
+    assert queued == []
+    box.deliver([finish(1)], queued)
+    assert queued == [(box, DONE)]
+
+    other = outbox(ours, choices=2)
+    queued = []
+    error = Error(status=400, code="invalid_request", message="bad", request_id="r")
+    other.deliver([error], queued)
+    assert queued == [(other, DONE)]
+    assert frames(read_all(peer))[-1] == error
+
+
+def test_a_client_that_stops_reading_gets_the_rest_through_the_event_loop_whole_and_in_order(pair):
+    ours, peer = pair
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    box = outbox(ours)
+    queued: list = []
+    sent = [delta(i) for i in range(2000)]  # far more than the socket buffers hold
+    for msg in sent:
+        box.deliver([msg], queued)
+    assert box.sock is None  # the socket went back to the event loop
+    assert isinstance(queued[0][1], bytes)  # what the blocked write left unsent comes first
+    rest = [item for _, item in queued]
+    assert all(isinstance(item, Delta) for item in rest[1:])
+    box.deliver([finish()], queued)
+    assert queued[-2:] == [(box, finish()), (box, DONE)]
+    # The client reads again: the socket's bytes, then the relay's, make every event once, in order.
+    wire = read_all(peer) + b"".join(item if isinstance(item, bytes) else encode_frame(item)
+                                     for _, item in queued if item is not DONE)
+    assert frames(wire) == [*sent, finish()]
+
+
+def test_after_close_the_step_thread_never_touches_the_socket(pair):
+    ours, peer = pair
+    box = outbox(ours)
+    box.close()
+    queued: list = []
+    box.deliver([delta(0), finish()], queued)
+    assert queued == [(box, delta(0)), (box, finish()), (box, DONE)]
+    assert read_all(peer) == b""
+
+
+def test_a_client_that_left_costs_the_step_thread_nothing_and_the_relay_hears_of_it(pair):
+    ours, peer = pair
+    box = outbox(ours)
+    peer.close()
+    queued: list = []
+    box.deliver([delta(0)], queued)  # no exception on the step thread
+    assert queued == [(box, delta(0))]  # the relay's send of it reports the closed connection
+    assert box.sock is None
+
+
+def test_a_frame_over_the_limit_goes_to_the_relay_which_refuses_it(pair):
+    ours, peer = pair
+    box = outbox(ours, max_frame=64)
+    queued: list = []
+    big = Delta(request_id="r", text="x" * 200, completion_tokens=1)
+    box.deliver([big], queued)
+    assert queued == [(box, big)]
+    assert read_all(peer) == b""
+
+
+def test_a_full_outbox_cancels_its_generation():
+    box = Outbox(stream(2), max_frame=1 << 20)
+
+    async def main() -> bool:
+        with anyio.CancelScope() as scope:
+            box.scope = scope
+            for i in range(3):
+                box.put(delta(i))
+            await anyio.sleep(5)
+        return scope.cancelled_caught
+
+    assert anyio.run(main)
+    assert box.overflowed
