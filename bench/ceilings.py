@@ -112,45 +112,52 @@ def _agree(flag: bool) -> bool:
     return bool(mx.distributed.all_sum(mx.array(mine, dtype=mx.int32)).item())
 
 
-def run_batch(model, tokenizer, prompts: list[str], max_tokens: int, bias: dict[int, float], eos: list[int],
-              repeats: int, min_seconds: float, plan_broadcast: bool = False) -> dict:
-    """BatchGenerator with every prompt inserted at once, greedy, stepped until all finish.
-
-    With plan_broadcast every step first meets through engine.lockstep.channel.PlanChannel, as our engine's
-    lockstep loop does: the in-process cost of lockstep, without any HTTP or scheduling."""
+def batch_once(model, tokenizer, contents: list[str], n: int, bias: dict[int, float], eos: list[int],
+               plan_broadcast: bool = False) -> dict:
+    """One BatchGenerator run: every prompt inserted at once, greedy, stepped until all finish (with
+    plan_broadcast under mlx.launch, every step first meets through a PlanChannel, as our engine does)."""
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_logits_processors
 
-    def once(contents: list[str], n: int) -> dict:
-        gen = BatchGenerator(model, stop_tokens=[[t] for t in eos], completion_batch_size=32, prefill_batch_size=8)
-        channel = None
-        if plan_broadcast and "MLX_RANK" in os.environ:
-            from engine.lockstep.channel import PlanChannel
+    gen = BatchGenerator(model, stop_tokens=[[t] for t in eos], completion_batch_size=32, prefill_batch_size=8)
+    channel = None
+    if plan_broadcast and "MLX_RANK" in os.environ:
+        from engine.lockstep.channel import PlanChannel
+
+        channel = PlanChannel(mx.distributed.init(), 4096, gen.stream)
+    t0, c0 = time.perf_counter(), time.process_time()
+    gen.insert([chat_tokens(tokenizer, c) for c in contents], max_tokens=[n] * len(contents),
+               logits_processors=[make_logits_processors(logit_bias=bias) for _ in contents])
+    tokens, live, steps, full_steps, t_full = 0, len(contents), 0, 0, None
+    while live:
+        if channel is not None:
             from engine.lockstep.plan import Plan
 
-            group = mx.distributed.init()
-            channel = PlanChannel(group, 4096, gen.stream)
-        t0, c0 = time.perf_counter(), time.process_time()
-        gen.insert([chat_tokens(tokenizer, c) for c in contents], max_tokens=[n] * len(contents),
-                   logits_processors=[make_logits_processors(logit_bias=bias) for _ in contents])
-        tokens, live, steps, full_steps, t_full = 0, len(contents), 0, 0, None
-        while live:
-            if channel is not None:
-                channel.broadcast(Plan(step=steps, fingerprint=0, token_check=0) if channel.rank == 0 else None)
-            _, responses = gen.next()
-            tokens += len(responses)
-            live -= sum(1 for r in responses if r.finish_reason is not None)
-            if len(responses) == len(contents):  # a pure decode step with the whole batch
-                t_full = t_full or time.perf_counter()
-                full_steps += 1
-            steps += 1
-        wall, cpu_s = time.perf_counter() - t0, _all_ranks_cpu(time.process_time() - c0)
-        gen.close()
-        step_s = (time.perf_counter() - t_full) / max(full_steps - 1, 1) if t_full else float("nan")
-        return {"tokens": tokens, "wall_s": wall, "aggregate_tps": tokens / wall, "steps": steps,
-                "decode_step_ms": 1000 * step_s, "decode_tps": len(contents) / step_s,
-                "cpu_ms_per_token": 1000 * cpu_s / tokens}
+            channel.broadcast(Plan(step=steps, fingerprint=0, token_check=0) if channel.rank == 0 else None)
+        _, responses = gen.next()
+        tokens += len(responses)
+        live -= sum(1 for r in responses if r.finish_reason is not None)
+        if len(responses) == len(contents):  # a pure decode step with the whole batch
+            t_full = t_full or time.perf_counter()
+            full_steps += 1
+        steps += 1
+    wall, cpu_s = time.perf_counter() - t0, _all_ranks_cpu(time.process_time() - c0)
+    gen.close()
+    step_s = (time.perf_counter() - t_full) / max(full_steps - 1, 1) if t_full else float("nan")
+    return {"tokens": tokens, "wall_s": wall, "aggregate_tps": tokens / wall, "steps": steps,
+            "decode_step_ms": 1000 * step_s, "decode_tps": len(contents) / step_s,
+            "cpu_ms_per_token": 1000 * cpu_s / tokens}
+
+
+def run_batch(model, tokenizer, prompts: list[str], max_tokens: int, bias: dict[int, float], eos: list[int],
+              repeats: int, min_seconds: float, plan_broadcast: bool = False) -> dict:
+    """batch_once, repeated (best and median kept).
+
+    With plan_broadcast every step first meets through engine.lockstep.channel.PlanChannel, as our engine's
+    lockstep loop does: the in-process cost of lockstep, without any HTTP or scheduling."""
+    def once(contents: list[str], n: int) -> dict:
+        return batch_once(model, tokenizer, contents, n, bias, eos, plan_broadcast)
 
     once(contents=prompts[:2], n=8)
     runs, t0 = [], time.perf_counter()

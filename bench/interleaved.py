@@ -15,7 +15,13 @@ token) and first token (max_tokens 4; ms to the first token with text). Each rat
 the per-round ratios. Prompts are bench/run.py's: short, distinct, one after the other, so a prompt
 cache can only reuse the chat template's first tokens, as with real traffic.
 
+With --concurrency (say 8,32), each round also sends c requests at once to each side in turn: c prompts
+inserted at once into an in-process mlx-lm BatchGenerator (the batch ceiling), c concurrent streams to
+ours, c to mlx_lm.server; aggregate tok/s is every token over the time from the first request to the
+last token, on every side.
+
     python -m bench.interleaved --model demo-small --rounds 8
+    python -m bench.interleaved --model demo-small --rounds 4 --concurrency 8,32
 """
 
 from __future__ import annotations
@@ -33,11 +39,12 @@ if __package__ in (None, ""):
 import anyio  # noqa: E402
 import httpx  # noqa: E402
 
-from bench import clients, cpu, servers  # noqa: E402
+from bench import ceilings, clients, cpu, servers  # noqa: E402
 from bench.ceilings import chat_tokens  # noqa: E402
 from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
 
 SIDES = ["stream_generate", "ours (HTTP)", "ours (engine socket)", "mlx_lm.server"]
+BATCH_SIDES = ["BatchGenerator", "ours (HTTP)", "mlx_lm.server"]
 
 
 def paired(rounds: list[dict[str, float]], num: str, den: str) -> float:
@@ -46,9 +53,10 @@ def paired(rounds: list[dict[str, float]], num: str, den: str) -> float:
     return statistics.median(ratios) if ratios else float("nan")
 
 
-def table(kind: str, unit: str, rounds: list[dict[str, float]], scale: float = 1.0) -> str:
+def table(kind: str, unit: str, rounds: list[dict[str, float]], scale: float = 1.0,
+          sides: list[str] = SIDES) -> str:
     lines = [f"| {kind} | best | median | per round |", "|---|---|---|---|"]
-    for side in SIDES:
+    for side in sides:
         vals = [r[side] * scale for r in rounds if r.get(side)]
         if not vals:
             continue
@@ -94,6 +102,17 @@ class Sides:
             times.append(time.perf_counter())
         return times[0] - t0, _rate(len(times), times)
 
+    def in_process_batch(self, contents: list[str], n: int) -> float:
+        """Aggregate tok/s of an mlx-lm BatchGenerator with every prompt inserted at once."""
+        return ceilings.batch_once(self.model, self.tokenizer, contents, n, self.bias, list(self.bias))["aggregate_tps"]
+
+    def batch_over_http(self, base_url: str, contents: list[str], n: int, model: str | None) -> float:
+        """Aggregate tok/s of len(contents) concurrent streamed chat requests."""
+        result = clients.load(base_url, [clients.chat(c, n, self.bias, model) for c in contents], len(contents))
+        if result.errors or result.tokens < n * len(contents):
+            raise RuntimeError(f"{base_url}: {result.errors[:1] or f'{result.tokens} of {n * len(contents)} tokens'}")
+        return result.aggregate_tps
+
     def over_http(self, base_url: str, content: str, n: int, model: str | None) -> tuple[float, float]:
         """(first-token seconds, decode tok/s) of one streamed chat request, timed as bench.run times it."""
         result = clients.load(base_url, [clients.chat(content, n, self.bias, model)], 1)
@@ -136,7 +155,7 @@ def _rate(tokens: int, times: list[float]) -> float:
     return (tokens - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
 
 
-def measure(sides: Sides, rounds: int, max_tokens: int, quiet: float) -> dict:
+def measure(sides: Sides, rounds: int, max_tokens: int, quiet: float, concurrency: list[int] = ()) -> dict:
     def one(i: int, n: int) -> dict[str, tuple[float, float]]:
         # Our engine's socket gets a prompt of its own: after the HTTP request, the same one would come
         # whole from our prefix cache.
@@ -147,23 +166,36 @@ def measure(sides: Sides, rounds: int, max_tokens: int, quiet: float) -> dict:
                 "ours (engine socket)": sides.over_socket(prompt(i + 50_000), n),
                 "mlx_lm.server": sides.over_http(sides.mlx_lm.base_url, content, n, None)}
 
+    def batch(i: int, c: int) -> dict[str, float]:
+        contents = [prompt(100_000 + 1000 * i + k) for k in range(c)]
+        cpu.wait_quiet(0.25, quiet)
+        return {"BatchGenerator": sides.in_process_batch(contents, max_tokens),
+                "ours (HTTP)": sides.batch_over_http(sides.ours.base_url, contents, max_tokens, sides.model_id),
+                "mlx_lm.server": sides.batch_over_http(sides.mlx_lm.base_url, contents, max_tokens, None)}
+
     one(10_000, 8)  # warm every side up
     decode, first = [], []
+    batches: dict[str, list[dict[str, float]]] = {str(c): [] for c in concurrency}
     for i in range(rounds):
         d = one(2 * i, max_tokens)
         decode.append({k: v[1] for k, v in d.items()})
         f = one(2 * i + 1, 4)
         first.append({k: v[0] for k, v in f.items()})
-        print(f"round {i + 1}/{rounds}: decode tok/s " + ", ".join(f"{k} {v:.1f}" for k, v in decode[-1].items())
-              + "; first token ms " + ", ".join(f"{k} {1000 * v:.0f}" for k, v in first[-1].items()),
-              file=sys.stderr, flush=True)
-    return {"decode": decode, "first_token": first}
+        line = (f"round {i + 1}/{rounds}: decode tok/s " + ", ".join(f"{k} {v:.1f}" for k, v in decode[-1].items())
+                + "; first token ms " + ", ".join(f"{k} {1000 * v:.0f}" for k, v in first[-1].items()))
+        for c in concurrency:
+            batches[str(c)].append(batch(i, c))
+            line += f"; c={c} tok/s " + ", ".join(f"{k} {v:.1f}" for k, v in batches[str(c)][-1].items())
+        print(line, file=sys.stderr, flush=True)
+    return {"decode": decode, "first_token": first, "concurrent": batches}
 
 
 def report(res: dict) -> str:
     d, f = res["decode"], res["first_token"]
-    out = [table("decode, one stream", "tok/s", d), "", table("first token", "ms", f, 1000.0), "",
-           "| paired ratio (median over rounds) | value |", "|---|---|"]
+    out = [table("decode, one stream", "tok/s", d), "", table("first token", "ms", f, 1000.0), ""]
+    for c, rounds in res.get("concurrent", {}).items():
+        out += [table(f"aggregate, {c} streams at once", "tok/s", rounds, sides=BATCH_SIDES), ""]
+    out += ["| paired ratio (median over rounds) | value |", "|---|---|"]
     for label, rounds, num, den in [
         ("decode: ours (HTTP) / stream_generate", d, "ours (HTTP)", "stream_generate"),
         ("decode: ours (engine socket) / stream_generate", d, "ours (engine socket)", "stream_generate"),
@@ -172,6 +204,10 @@ def report(res: dict) -> str:
         ("first token: ours (HTTP) / stream_generate", f, "ours (HTTP)", "stream_generate"),
     ]:
         out.append(f"| {label} | {paired(rounds, num, den):.3f} |")
+    for c, rounds in res.get("concurrent", {}).items():
+        out.append(f"| c={c}: ours (HTTP) / in-process BatchGenerator({c}) | "
+                   f"{paired(rounds, 'ours (HTTP)', 'BatchGenerator'):.3f} |")
+        out.append(f"| c={c}: ours (HTTP) / mlx_lm.server | {paired(rounds, 'ours (HTTP)', 'mlx_lm.server'):.3f} |")
     return "\n".join(out)
 
 
@@ -180,17 +216,25 @@ def main() -> int:
     parser.add_argument("--model", default="demo-small", help="demo-tiny, demo-small, or a local MLX model folder")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", default="",
+                        help="comma-separated stream counts (say 8,32) for concurrent rounds too; none by default")
     parser.add_argument("--quiet-wait", type=float, default=20.0,
                         help="before each round wait up to this many seconds for other processes to go quiet")
     parser.add_argument("--cache-dir", type=Path, default=servers.REPO / ".cache" / "models")
     parser.add_argument("--out", type=Path, default=servers.REPO / "bench" / "results")
     args = parser.parse_args()
+    try:
+        concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        parser.error(f"--concurrency must be comma-separated integers, got {args.concurrency!r}")
+    if any(c < 1 for c in concurrency):
+        parser.error("--concurrency values must be at least 1")
     model_path, model_name = resolve_model(args.model, args.cache_dir)
     work = servers.Workdir()
     sides = None
     try:
         sides = Sides(model_path, model_name, args.cache_dir, work)
-        res = measure(sides, args.rounds, args.max_tokens, args.quiet_wait)
+        res = measure(sides, args.rounds, args.max_tokens, args.quiet_wait, concurrency)
     finally:
         if sides is not None:
             sides.stop()

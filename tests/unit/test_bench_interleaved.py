@@ -29,3 +29,16 @@ def test_report_shows_every_side_best_first_token_as_the_lowest():
     assert "| ours (HTTP) | 100.0 ms |" in text  # fastest first token, in ms
     assert "| mlx_lm.server | 50.0 tok/s |" in text  # best decode rate
     assert "| first token: ours (HTTP) / mlx_lm.server | 0.917 |" in text  # median of 1.0 and 0.833
+
+
+def test_concurrent_rounds_get_their_own_table_and_ratios_against_the_batch_ceiling_and_mlx_lm_server():
+    one = [dict.fromkeys(SIDES, 50.0)]
+    rounds = [{"BatchGenerator": 100.0, "ours (HTTP)": 95.0, "mlx_lm.server": 80.0},
+              {"BatchGenerator": 50.0, "ours (HTTP)": 49.0, "mlx_lm.server": 35.0}]
+    text = report({"decode": one, "first_token": one, "concurrent": {"8": rounds}})
+    assert "| aggregate, 8 streams at once | best | median | per round |" in text
+    assert "| BatchGenerator | 100.0 tok/s |" in text
+    aggregate = text.split("| aggregate, 8 streams at once |")[1].split("\n\n")[0]
+    assert "engine socket" not in aggregate and "stream_generate" not in aggregate
+    assert "| c=8: ours (HTTP) / in-process BatchGenerator(8) | 0.965 |" in text  # median of 0.95 and 0.98
+    assert "| c=8: ours (HTTP) / mlx_lm.server | 1.294 |" in text  # median of 1.1875 and 1.4
