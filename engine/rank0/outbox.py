@@ -17,17 +17,21 @@ class Outbox:
     """Where the step loop's events for one generation go.
 
     While the client keeps up, the step thread writes a step's events for the generation straight to its
-    non-blocking socket, in one write. The first write that would block (a client reading slower than
-    tokens come) or fail hands the socket back to the event loop for good: the unsent bytes and every later
-    event wait in a bounded stream for the relay, and overflowing it cancels the generation. The lock
-    makes that hand-over, and close() before the connection closes, atomic with a write."""
+    non-blocking socket, in one write. A write that would block (a client reading slower than tokens come)
+    hands the socket to the event loop: the unsent bytes and every later event wait in a bounded stream for
+    the relay, and overflowing it cancels the generation. Once the relay has caught up (nothing waiting,
+    nothing on its way to it), resume() gives the socket back to the step thread. A write that fails (the
+    client left) or a frame over the limit leaves the rest to the relay for good. The lock makes every
+    hand-over, and close() before the connection closes, atomic with a write."""
 
-    __slots__ = ("stream", "max_frame", "sock", "left", "lock", "scope", "overflowed")
+    __slots__ = ("stream", "max_frame", "sock", "raw", "pending", "left", "lock", "scope", "overflowed")
 
     def __init__(self, stream, max_frame: int) -> None:
         self.stream = stream
         self.max_frame = max_frame
         self.sock = None  # the raw socket while the step thread writes to it
+        self.raw = None  # the raw socket while the step thread may write to it again
+        self.pending = 0  # items handed to the event loop that the stream has not taken yet
         self.left = 1  # choices without their Finish yet
         self.lock = threading.Lock()
         self.scope: anyio.CancelScope | None = None
@@ -37,12 +41,20 @@ class Outbox:
         """Event loop, once Started is written: the step thread writes from now on (when sock is a socket)."""
         self.left = choices
         with self.lock:
-            self.sock = sock
+            self.sock = self.raw = sock
 
     def close(self) -> None:
         """Event loop: the step thread stops writing to the socket before the connection closes."""
         with self.lock:
-            self.sock = None
+            self.sock = self.raw = None
+
+    def resume(self) -> None:
+        """Event loop, after the relay wrote an item: with nothing left for it, the step thread writes again."""
+        if self.raw is None or self.overflowed or self.stream.statistics().current_buffer_used:
+            return
+        with self.lock:
+            if self.pending == 0 and self.raw is not None:
+                self.sock = self.raw
 
     def deliver(self, msgs: list, queued: list) -> None:
         """Step thread: write msgs to the socket, or append (self, item) to queued for the event loop."""
@@ -54,15 +66,16 @@ class Outbox:
                 last = True
         with self.lock:
             rest = self._write(msgs) if self.sock is not None else msgs
+            if last:
+                rest = [*rest, DONE]
+            self.pending += len(rest)
         queued.extend((self, item) for item in rest)
-        if last:
-            queued.append((self, DONE))
 
     def _write(self, msgs: list) -> list:
         """With the lock held: write what it can, give up the socket if not everything; what is left."""
         frames = [encode_frame(msg) for msg in msgs]
         if any(len(frame) - HEADER.size > self.max_frame for frame in frames):
-            self.sock = None  # the relay's send raises FrameTooLarge for it, as for any frame
+            self.sock = self.raw = None  # the relay's send raises FrameTooLarge for it, as for any frame
             return msgs
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         try:
@@ -70,7 +83,7 @@ class Outbox:
         except BlockingIOError:
             sent = 0
         except OSError:
-            self.sock = None  # the client left: the relay's send says so
+            self.sock = self.raw = None  # the client left: the relay's send says so
             return msgs
         if sent == len(data):
             return []
@@ -79,6 +92,8 @@ class Outbox:
 
     def put(self, item) -> None:
         """On the event loop: queue item, or end the generation when its client has stopped reading."""
+        with self.lock:
+            self.pending -= 1
         if self.overflowed:
             return
         try:

@@ -243,7 +243,7 @@ class EngineServer:
             async with anyio.create_task_group() as tg:
                 outbox.scope = tg.cancel_scope
                 tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope)
-                finished = await self._relay(conn, receive)
+                finished = await self._relay(conn, receive, outbox)
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
             pass
@@ -258,9 +258,9 @@ class EngineServer:
             with anyio.move_on_after(1.0, shield=True):
                 await _send(conn, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
 
-    async def _relay(self, conn: FramedStream, receive) -> bool:
-        """Forward what the step thread could not write itself, until the request's end (DONE);
-        False if the client left first."""
+    async def _relay(self, conn: FramedStream, receive, outbox: Outbox) -> bool:
+        """Forward what the step thread could not write itself, until the request's end (DONE), giving the
+        socket back to the step thread whenever it has caught up; False if the client left first."""
         async with receive:
             async for item in receive:
                 if item is DONE:
@@ -272,6 +272,7 @@ class EngineServer:
                         await conn.send(item)
                 except ConnectionClosed:
                     return False
+                outbox.resume()
         return False
 
     async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope) -> None:
