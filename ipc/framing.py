@@ -8,12 +8,12 @@ import struct
 import anyio
 import msgspec
 from anyio.abc import ByteStream, SocketAttribute
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from ipc.messages import Message, Msg
 
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
+RECV_BYTES = 64 * 1024  # the most one read takes from the socket (more when a frame needs more)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -52,16 +52,19 @@ def decode_message(body: bytes) -> Msg:
 
 
 class FramedStream:
-    """Send and receive whole Messages over a byte stream; one writer task at a time."""
+    """Send and receive whole Messages over a byte stream; one writer task at a time.
+
+    It reads what the socket holds, up to RECV_BYTES at once, and keeps what is past the frame it returns:
+    frames that arrived together cost one read, and the ones after the first no wait at all."""
 
     def __init__(self, stream: ByteStream, max_frame: int = DEFAULT_MAX_FRAME):
         self.stream = stream
         self.max_frame = max_frame
-        self._reader = BufferedByteReceiveStream(stream)
+        self._buffer = bytearray()
 
     async def readable(self, timeout: float) -> bool:
         """Wait at most timeout seconds for bytes to receive; consumes none, so it is safe to cancel."""
-        if self._reader.buffer:
+        if self._buffer:
             return True
         sock = self.stream.extra(SocketAttribute.raw_socket, None)
         if sock is None:
@@ -73,6 +76,8 @@ class FramedStream:
 
     def arrived(self) -> bool:
         """Whether the next frame has already (begun to) arrive, so recv() will not wait for the peer to send."""
+        if self._buffer:
+            return True
         sock = self.stream.extra(SocketAttribute.raw_socket, None)
         return sock is not None and bool(select.select([sock], [], [], 0)[0])
 
@@ -95,26 +100,28 @@ class FramedStream:
 
     async def recv(self) -> Msg:
         """Receive one message; raises ConnectionClosed at EOF, FrameError on bad input."""
-        length = -1
-        try:
-            (length,) = HEADER.unpack(await self._reader.receive_exactly(HEADER.size))
-            if length > self.max_frame:
-                raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
-            body = await self._reader.receive_exactly(length) if length else b""
-        except anyio.IncompleteRead:
-            if length < 0 and not self._reader.buffer:
-                raise ConnectionClosed("EndOfStream") from None
-            got = len(self._reader.buffer)
-            raise TruncatedFrame(f"truncated frame: the connection ended after {got} of "
-                                 f"{length if length >= 0 else HEADER.size} bytes") from None
-        except (
-            anyio.EndOfStream,
-            anyio.BrokenResourceError,
-            anyio.ClosedResourceError,
-            OSError,
-        ) as exc:
-            raise ConnectionClosed(str(exc) or type(exc).__name__) from None
-        return decode_message(body)
+        while True:
+            buf = self._buffer
+            need = HEADER.size
+            if len(buf) >= HEADER.size:
+                (length,) = HEADER.unpack_from(buf)
+                if length > self.max_frame:
+                    raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
+                need += length
+                if len(buf) >= need:
+                    body = bytes(buf[HEADER.size:need])
+                    del buf[:need]
+                    return decode_message(body)
+            try:
+                buf.extend(await self.stream.receive(max(RECV_BYTES, need - len(buf))))
+            except anyio.EndOfStream:
+                if not buf:
+                    raise ConnectionClosed("EndOfStream") from None
+                got = len(buf) if need == HEADER.size else len(buf) - HEADER.size
+                raise TruncatedFrame(f"truncated frame: the connection ended after {got} of "
+                                     f"{need if need == HEADER.size else need - HEADER.size} bytes") from None
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                raise ConnectionClosed(str(exc) or type(exc).__name__) from None
 
     async def aclose(self) -> None:
         """Close the underlying stream."""
