@@ -61,16 +61,16 @@ class FramedStream:
         self.stream = stream
         self.max_frame = max_frame
         self._buffer = bytearray()
+        self._sock = stream.extra(SocketAttribute.raw_socket, None)  # None: not a socket
 
     async def readable(self, timeout: float) -> bool:
         """Wait at most timeout seconds for bytes to receive; consumes none, so it is safe to cancel."""
         if self._buffer:
             return True
-        sock = self.stream.extra(SocketAttribute.raw_socket, None)
-        if sock is None:
+        if self._sock is None:
             return True  # not a socket: recv() does the waiting
         with anyio.move_on_after(timeout):
-            await anyio.wait_readable(sock)
+            await anyio.wait_readable(self._sock)
             return True
         return False
 
@@ -78,8 +78,7 @@ class FramedStream:
         """Whether the next frame has already (begun to) arrive, so recv() will not wait for the peer to send."""
         if self._buffer:
             return True
-        sock = self.stream.extra(SocketAttribute.raw_socket, None)
-        return sock is not None and bool(select.select([sock], [], [], 0)[0])
+        return self._sock is not None and bool(select.select([self._sock], [], [], 0)[0])
 
     async def send(self, msg: Msg) -> None:
         """Send one message; raises ConnectionClosed when the peer is gone."""
