@@ -142,7 +142,7 @@ ENGINE_MAIN = [
          functions=("PlanChannel.", "StepLoop._broadcast", "StepLoop._post", "StepLoop._collect", "Doorbell.")),
     Rule("scheduler output work (Scheduler.absorb and below)", functions=("Scheduler.absorb",)),
     Rule("apply plan (LockstepBatch.apply)", functions=("LockstepBatch.apply",)),
-    Rule("socket hand-off (EngineServer.post)", functions=("EngineServer.post",)),
+    Rule("writing events to client sockets (EngineServer.post)", functions=("EngineServer.post",)),
     Rule("plan making (StepLoop._next_plan)", functions=("StepLoop._next_plan",)),
     Rule("waiting for requests (StepLoop._drain_inbound)", functions=("StepLoop._drain_inbound",), waiting=True),
     Rule("waiting for rank 0 (follower's doorbell)", functions=("StepLoop._sleep", "Bell."), waiting=True),

@@ -56,7 +56,7 @@ def test_the_engine_main_thread_splits_into_the_loop_s_parts():
         "forward step (mlx-lm BatchGenerator.next)": 60,
         "plan broadcast / meeting (PlanChannel, all_sum, doorbell)": 10,  # waking the followers included
         "scheduler output work (Scheduler.absorb and below)": 10,
-        "socket hand-off (EngineServer.post)": 2,
+        "writing events to client sockets (EngineServer.post)": 2,
         "waiting for requests (StepLoop._drain_inbound)": 15,
         "step bookkeeping (LockstepBatch.step outside BatchGenerator.next)": 5,
         "other": 1,
