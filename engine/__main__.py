@@ -167,7 +167,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     from engine.rank0.logprobs import extract
     from engine.rank0.prefix_index import PrefixIndex, prefix_info, prompt_cache_budget
     from engine.rank0.scheduler import Counters, Scheduler
-    from engine.rank0.server import EngineServer
+    from engine.rank0.server import MULTIRANK_DIRECT_CONNECTIONS, EngineServer
     from engine.rank0.validate import Limits
     from engine.ranks import RankReports
     from ipc import Info
@@ -206,6 +206,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
     server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
+    if joined.size > 1:
+        server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
     loop = StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
                     stats)
     return loop, server

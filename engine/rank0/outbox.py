@@ -56,8 +56,9 @@ class Outbox:
             if self.pending == 0 and self.raw is not None:
                 self.sock = self.raw
 
-    def deliver(self, msgs: list, queued: list) -> None:
-        """Step thread: write msgs to the socket, or append (self, item) to queued for the event loop."""
+    def deliver(self, msgs: list, queued: list, direct: bool = True) -> None:
+        """Step thread: write msgs to the socket, or append (self, item) to queued for the event loop (all of
+        them without direct: the socket is the event loop's until its relay has caught up)."""
         last = False
         for msg in msgs:
             if isinstance(msg, Finish):
@@ -65,6 +66,8 @@ class Outbox:
             if isinstance(msg, Error) or self.left <= 0:
                 last = True
         with self.lock:
+            if not direct:
+                self.sock = None
             rest = self._write(msgs) if self.sock is not None else msgs
             if last:
                 rest = [*rest, DONE]

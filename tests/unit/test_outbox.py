@@ -220,3 +220,27 @@ def test_a_full_outbox_cancels_its_generation():
 
     assert anyio.run(main)
     assert box.overflowed
+
+
+def test_events_handed_to_the_event_loop_keep_their_order_with_later_direct_writes(pair):
+    ours, peer = pair
+    box = outbox(ours)
+    queued: list = []
+    box.deliver([delta(0)], queued)  # written directly
+    box.deliver([delta(1)], queued, direct=False)  # a busy step: through the event loop
+    assert queued == [(box, delta(1))] and box.sock is None
+    box.deliver([delta(2)], queued)  # the relay has not caught up: it must wait its turn too
+    assert queued == [(box, delta(1)), (box, delta(2))]
+    receive = STREAMS[STREAMS.index(box.stream) + 1]
+    for _, item in queued:
+        box.put(item)
+    wire = bytearray(read_all(peer))
+    while box.stream.statistics().current_buffer_used:
+        ours.send(encode_frame(receive.receive_nowait()))
+        box.resume()
+    assert box.sock is ours
+    queued = []
+    box.deliver([delta(3)], queued)
+    assert queued == []
+    wire += read_all(peer)
+    assert frames(bytes(wire)) == [delta(0), delta(1), delta(2), delta(3)]
