@@ -17,8 +17,11 @@ cache can only reuse the chat template's first tokens, as with real traffic.
 
 With --concurrency (say 8,32), each round also sends c requests at once to each side in turn: c prompts
 inserted at once into an in-process mlx-lm BatchGenerator (the batch ceiling), c concurrent streams to
-ours, c to mlx_lm.server; aggregate tok/s is every token over the time from the first request to the
-last token, on every side.
+ours through HTTP, c to our engine's socket, c to mlx_lm.server; aggregate tok/s is every token over the
+time from the first request to the last token, on every side.
+
+Each round starts with a different side (round i with the i-th, in turn), so none is always the one that
+runs right after the wait for a quiet machine, or right after the heaviest one.
 
     python -m bench.interleaved --model demo-small --rounds 8
     python -m bench.interleaved --model demo-small --rounds 4 --concurrency 8,32
@@ -31,7 +34,10 @@ import json
 import statistics
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,8 +49,18 @@ from bench import ceilings, clients, cpu, servers  # noqa: E402
 from bench.ceilings import chat_tokens  # noqa: E402
 from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
 
+T = TypeVar("T")
+
 SIDES = ["stream_generate", "ours (HTTP)", "ours (engine socket)", "mlx_lm.server"]
-BATCH_SIDES = ["BatchGenerator", "ours (HTTP)", "mlx_lm.server"]
+BATCH_SIDES = ["BatchGenerator", "ours (HTTP)", "ours (engine socket)", "mlx_lm.server"]
+
+
+def in_turn(i: int, calls: dict[str, Callable[[], T]]) -> dict[str, T]:
+    """Run every call once, starting with the (i mod n)-th and going round; results in the calls' order."""
+    names = list(calls)
+    k = i % len(names)
+    done = {name: calls[name]() for name in names[k:] + names[:k]}
+    return {name: done[name] for name in names}
 
 
 def paired(rounds: list[dict[str, float]], num: str, den: str) -> float:
@@ -121,33 +137,55 @@ class Sides:
             raise RuntimeError(f"{base_url}: {s.error or f'{s.tokens} of {n} tokens'}")
         return s.ttft, s.decode_tps
 
-    def over_socket(self, content: str, n: int) -> tuple[float, float]:
-        """Our engine alone: the API's own protocol on the Unix socket, timed per Delta."""
+    async def _socket_stream(self, content: str, n: int) -> tuple[float, list[tuple[float, int]]]:
+        """One request on the API's own protocol over the Unix socket: (time sent, (time, completion tokens)
+        of every Delta with text and of the Finish)."""
         from ipc import Delta, Error, Finish, Generate, SamplingParams
         from ipc.connection import connect
 
-        async def go() -> tuple[float, float]:
-            t0 = time.perf_counter()
-            conn = await connect(self.socket, client="bench")
-            marks: list[tuple[float, int]] = []
-            try:
-                await conn.send(Generate(request_id=f"bench-{time.monotonic_ns()}", kind="chat",
-                                         params=SamplingParams(max_tokens=n, temperature=0.0, logit_bias=self.bias),
-                                         messages=[{"role": "user", "content": content}]))
-                while True:
-                    msg = await conn.recv()
-                    if isinstance(msg, Error):
-                        raise RuntimeError(f"engine: {msg.message}")
-                    if isinstance(msg, Delta | Finish) and (msg.text or isinstance(msg, Finish)):
-                        marks.append((time.perf_counter(), msg.completion_tokens))
-                    if isinstance(msg, Finish):
-                        break
-            finally:
-                await conn.aclose()
-            (first, k0), (last, k1) = marks[0], marks[-1]
-            return first - t0, (k1 - k0) / (last - first) if last > first else float("nan")
+        t0 = time.perf_counter()
+        conn = await connect(self.socket, client="bench")
+        marks: list[tuple[float, int]] = []
+        try:
+            await conn.send(Generate(request_id=f"bench-{uuid.uuid4().hex[:16]}", kind="chat",
+                                     params=SamplingParams(max_tokens=n, temperature=0.0, logit_bias=self.bias),
+                                     messages=[{"role": "user", "content": content}]))
+            while True:
+                msg = await conn.recv()
+                if isinstance(msg, Error):
+                    raise RuntimeError(f"engine: {msg.message}")
+                if isinstance(msg, Delta | Finish) and (msg.text or isinstance(msg, Finish)):
+                    marks.append((time.perf_counter(), msg.completion_tokens))
+                if isinstance(msg, Finish):
+                    break
+        finally:
+            await conn.aclose()
+        return t0, marks
 
-        return anyio.run(go)
+    def over_socket(self, content: str, n: int) -> tuple[float, float]:
+        """Our engine alone: (first-token seconds, decode tok/s) of one request on its Unix socket."""
+        t0, marks = anyio.run(self._socket_stream, content, n)
+        (first, k0), (last, k1) = marks[0], marks[-1]
+        return first - t0, (k1 - k0) / (last - first) if last > first else float("nan")
+
+    def batch_over_socket(self, contents: list[str], n: int) -> float:
+        """Our engine alone: aggregate tok/s of len(contents) requests sent at once on connections of their own."""
+        async def go() -> list[tuple[float, list[tuple[float, int]]]]:
+            results: list = [None] * len(contents)
+
+            async def one(k: int) -> None:
+                results[k] = await self._socket_stream(contents[k], n)
+
+            async with anyio.create_task_group() as tg:
+                for k in range(len(contents)):
+                    tg.start_soon(one, k)
+            return results
+
+        results = anyio.run(go)
+        tokens = sum(marks[-1][1] for _, marks in results)
+        if tokens < n * len(contents):
+            raise RuntimeError(f"engine socket: {tokens} of {n * len(contents)} tokens")
+        return tokens / (max(marks[-1][0] for _, marks in results) - min(t0 for t0, _ in results))
 
 
 def _rate(tokens: int, times: list[float]) -> float:
@@ -156,30 +194,35 @@ def _rate(tokens: int, times: list[float]) -> float:
 
 
 def measure(sides: Sides, rounds: int, max_tokens: int, quiet: float, concurrency: list[int] = ()) -> dict:
-    def one(i: int, n: int) -> dict[str, tuple[float, float]]:
+    def one(i: int, n: int, turn: int) -> dict[str, tuple[float, float]]:
         # Our engine's socket gets a prompt of its own: after the HTTP request, the same one would come
         # whole from our prefix cache.
         content = prompt(i)
         cpu.wait_quiet(0.25, quiet)
-        return {"stream_generate": sides.in_process(content, n),
-                "ours (HTTP)": sides.over_http(sides.ours.base_url, content, n, sides.model_id),
-                "ours (engine socket)": sides.over_socket(prompt(i + 50_000), n),
-                "mlx_lm.server": sides.over_http(sides.mlx_lm.base_url, content, n, None)}
+        return in_turn(turn, {
+            "stream_generate": lambda: sides.in_process(content, n),
+            "ours (HTTP)": lambda: sides.over_http(sides.ours.base_url, content, n, sides.model_id),
+            "ours (engine socket)": lambda: sides.over_socket(prompt(i + 50_000), n),
+            "mlx_lm.server": lambda: sides.over_http(sides.mlx_lm.base_url, content, n, None)})
 
     def batch(i: int, c: int) -> dict[str, float]:
         contents = [prompt(100_000 + 1000 * i + k) for k in range(c)]
+        # the socket side gets prompts of its own (the prefix cache would serve the HTTP side's whole)
+        own = [prompt(500_000 + 1000 * i + k) for k in range(c)]
         cpu.wait_quiet(0.25, quiet)
-        return {"BatchGenerator": sides.in_process_batch(contents, max_tokens),
-                "ours (HTTP)": sides.batch_over_http(sides.ours.base_url, contents, max_tokens, sides.model_id),
-                "mlx_lm.server": sides.batch_over_http(sides.mlx_lm.base_url, contents, max_tokens, None)}
+        return in_turn(i, {
+            "BatchGenerator": lambda: sides.in_process_batch(contents, max_tokens),
+            "ours (HTTP)": lambda: sides.batch_over_http(sides.ours.base_url, contents, max_tokens, sides.model_id),
+            "ours (engine socket)": lambda: sides.batch_over_socket(own, max_tokens),
+            "mlx_lm.server": lambda: sides.batch_over_http(sides.mlx_lm.base_url, contents, max_tokens, None)})
 
-    one(10_000, 8)  # warm every side up
+    one(10_000, 8, 0)  # warm every side up
     decode, first = [], []
     batches: dict[str, list[dict[str, float]]] = {str(c): [] for c in concurrency}
     for i in range(rounds):
-        d = one(2 * i, max_tokens)
+        d = one(2 * i, max_tokens, i)
         decode.append({k: v[1] for k, v in d.items()})
-        f = one(2 * i + 1, 4)
+        f = one(2 * i + 1, 4, i)
         first.append({k: v[0] for k, v in f.items()})
         line = (f"round {i + 1}/{rounds}: decode tok/s " + ", ".join(f"{k} {v:.1f}" for k, v in decode[-1].items())
                 + "; first token ms " + ", ".join(f"{k} {1000 * v:.0f}" for k, v in first[-1].items()))
@@ -207,6 +250,8 @@ def report(res: dict) -> str:
     for c, rounds in res.get("concurrent", {}).items():
         out.append(f"| c={c}: ours (HTTP) / in-process BatchGenerator({c}) | "
                    f"{paired(rounds, 'ours (HTTP)', 'BatchGenerator'):.3f} |")
+        out.append(f"| c={c}: ours (engine socket) / in-process BatchGenerator({c}) | "
+                   f"{paired(rounds, 'ours (engine socket)', 'BatchGenerator'):.3f} |")
         out.append(f"| c={c}: ours (HTTP) / mlx_lm.server | {paired(rounds, 'ours (HTTP)', 'mlx_lm.server'):.3f} |")
     return "\n".join(out)
 
