@@ -78,6 +78,16 @@ def run(path: Path | str, msg: Msg, *, choices: int = 1, max_frames: int = 10_00
     return frames
 
 
+def frames(data: bytes) -> list[Msg]:
+    """The messages in a byte string of whole frames."""
+    out = []
+    while data:
+        (length,) = HEADER.unpack(data[:HEADER.size])
+        out.append(decode_message(data[HEADER.size:HEADER.size + length]))
+        data = data[HEADER.size + length:]
+    return out
+
+
 def deeply_nested_generate(depth: int) -> bytes:
     """The body of a Generate whose message nests `depth` arrays: msgpack itself sets no depth limit."""
     head = msgspec.msgpack.encode({"type": "generate", "request_id": "x", "kind": "chat", "params": {"max_tokens": 3}})

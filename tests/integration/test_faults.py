@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from ipc import PROTOCOL_VERSION, Error, Hello, InfoRequest, Welcome
-from ipc.framing import HEADER, decode_message, encode_frame
+from ipc.framing import HEADER, encode_frame
 from tests.harness import Stack, wait_for
-from tests.wire import deeply_nested_generate
+from tests.wire import deeply_nested_generate, frames
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 # EOS and pad banned: the demo model then generates until max_tokens
@@ -129,12 +129,7 @@ def exchange(path, data: bytes, *, half_close: bool = True, timeout: float = 15.
         received = b""
         while chunk := sock.recv(65536):
             received += chunk
-    replies = []
-    while received:
-        (length,) = HEADER.unpack(received[: HEADER.size])
-        replies.append(decode_message(received[HEADER.size : HEADER.size + length]))
-        received = received[HEADER.size + length :]
-    return replies
+    return frames(received)
 
 
 ATTACKS = {

@@ -10,7 +10,8 @@ import pytest
 
 from engine.rank0.outbox import DONE, Outbox
 from ipc import Delta, Error, Finish
-from ipc.framing import HEADER, decode_message, encode_frame
+from ipc.framing import encode_frame
+from tests.wire import frames
 
 
 def delta(i: int, index: int = 0) -> Delta:
@@ -19,16 +20,6 @@ def delta(i: int, index: int = 0) -> Delta:
 
 def finish(index: int = 0) -> Finish:
     return Finish(request_id="r", finish_reason="stop", prompt_tokens=3, completion_tokens=1, index=index)
-
-
-def frames(data: bytes) -> list:
-    """The messages in a byte string of whole frames."""
-    out = []
-    while data:
-        (n,) = HEADER.unpack(data[:HEADER.size])
-        out.append(decode_message(data[HEADER.size:HEADER.size + n]))
-        data = data[HEADER.size + n:]
-    return out
 
 
 def read_all(sock: socket.socket) -> bytes:
