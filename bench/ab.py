@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,13 +27,8 @@ if __package__ in (None, ""):
 import httpx  # noqa: E402
 
 from bench import clients, cpu, servers  # noqa: E402
+from bench.interleaved import in_turn, paired  # noqa: E402
 from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
-
-
-def ratios(rounds: list[dict[str, float]], num: str, den: str) -> float:
-    """The median over rounds of num/den."""
-    vals = [r[num] / r[den] for r in rounds if r.get(num) and r.get(den)]
-    return statistics.median(vals) if vals else float("nan")
 
 
 def report(rounds: list[dict[str, dict[str, float]]], rev: str, concurrency: int) -> str:
@@ -44,8 +38,8 @@ def report(rounds: list[dict[str, dict[str, float]]], rev: str, concurrency: int
         lines.append(f"| {i} | {r['batch']['this']:.1f} | {r['batch']['rev']:.1f} | "
                      f"{r['single']['this']:.1f} | {r['single']['rev']:.1f} |")
     lines += ["", "| paired ratio this / " + rev + " (median over rounds) | value |", "|---|---|",
-              f"| aggregate tok/s, {concurrency} streams | {ratios([r['batch'] for r in rounds], 'this', 'rev'):.3f} |",
-              f"| decode tok/s, one stream | {ratios([r['single'] for r in rounds], 'this', 'rev'):.3f} |"]
+              f"| aggregate tok/s, {concurrency} streams | {paired([r['batch'] for r in rounds], 'this', 'rev'):.3f} |",
+              f"| decode tok/s, one stream | {paired([r['single'] for r in rounds], 'this', 'rev'):.3f} |"]
     return "\n".join(lines)
 
 
@@ -87,22 +81,26 @@ def main() -> int:
         model_id = httpx.get(this.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
         sides = {"this": this, "rev": other}
         for i in range(args.rounds):
-            order = ["this", "rev"] if i % 2 == 0 else ["rev", "this"]
             contents = [prompt(300_000 + 1000 * i + k) for k in range(args.concurrency)]
-            cpu.wait_quiet(0.25, 20.0)
-            batch, single = {}, {}
-            for side in order:
+
+            def aggregate(side: str) -> float:
                 res = clients.load(sides[side].base_url, [clients.chat(c, args.max_tokens, bias, model_id)
                                                           for c in contents], args.concurrency)
                 if res.errors:
                     raise RuntimeError(f"{side}: {res.errors[0]}")
-                batch[side] = res.aggregate_tps
-            for side in order:
+                return res.aggregate_tps
+
+            def decode(side: str) -> float:
                 one = clients.load(sides[side].base_url, [clients.chat(prompt(400_000 + i), args.max_tokens, bias,
                                                                        model_id)], 1).samples[0]
                 if not one.ok:
                     raise RuntimeError(f"{side}: {one.error}")
-                single[side] = one.decode_tps
+                return one.decode_tps
+
+            cpu.wait_quiet(0.25, 20.0)
+            # in alternating order: round i starts with the i-th side
+            batch = in_turn(i, {side: (lambda side=side: aggregate(side)) for side in sides})
+            single = in_turn(i, {side: (lambda side=side: decode(side)) for side in sides})
             rounds.append({"batch": batch, "single": single})
             print(f"round {i + 1}/{args.rounds}: c={args.concurrency} this {batch['this']:.1f}, {rev_name} "
                   f"{batch['rev']:.1f}; one stream this {single['this']:.1f}, {rev_name} {single['rev']:.1f}",

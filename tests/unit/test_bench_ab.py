@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from bench.ab import ratios, report
+from bench.ab import report
+from bench.interleaved import paired as ratios
 
 
 def test_ratios_pair_each_round_and_skip_rounds_missing_a_side():
