@@ -22,6 +22,7 @@ from api.bodies import encode
 from api.errors import APIError, RequestTimeout, TooManyConnections
 from api.generation import end_open_streams
 from config import Settings
+from ipc import ignore_settled_wakeups
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class DrainingServer(uvicorn.Server):
         self.ready_file = ready_file
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        ignore_settled_wakeups(asyncio.get_running_loop())
         await super().startup(sockets=sockets)
         if self.started and self.ready_file is not None:
             # Tells launch.sh this process listens now (its /health may be answered by the old API).

@@ -9,6 +9,7 @@ from ipc.framing import (
     TruncatedFrame,
     decode_message,
     encode_frame,
+    ignore_settled_wakeups,
 )
 from ipc.messages import (
     PROTOCOL_VERSION,
@@ -58,4 +59,5 @@ __all__ = [
     "serve_unix",
     "decode_message",
     "encode_frame",
+    "ignore_settled_wakeups",
 ]

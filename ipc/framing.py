@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import select
 import struct
 
@@ -14,6 +16,8 @@ from ipc.messages import Message, Msg
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 RECV_BYTES = 64 * 1024  # the most one read takes from the socket (more when a frame needs more)
+
+log = logging.getLogger(__name__)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -49,6 +53,33 @@ def decode_message(body: bytes) -> Msg:
         raise FrameError(f"malformed message: {exc}") from None
     except RecursionError:
         raise FrameError("malformed message: nested too deeply") from None
+
+
+def ignore_settled_wakeups(loop: asyncio.AbstractEventLoop) -> None:
+    """Keep the loop from logging a harmless race in anyio's Unix socket streams as an ERROR with a traceback.
+
+    anyio waits for a readable Unix socket with `loop.add_reader(sock, future.set_result, None)`. When the
+    wait ends (cancelled: a request ends, a client leaves) in the same loop turn in which the socket became
+    readable, the reader callback was already queued and then sets the result of a settled future. Nothing
+    is lost (the bytes stay in the socket for the next read; the reader is removed right after), but the
+    default handler logs "Exception in callback Future.set_result(None)". Every other error still goes to
+    the loop's default handler."""
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if _settled_wakeup(context):
+            log.debug("a socket became readable as its wait ended; nothing was lost")
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
+def _settled_wakeup(context: dict) -> bool:
+    callback = getattr(context.get("handle"), "_callback", None)
+    future = getattr(callback, "__self__", None)
+    return (isinstance(context.get("exception"), asyncio.InvalidStateError)
+            and getattr(callback, "__name__", None) == "set_result"
+            and isinstance(future, asyncio.Future) and future.done())
 
 
 class FramedStream:

@@ -39,6 +39,7 @@ from ipc import (
     Started,
     Tokenize,
     TruncatedFrame,
+    ignore_settled_wakeups,
     serve_unix,
 )
 from ipc.connection import HANDSHAKE_TIMEOUT
@@ -115,6 +116,7 @@ class EngineServer:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        ignore_settled_wakeups(self._loop)
         self._stop = anyio.Event()
         self._tokenizer_slots = anyio.CapacityLimiter(TOKENIZER_WORKERS)
         async with anyio.create_task_group() as tg:

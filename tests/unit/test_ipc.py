@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import shutil
 import socket
 import stat
@@ -42,6 +44,7 @@ from ipc import (
     connect,
     decode_message,
     encode_frame,
+    ignore_settled_wakeups,
     serve_unix,
 )
 from ipc.framing import HEADER
@@ -185,6 +188,45 @@ async def test_garbage_frame_on_the_stream_raises_frame_error() -> None:
             await raw.send(HEADER.pack(4) + b"\xc1\xc1\xc1\xc1")
             with pytest.raises(FrameError):
                 await conn.recv()
+
+
+async def _recv_ended_as_bytes_arrive(conn: FramedStream, raw: anyio.abc.SocketStream, frame: bytes) -> None:
+    """A recv() cancelled in the loop turn in which the peer's bytes make its socket readable: a request
+    ending just as its client writes or leaves."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(conn.recv)
+        await anyio.wait_all_tasks_blocked()
+        await raw.send(frame)  # in conn's socket now: the next loop turn sees it readable
+        await anyio.lowlevel.checkpoint()  # this task runs first in that turn, ahead of the reader's callback
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_wait_that_ends_as_bytes_arrive_logs_no_error_and_loses_nothing(caplog) -> None:
+    ignore_settled_wakeups(asyncio.get_running_loop())
+    msg = Delta(request_id="r", text="kept", completion_tokens=1)
+    async with stream_pair() as (conn, raw):
+        with anyio.fail_after(TIMEOUT):
+            for _ in range(3):
+                await _recv_ended_as_bytes_arrive(conn, raw, encode_frame(msg))
+                await anyio.sleep(0)  # the loop turn that used to log "Exception in callback Future.set_result"
+                assert await conn.recv() == msg
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.anyio
+async def test_other_callback_errors_are_still_logged(caplog) -> None:
+    loop = asyncio.get_running_loop()
+    ignore_settled_wakeups(loop)
+
+    def broken() -> None:
+        raise RuntimeError("a real bug")
+
+    loop.call_soon(broken)
+    await anyio.sleep(0)
+    await anyio.sleep(0)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "asyncio"]
+    assert len(errors) == 1 and "a real bug" in str(errors[0].exc_info[1])
 
 
 @pytest.fixture
