@@ -23,6 +23,11 @@ AGENTS = REPO / "tests" / "agents"
 BIN = AGENTS / "node_modules" / ".bin"
 # Generous: the first turn prefills the whole agent prompt on one CPU core (minutes here, seconds on a Mac).
 CLI_TIMEOUT = 900.0
+# Claude Code's own output cap (CLAUDE_CODE_MAX_OUTPUT_TOKENS). The demo model seldom ends a turn by itself:
+# uncapped, the turn ran to ~3,600 tokens, 80 s of decoding here that tested nothing more. Capped, Claude
+# Code asks again to continue the cut answer, which also takes it through the prefix cache. (Codex CLI has
+# no such setting, and it fails on a response cut by the server's limit, so its turn runs to the end.)
+OUTPUT_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +70,7 @@ def test_claude_code_prints_the_models_answer(clis, stack, model, tmp_path):
     # directory: it may be only whitespace or an end-of-sequence token. So read the result as JSON,
     # which says whether the turn succeeded and how many tokens the model produced, whatever they were.
     env = _agent_env(tmp_path, ANTHROPIC_BASE_URL=stack.base_url, ANTHROPIC_AUTH_TOKEN="unused",
+                     CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(OUTPUT_TOKENS),
                      DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
     r = _run([str(clis / "claude"), "-p", "Say hello in one word.", "--model", model, "--output-format", "json"],
              env, tmp_path)
