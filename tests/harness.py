@@ -23,9 +23,25 @@ MLX_LAUNCH = str(Path(PYTHON).parent / "mlx.launch")
 MODEL_CACHE = REPO / ".cache" / "models"
 
 
+_RUN_DIR: Path | None = None
+
+
+def run_dir() -> Path:
+    """The one folder under /tmp that holds every short_dir of this process: tests/conftest.py removes it
+    after a passing run and names it after a failing one (its stacks' logs are in there)."""
+    global _RUN_DIR
+    if _RUN_DIR is None:
+        _RUN_DIR = Path(tempfile.mkdtemp(prefix="mcs-tests-", dir="/tmp"))
+    return _RUN_DIR
+
+
+def run_dir_made() -> Path | None:
+    return _RUN_DIR
+
+
 def short_dir(prefix: str) -> Path:
     """A temp dir under /tmp: Unix socket paths must stay short."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=run_dir()))
 
 
 class PortTaken(RuntimeError):

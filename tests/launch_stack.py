@@ -76,7 +76,7 @@ class Launch:
         r = self.run("stop", timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert not self.members(), "processes left after launch.sh stop"
-        if not os.environ.get("KEEP_LAUNCH_DIRS"):  # set it to read the logs of a failed test
+        if not os.environ.get("KEEP_TEST_DIRS"):  # set it to read the logs of a failed test
             shutil.rmtree(self.root, ignore_errors=True)
 
 
