@@ -11,11 +11,13 @@ import mlx.core as mx
 
 from config import Settings
 from engine.facts import model_facts
+from engine.mlx_compat import hf_tokenizer
 from ipc.messages import ModelFacts
 
 log = logging.getLogger(__name__)
 
 DEMO_PREFIX = "demo-"
+NO_TOKENIZER_LIMIT = int(1e30)  # what Hugging Face tokenizers use for "no maximum length"
 
 
 class ModelError(Exception):
@@ -81,6 +83,9 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
     except (OSError, ValueError) as exc:
         raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
+    # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
+    # check would log that running such a prompt "will result in indexing errors" when it never runs.
+    hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
                        vocab_size=vocab_size(config) or len(tokenizer),
                        facts=model_facts(_folder(target), config, tokenizer))

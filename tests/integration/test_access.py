@@ -178,3 +178,6 @@ def test_a_chat_longer_than_the_context_is_refused_before_admission(stack):
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["param"] == "messages"
     assert stack.probe()["active"] == 0
+    # The refusal is the whole story: the engine log does not warn of errors that never happen.
+    logs = "".join(log.read_text(errors="replace") for log in stack.root.glob("**/engine*.log"))
+    assert "indexing errors" not in logs
