@@ -63,13 +63,16 @@ def ignore_settled_wakeups(loop: asyncio.AbstractEventLoop) -> None:
     readable, the reader callback was already queued and then sets the result of a settled future. Nothing
     is lost (the bytes stay in the socket for the next read; the reader is removed right after), but the
     default handler logs "Exception in callback Future.set_result(None)". Every other error still goes to
-    the loop's default handler."""
+    the handler the loop had (or its default one)."""
+    previous = loop.get_exception_handler()
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
         if _settled_wakeup(context):
             log.debug("a socket became readable as its wait ended; nothing was lost")
-            return
-        loop.default_exception_handler(context)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
 
     loop.set_exception_handler(handler)
 

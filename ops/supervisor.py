@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,8 +144,11 @@ class Supervisor:
         folder.mkdir(mode=0o700, exist_ok=True)
         for entry in folder.iterdir():
             try:
-                entry.unlink()
-            except OSError as exc:  # a folder someone made in there: not ours to remove
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            except OSError as exc:
                 log.warning("could not remove %s from %s: %s", entry.name, folder, exc)
         return folder
 

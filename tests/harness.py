@@ -5,8 +5,10 @@ Used by the integration and multi-rank tests (vLLM's RemoteOpenAIServer pattern)
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,9 @@ def run_dir() -> Path:
     global _RUN_DIR
     if _RUN_DIR is None:
         _RUN_DIR = Path(tempfile.mkdtemp(prefix="mcs-tests-", dir="/tmp"))
+        if "pytest" not in sys.modules and not os.environ.get("KEEP_TEST_DIRS"):
+            # A script using Stack (bench/cache_soak.py, docs/screenshot.py): removed when it exits.
+            atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)
     return _RUN_DIR
 
 
