@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -128,29 +127,11 @@ class Supervisor:
         # forwarding loop from spinning (see README, "The mlx.launch CPU-spin workaround").
         # Rank 0 stops the engine if we die: no engine runs on unsupervised (engine/watchdog.py).
         env = {**os.environ, SUPERVISOR_ENV: f"{socket.gethostname()} {os.getpid()}"}
-        if self.launcher:
-            env["TMPDIR"] = str(self.launch_tmp())
         self.child = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, env=env)
         self._relay = threading.Thread(target=self.relay, args=(self.child.stdout,), name="relay", daemon=True)
         self._relay.start()
         log.info("started the engine (pid %d): %s", self.child.pid, " ".join(self.cmd))
-
-    def launch_tmp(self) -> Path:
-        """An empty folder for mlx.launch's temporary files. For every local rank it writes a pid file and the
-        ranks' hostfile with mktemp and never removes the hostfile, so each launch (and each restart) would
-        leave two files per rank in /tmp; here each launch removes the previous one's."""
-        folder = self.settings.run_dir / "launch-tmp"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        for entry in folder.iterdir():
-            try:
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-            except OSError as exc:
-                log.warning("could not remove %s from %s: %s", entry.name, folder, exc)
-        return folder
 
     def relay(self, pipe) -> None:
         """Copy the engine's output to ours (the engine log), reading the lines we care about."""

@@ -65,9 +65,6 @@ def test_a_killed_rank_is_named_and_the_engine_restarts_by_itself():
         launch.start()
         ranks = launch.rank_pids()
         old_engine_pid = launch.state()["engine_pid"]
-        launch_tmp = launch.root / "run" / "launch-tmp"
-        first_launch = set(os.listdir(launch_tmp))
-        assert first_launch, "mlx.launch wrote its temporary files somewhere else"
         os.kill(ranks[1], signal.SIGKILL)
         killed = time.monotonic()
         wait_for(lambda: gone(ranks.values()), WATCHDOG, "both old ranks to end")
@@ -80,8 +77,6 @@ def test_a_killed_rank_is_named_and_the_engine_restarts_by_itself():
         state = wait_for(serving_again, 60, "the engine to be restarted")
         assert state["restarts"] == 1 and len(state["ranks"]) == 2
         assert state["last_failure"]["rank"] == 1
-        # Each launch leaves mlx.launch's temporary files; the restart removed the first launch's.
-        assert first_launch.isdisjoint(os.listdir(launch_tmp))
         status = launch.run("status")
         assert status.returncode == 0, status.stdout
         assert "last failure" in status.stdout and "rank 1" in status.stdout and "SIGKILL" in status.stdout
