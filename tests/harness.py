@@ -49,14 +49,6 @@ def short_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=run_dir()))
 
 
-def private_tmp(root: Path) -> str:
-    """A TMPDIR inside root for the processes a test starts: mlx.launch leaves two mktemp files per rank
-    (its pid file and the ranks' hostfile) on every launch, and a run starts hundreds of ranks."""
-    tmp = root / "tmp"
-    tmp.mkdir(exist_ok=True)
-    return str(tmp)
-
-
 class PortTaken(RuntimeError):
     """A rank could not bind its ring port."""
 
@@ -94,7 +86,6 @@ class Stack:
             API_HOST="127.0.0.1",
             API_PORT=str(self.api_port),
             RING_PORT=str(free_port_run(8)),
-            TMPDIR=private_tmp(self.root),
         )
         env.update({k: str(v) for k, v in self.extra.items()})
         env.update(more)

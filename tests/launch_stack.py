@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 from ops.procs import free_port_run, processes
-from tests.harness import MODEL_CACHE, REPO, free_port, private_tmp, short_dir, wait_for
+from tests.harness import MODEL_CACHE, REPO, free_port, short_dir, wait_for
 
 
 def live_processes() -> dict[int, int]:
@@ -35,7 +35,6 @@ class Launch:
             "API_HOST": "127.0.0.1",
             "API_PORT": str(self.api_port),
             "RING_PORT": str(free_port_run(2)),
-            "TMPDIR": private_tmp(self.root),
             "HOSTS": "127.0.0.1",
             **settings,
         }
