@@ -20,6 +20,17 @@ DRAIN = 3.0
 LONG = {"max_tokens": 4000, "logit_bias": {"0": -100, "2": -100}}
 
 
+def finish(proc: subprocess.Popen, timeout: float) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def short_requests(url: str, stop: threading.Event) -> list[int | str]:
     """Short requests one after another until told to stop: their statuses (or 'refused')."""
     out: list[int | str] = []
@@ -59,6 +70,9 @@ def test_stop_during_traffic_drains_in_flight_requests_and_leaves_no_process():
 
             stopping = subprocess.Popen([str(REPO / "launch.sh"), "stop"], env=launch.env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            # However this block ends, the stop finishes (launch.stop() below would find it holding
+            # launch.sh's lock) and its pipe closes (or a later test fails on the ResourceWarning).
+            stack.callback(finish, stopping, DRAIN + 30)
             t0 = time.monotonic()
             # The stop itself gets SIGTERM once it is under way: it must still finish its job.
             wait_for(lambda: "stopping the engine" in launch.log_tail(5), 10, "the engine to begin its drain")
