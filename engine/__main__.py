@@ -207,7 +207,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
     server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
     if joined.size > 1:
-        server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
+        server.writer.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
     loop = StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
                     stats)
     return loop, server

@@ -1,5 +1,6 @@
-"""One generation's way out of rank 0: straight from the step thread to its socket while the client keeps up,
-through the event loop (bounded) once it does not."""
+"""One generation's way out of rank 0: straight from the writer thread to its socket while the client keeps up,
+through the event loop (bounded) once it does not. The step thread hands the writer thread each step's events
+(EngineServer.post)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ DONE = object()  # after a generation's last event (an Error, or each choice's F
 class Outbox:
     """Where the step loop's events for one generation go.
 
-    While the client keeps up, the step thread writes a step's events for the generation straight to its
+    While the client keeps up, the writer thread writes a step's events for the generation straight to its
     non-blocking socket, in one write. A write that would block (a client reading slower than tokens come)
     hands the socket to the event loop: the unsent bytes and every later event wait in a bounded stream for
     the relay, and overflowing it cancels the generation. Once the relay has caught up (nothing waiting,
-    nothing on its way to it), resume() gives the socket back to the step thread. A write that fails (the
+    nothing on its way to it), resume() gives the socket back to the writer thread. A write that fails (the
     client left) or a frame over the limit leaves the rest to the relay for good. The lock makes every
     hand-over, and close() before the connection closes, atomic with a write."""
 
@@ -29,8 +30,8 @@ class Outbox:
     def __init__(self, stream, max_frame: int) -> None:
         self.stream = stream
         self.max_frame = max_frame
-        self.sock = None  # the raw socket while the step thread writes to it
-        self.raw = None  # the raw socket while the step thread may write to it again
+        self.sock = None  # the raw socket while the writer thread writes to it
+        self.raw = None  # the raw socket while the writer thread may write to it again
         self.pending = 0  # items handed to the event loop that the stream has not taken yet
         self.left = 1  # choices without their Finish yet
         self.lock = threading.Lock()
@@ -38,18 +39,18 @@ class Outbox:
         self.overflowed = False
 
     def open(self, sock, choices: int) -> None:
-        """Event loop, once Started is written: the step thread writes from now on (when sock is a socket)."""
+        """Event loop, once Started is written: the writer thread writes from now on (when sock is a socket)."""
         self.left = choices
         with self.lock:
             self.sock = self.raw = sock
 
     def close(self) -> None:
-        """Event loop: the step thread stops writing to the socket before the connection closes."""
+        """Event loop: the writer thread stops writing to the socket before the connection closes."""
         with self.lock:
             self.sock = self.raw = None
 
     def resume(self) -> None:
-        """Event loop, after the relay wrote an item: with nothing left for it, the step thread writes again."""
+        """Event loop, after the relay wrote an item: with nothing left for it, the writer thread writes again."""
         if self.raw is None or self.overflowed or self.stream.statistics().current_buffer_used:
             return
         with self.lock:
@@ -57,7 +58,7 @@ class Outbox:
                 self.sock = self.raw
 
     def deliver(self, msgs: list, queued: list, direct: bool = True) -> None:
-        """Step thread: write msgs to the socket, or append (self, item) to queued for the event loop (all of
+        """Writer thread: write msgs to the socket, or append (self, item) to queued for the event loop (all of
         them without direct: the socket is the event loop's until its relay has caught up)."""
         last = False
         for msg in msgs:
