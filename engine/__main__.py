@@ -238,6 +238,7 @@ def _serve(settings, joined: Joined, loop, server) -> int:
     """Run the step loop until shutdown; the exit cause says how it ended."""
     from engine.lockstep.batch import DesyncError
     from engine.lockstep.plan import PlanError
+    from engine.rank0.writer import WriterFailed
     from ipc.lifecycle import ExitCause
 
     log = logging.getLogger("engine")
@@ -254,6 +255,9 @@ def _serve(settings, joined: Joined, loop, server) -> int:
     except (DesyncError, PlanError) as exc:
         log.critical("%s; ending the engine (no silent divergence)", exc)
         return ExitCause.DESYNC
+    except WriterFailed as exc:
+        log.critical("%s; ending the engine", exc)
+        return ExitCause.FAILED
     except RuntimeError as exc:
         # mlx raises RuntimeError when a collective loses its peer ("[ring] connection to a peer was lost").
         log.critical("rank %d: %s; a peer rank is gone, ending this rank", joined.rank, exc)

@@ -12,6 +12,8 @@ from ipc import Error, Finish
 from ipc.framing import HEADER, encode_frame
 
 DONE = object()  # after a generation's last event (an Error, or each choice's Finish): its relay may end
+ABANDONED = object()  # after the error sent in place of events that could not be delivered: the relay ends the
+# generation as unfinished, so the step loop withdraws it
 
 
 class Outbox:
@@ -25,7 +27,7 @@ class Outbox:
     client left) or a frame over the limit leaves the rest to the relay for good. The lock makes every
     hand-over, and close() before the connection closes, atomic with a write."""
 
-    __slots__ = ("stream", "max_frame", "sock", "raw", "pending", "left", "lock", "scope", "overflowed")
+    __slots__ = ("stream", "max_frame", "sock", "raw", "pending", "left", "lock", "scope", "overflowed", "broken")
 
     def __init__(self, stream, max_frame: int) -> None:
         self.stream = stream
@@ -37,6 +39,7 @@ class Outbox:
         self.lock = threading.Lock()
         self.scope: anyio.CancelScope | None = None
         self.overflowed = False
+        self.broken = False  # delivering its events failed: it takes no more (see fail)
 
     def open(self, sock, choices: int) -> None:
         """Event loop, once Started is written: the writer thread writes from now on (when sock is a socket)."""
@@ -60,6 +63,8 @@ class Outbox:
     def deliver(self, msgs: list, queued: list, direct: bool = True) -> None:
         """Writer thread: write msgs to the socket, or append (self, item) to queued for the event loop (all of
         them without direct: the socket is the event loop's until its relay has caught up)."""
+        if self.broken:
+            return
         last = False
         for msg in msgs:
             if isinstance(msg, Finish):
@@ -74,6 +79,15 @@ class Outbox:
                 rest = [*rest, DONE]
             self.pending += len(rest)
         queued.extend((self, item) for item in rest)
+
+    def fail(self, error: Error, queued: list) -> None:
+        """Writer thread, after delivering this generation's events raised (a bug): its client gets error and
+        nothing after it, and its relay ends the generation as unfinished (the step loop withdraws it)."""
+        with self.lock:
+            self.sock = self.raw = None
+            self.broken = True
+            self.pending += 2
+        queued.extend([(self, error), (self, ABANDONED)])
 
     def _write(self, msgs: list) -> list:
         """With the lock held: write what it can, give up the socket if not everything; what is left."""

@@ -24,7 +24,7 @@ from config import Settings
 from engine.rank0 import errors, validate
 from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
-from engine.rank0.outbox import DONE, Outbox
+from engine.rank0.outbox import ABANDONED, DONE, Outbox
 from engine.rank0.scheduler import Counters, Submit, Withdraw
 from engine.rank0.writer import Writer
 from ipc import (
@@ -271,6 +271,8 @@ class EngineServer:
             async for item in receive:
                 if item is DONE:
                     return True
+                if item is ABANDONED:
+                    return False
                 try:
                     if isinstance(item, bytes):
                         await conn.send_bytes(item)

@@ -15,11 +15,16 @@ import queue
 import threading
 from collections.abc import Callable
 
+from engine.rank0.errors import generation_failed
 from engine.rank0.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
 STOP_SECONDS = 5.0  # how long stop() waits for the last events to be written
+
+
+class WriterFailed(Exception):
+    """The writer thread is gone: no client would hear of its request again, so the engine must end."""
 
 
 class Writer:
@@ -30,6 +35,7 @@ class Writer:
     def __init__(self, hand_off: Callable[[list], None], direct_limit: int | None = None):
         self.hand_off = hand_off
         self.direct_limit = direct_limit  # connections a step's events are written to directly (None: all)
+        self.failure: BaseException | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="engine-writer", daemon=True)
 
@@ -43,11 +49,22 @@ class Writer:
             self._thread.join(timeout=STOP_SECONDS)
 
     def post(self, events: list) -> None:
-        """Step thread: queue one step's (outbox, message) pairs and return at once."""
+        """Step thread: queue one step's (outbox, message) pairs and return at once; WriterFailed once the
+        writer thread has died."""
+        if self.failure is not None:
+            raise WriterFailed(f"the engine's writer thread failed ({type(self.failure).__name__}: "
+                               f"{self.failure}); no output can reach the clients")
         if events:
             self._queue.put(events)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # the step loop hears of it at its next post
+            log.critical("the writer thread failed", exc_info=True)
+            self.failure = exc
+
+    def _serve(self) -> None:
         while True:
             events = self._queue.get()
             end = events is None
@@ -74,7 +91,10 @@ class Writer:
         for outbox, msgs in by_outbox.items():
             try:
                 outbox.deliver(msgs, queued, direct)
-            except Exception:  # a bug: it costs this generation its events (it ends at REQUEST_TIMEOUT), no one else
-                log.exception("delivering %d event(s) of request %s failed", len(msgs), msgs[0].request_id)
+            except Exception:  # a bug: it costs this generation, no one else
+                rid = msgs[0].request_id
+                log.exception("delivering %d event(s) of request %s failed; ending it", len(msgs), rid)
+                outbox.fail(generation_failed(rid, "the engine failed to deliver this request's output (see the "
+                                                   "engine log); other requests are unaffected"), queued)
         if queued:
             self.hand_off(queued)

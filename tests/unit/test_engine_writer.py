@@ -11,9 +11,9 @@ import threading
 import anyio
 import pytest
 
-from engine.rank0.outbox import DONE, Outbox
-from engine.rank0.writer import Writer
-from ipc import Delta, Finish
+from engine.rank0.outbox import ABANDONED, DONE, Outbox
+from engine.rank0.writer import Writer, WriterFailed
+from ipc import Delta, Error, Finish
 from tests.wire import frames
 
 WAIT = 10.0  # bound on every wait for the writer thread
@@ -73,6 +73,8 @@ def writer(loop):
 @pytest.fixture
 def pair():
     ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    for sock, option in ((ours, socket.SO_SNDBUF), (peer, socket.SO_RCVBUF)):
+        sock.setsockopt(socket.SOL_SOCKET, option, 1 << 18)  # every test's frames fit (macOS's default is 8 KB)
     ours.setblocking(False)
     peer.settimeout(WAIT)
     yield ours, peer
@@ -162,22 +164,51 @@ def test_what_cannot_be_written_goes_to_the_event_loop_in_order(writer, loop, pa
     box.stream.close()
 
 
-class Broken:
-    """An outbox whose delivery raises (a bug), to show it costs only its own events."""
+class Buggy(Recording):
+    """A socket whose write raises what no socket raises: a bug in delivery."""
 
-    def deliver(self, msgs, queued, direct=True):
-        raise RuntimeError("a bug in delivery")
+    def send(self, data: bytes) -> int:
+        raise ValueError("a bug in delivery")
 
 
-def test_a_failing_delivery_costs_only_its_own_request(writer, pair, caplog):
+def test_a_failing_delivery_ends_its_own_request_with_an_error_and_no_one_else(writer, loop, pair):
     ours, peer = pair
+    other_ours, other_peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     box, rec, receive = client(ours)
-    with caplog.at_level(logging.ERROR, logger="engine.rank0.writer"):
-        writer.post([(Broken(), delta(0, "other")), (box, delta(0))])  # the same step
-        writer.post([(Broken(), delta(1, "other"))])
+    broken, _, broken_receive = client(other_ours)
+    broken.open(Buggy(other_ours), 1)
+    try:
+        writer.post([(broken, delta(0, "other")), (box, delta(0))])  # the same step
+        writer.post([(broken, delta(1, "other"))])  # its later events go nowhere
         writer.post([(box, delta(1))])  # a later step
         got = read_frames(peer, 2)
-    assert [m.completion_tokens for m in got] == [1, 2]
-    assert "delivering 1 event(s) of request other failed" in caplog.text
+        writer.stop()
+        assert [m.completion_tokens for m in got] == [1, 2]
+        error, end = loop.items
+        assert isinstance(error, Error) and error.code == "generation_failed" and error.request_id == "other"
+        assert end is ABANDONED  # the relay ends it unfinished: the step loop withdraws it
+    finally:
+        other_ours.close()
+        other_peer.close()
+        for s in (receive, box.stream, broken_receive, broken.stream):
+            s.close()
+
+
+def test_a_dead_writer_thread_stops_the_step_loop_at_its_next_post(pair, caplog):
+    def closed_loop(queued):
+        raise RuntimeError("Event loop is closed")
+
+    writer = Writer(closed_loop)
+    writer.start()
+    ours, peer = pair
+    box, rec, receive = client(ours)
+    with caplog.at_level(logging.CRITICAL, logger="engine.rank0.writer"):
+        writer.post([(box, finish())])  # its DONE needs the event loop
+        writer._thread.join(WAIT)
+    assert not writer._thread.is_alive()
+    assert "the writer thread failed" in caplog.text
+    with pytest.raises(WriterFailed, match="Event loop is closed"):
+        writer.post([(box, delta(0))])
+    writer.stop()
     receive.close()
     box.stream.close()
