@@ -32,7 +32,7 @@ from bench.servers import PYTHON, REPO, Server, Workdir, shown, start_ours  # no
 ATTACH_S = 0.5  # py-spy's time to attach before the window opens
 NATIVE_ENGINE = "native (MLX compute / collective)"
 SHOWN_CPU_SHARE = 0.005  # threads under this share of one core are pooled into one row per process
-THREAD_ORDER = {"MainThread": 0, "engine-writer": 1, "engine-socket": 2}  # in the tables, then the others by name
+THREAD_ORDER = {"MainThread": 0, "engine-socket": 1}  # in the tables, then the others by name
 
 
 def py_spy() -> str | None:

@@ -142,7 +142,7 @@ ENGINE_MAIN = [
          functions=("PlanChannel.", "StepLoop._broadcast", "StepLoop._post", "StepLoop._collect", "Doorbell.")),
     Rule("scheduler output work (Scheduler.absorb and below)", functions=("Scheduler.absorb",)),
     Rule("apply plan (LockstepBatch.apply)", functions=("LockstepBatch.apply",)),
-    Rule("handing events to the writer thread (EngineServer.post)", functions=("EngineServer.post",)),
+    Rule("writing events to client sockets (EngineServer.post)", functions=("EngineServer.post",)),
     Rule("plan making (StepLoop._next_plan)", functions=("StepLoop._next_plan",)),
     Rule("waiting for requests (StepLoop._drain_inbound)", functions=("StepLoop._drain_inbound",), waiting=True),
     Rule("waiting for rank 0 (follower's doorbell)", functions=("StepLoop._sleep", "Bell."), waiting=True),
@@ -155,10 +155,6 @@ ENGINE_SOCKET = [
     Rule("relay loop (EngineServer._relay, memory streams)", functions=("EngineServer._relay",)),
     Rule("admission (EngineServer._generate and below)", functions=("EngineServer._generate",)),
     Rule("waiting for events (selector)", functions=_WAITS[:4], waiting=True),
-]
-ENGINE_WRITER = [
-    Rule("writing events to client sockets (Writer.deliver)", functions=("Writer.deliver",)),
-    Rule("waiting for the step thread's events (Writer._run)", functions=("Writer._run",), waiting=True),
 ]
 API_MAIN = [
     Rule("SSE / JSON encoding (api render, sse, msgspec)", functions=("Renderer.",),
@@ -179,8 +175,6 @@ def engine_rules(thread: str) -> list[Rule]:
         return ENGINE_MAIN
     if thread == "engine-socket":
         return ENGINE_SOCKET
-    if thread == "engine-writer":
-        return ENGINE_WRITER
     return [WAITING, Rule("watchdog (sleeps between checks)", functions=("Watchdog._run",), waiting=True)]
 
 

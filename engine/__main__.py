@@ -207,7 +207,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
     server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
     if joined.size > 1:
-        server.writer.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
+        server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
     loop = StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
                     stats)
     return loop, server
@@ -238,7 +238,6 @@ def _serve(settings, joined: Joined, loop, server) -> int:
     """Run the step loop until shutdown; the exit cause says how it ended."""
     from engine.lockstep.batch import DesyncError
     from engine.lockstep.plan import PlanError
-    from engine.rank0.writer import WriterFailed
     from ipc.lifecycle import ExitCause
 
     log = logging.getLogger("engine")
@@ -255,9 +254,6 @@ def _serve(settings, joined: Joined, loop, server) -> int:
     except (DesyncError, PlanError) as exc:
         log.critical("%s; ending the engine (no silent divergence)", exc)
         return ExitCause.DESYNC
-    except WriterFailed as exc:
-        log.critical("%s; ending the engine", exc)
-        return ExitCause.FAILED
     except RuntimeError as exc:
         # mlx raises RuntimeError when a collective loses its peer ("[ring] connection to a peer was lost").
         log.critical("rank %d: %s; a peer rank is gone, ending this rank", joined.rank, exc)

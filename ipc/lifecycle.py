@@ -16,7 +16,7 @@ class ExitCause(IntEnum):
     """Why an engine rank exited."""
 
     CLEAN = 0  # asked to stop, drained
-    FAILED = 1  # could not start (the model, the socket, another engine already serving) or go on (its writer)
+    FAILED = 1  # could not start: the model, the socket, another engine already serving
     CONFIG = 2  # a setting is invalid
     DESYNC = 3  # the ranks diverged; ended on purpose rather than serve wrong tokens
     PEER_LOST = 4  # a collective lost its peer rank

@@ -1,6 +1,5 @@
-"""One generation's way out of rank 0: straight from the writer thread to its socket while the client keeps up,
-through the event loop (bounded) once it does not. The step thread hands the writer thread each step's events
-(EngineServer.post)."""
+"""One generation's way out of rank 0: straight from the step thread to its socket while the client keeps up,
+through the event loop (bounded) once it does not."""
 
 from __future__ import annotations
 
@@ -12,48 +11,45 @@ from ipc import Error, Finish
 from ipc.framing import HEADER, encode_frame
 
 DONE = object()  # after a generation's last event (an Error, or each choice's Finish): its relay may end
-ABANDONED = object()  # after the error sent in place of events that could not be delivered: the relay ends the
-# generation as unfinished, so the step loop withdraws it
 
 
 class Outbox:
     """Where the step loop's events for one generation go.
 
-    While the client keeps up, the writer thread writes a step's events for the generation straight to its
+    While the client keeps up, the step thread writes a step's events for the generation straight to its
     non-blocking socket, in one write. A write that would block (a client reading slower than tokens come)
     hands the socket to the event loop: the unsent bytes and every later event wait in a bounded stream for
     the relay, and overflowing it cancels the generation. Once the relay has caught up (nothing waiting,
-    nothing on its way to it), resume() gives the socket back to the writer thread. A write that fails (the
+    nothing on its way to it), resume() gives the socket back to the step thread. A write that fails (the
     client left) or a frame over the limit leaves the rest to the relay for good. The lock makes every
     hand-over, and close() before the connection closes, atomic with a write."""
 
-    __slots__ = ("stream", "max_frame", "sock", "raw", "pending", "left", "lock", "scope", "overflowed", "broken")
+    __slots__ = ("stream", "max_frame", "sock", "raw", "pending", "left", "lock", "scope", "overflowed")
 
     def __init__(self, stream, max_frame: int) -> None:
         self.stream = stream
         self.max_frame = max_frame
-        self.sock = None  # the raw socket while the writer thread writes to it
-        self.raw = None  # the raw socket while the writer thread may write to it again
+        self.sock = None  # the raw socket while the step thread writes to it
+        self.raw = None  # the raw socket while the step thread may write to it again
         self.pending = 0  # items handed to the event loop that the stream has not taken yet
         self.left = 1  # choices without their Finish yet
         self.lock = threading.Lock()
         self.scope: anyio.CancelScope | None = None
         self.overflowed = False
-        self.broken = False  # delivering its events failed: it takes no more (see fail)
 
     def open(self, sock, choices: int) -> None:
-        """Event loop, once Started is written: the writer thread writes from now on (when sock is a socket)."""
+        """Event loop, once Started is written: the step thread writes from now on (when sock is a socket)."""
         self.left = choices
         with self.lock:
             self.sock = self.raw = sock
 
     def close(self) -> None:
-        """Event loop: the writer thread stops writing to the socket before the connection closes."""
+        """Event loop: the step thread stops writing to the socket before the connection closes."""
         with self.lock:
             self.sock = self.raw = None
 
     def resume(self) -> None:
-        """Event loop, after the relay wrote an item: with nothing left for it, the writer thread writes again."""
+        """Event loop, after the relay wrote an item: with nothing left for it, the step thread writes again."""
         if self.raw is None or self.overflowed or self.stream.statistics().current_buffer_used:
             return
         with self.lock:
@@ -61,10 +57,8 @@ class Outbox:
                 self.sock = self.raw
 
     def deliver(self, msgs: list, queued: list, direct: bool = True) -> None:
-        """Writer thread: write msgs to the socket, or append (self, item) to queued for the event loop (all of
+        """Step thread: write msgs to the socket, or append (self, item) to queued for the event loop (all of
         them without direct: the socket is the event loop's until its relay has caught up)."""
-        if self.broken:
-            return
         last = False
         for msg in msgs:
             if isinstance(msg, Finish):
@@ -79,15 +73,6 @@ class Outbox:
                 rest = [*rest, DONE]
             self.pending += len(rest)
         queued.extend((self, item) for item in rest)
-
-    def fail(self, error: Error, queued: list) -> None:
-        """Writer thread, after delivering this generation's events raised (a bug): its client gets error and
-        nothing after it, and its relay ends the generation as unfinished (the step loop withdraws it)."""
-        with self.lock:
-            self.sock = self.raw = None
-            self.broken = True
-            self.pending += 2
-        queued.extend([(self, error), (self, ABANDONED)])
 
     def _write(self, msgs: list) -> list:
         """With the lock held: write what it can, give up the socket if not everything; what is left."""

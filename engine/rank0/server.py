@@ -1,9 +1,9 @@
 """Rank 0's socket: handshaken connections, tokenisation and admission, events back to clients.
 
 It runs an anyio event loop in its own thread; the step loop (main thread) receives
-submissions through a thread-safe queue and hands back each step's events in one call, to a writer
-thread. While a client keeps up, the writer thread writes its events straight to its socket (see
-Outbox): a token costs one non-blocking write, not a trip through the event loop.
+submissions through a thread-safe queue and hands back each step's events in one call.
+While a client keeps up, the step thread writes its events straight to its socket (see Outbox):
+a token costs one non-blocking write, not a wake of this thread.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from config import Settings
 from engine.rank0 import errors, validate
 from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
-from engine.rank0.outbox import ABANDONED, DONE, Outbox
+from engine.rank0.outbox import DONE, Outbox
 from engine.rank0.scheduler import Counters, Submit, Withdraw
-from engine.rank0.writer import Writer
 from ipc import (
     ConnectionClosed,
     Detokenize,
@@ -48,7 +47,7 @@ from ipc.connection import HANDSHAKE_TIMEOUT
 log = logging.getLogger(__name__)
 
 # With several ranks, a step whose events go to more connections than this hands them all to the event loop
-# instead, as before rank 0 wrote to sockets directly: the other ranks wait for rank 0 in a spinning collective,
+# instead, as before the step thread wrote to sockets: the other ranks wait for rank 0 in a spinning collective,
 # and on 2 local ranks (2 cores), engines with and without direct writes taking turns gave ratios from 0.74 to
 # 1.14 from one run to the next. One rank writes every connection directly: 9-11 % faster at 1 and 8 streams.
 MULTIRANK_DIRECT_CONNECTIONS = 0
@@ -68,6 +67,7 @@ class EngineServer:
         self.counters = counters
         self.inbound = inbound
         self.info = info
+        self.direct_limit: int | None = None  # connections a step's events are written to directly (None: all)
         self.accepting = True
         self._live: set[str] = set()  # request ids with an open generation; touched on the event loop only
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -76,7 +76,6 @@ class EngineServer:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
-        self.writer = Writer(self._hand_off)  # writes each step's events; the step thread only posts them
 
     # -- lifecycle (called from the main thread) --------------------------------------
     def start(self) -> None:
@@ -84,22 +83,26 @@ class EngineServer:
         self._ready.wait()
         if self._failure is not None:
             raise self._failure
-        self.writer.start()
 
     def stop(self) -> None:
-        self.writer.stop()  # the step loop's last events are written (or handed to the event loop) first
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=5)
 
     def post(self, events: list) -> None:
-        """Step thread: hand one step's events to the writer thread (see engine/rank0/writer.py)."""
-        if self._loop is not None:
-            self.writer.post(events)
-
-    def _hand_off(self, queued: list) -> None:
-        """Writer thread: what it could not write goes to the outboxes' relays, on the event loop."""
-        self._loop.call_soon_threadsafe(_dispatch, queued)
+        """Step thread: deliver one step's events, one write per generation; what cannot be written now
+        takes one hop onto the event loop."""
+        if not events or self._loop is None:
+            return
+        by_outbox: dict[Outbox, list] = {}
+        for outbox, msg in events:
+            by_outbox.setdefault(outbox, []).append(msg)
+        queued: list = []
+        direct = self.direct_limit is None or len(by_outbox) <= self.direct_limit
+        for outbox, msgs in by_outbox.items():
+            outbox.deliver(msgs, queued, direct)
+        if queued:
+            self._loop.call_soon_threadsafe(_dispatch, queued)
 
     def _run(self) -> None:
         try:
@@ -236,7 +239,7 @@ class EngineServer:
             await _send(conn, errors.queue_full(rid, self.settings.MAX_BATCH, self.settings.MAX_QUEUE))
             return
         try:
-            # Started goes first: from Submit on, the writer thread may write to this socket.
+            # Started goes first: from Submit on, the step thread may write to this socket.
             await conn.send(Started(request_id=rid, prompt_tokens=len(tokens)))
         except ConnectionClosed:
             send.close()
@@ -254,7 +257,7 @@ class EngineServer:
         except ConnectionClosed:
             pass
         finally:
-            outbox.close()  # before the connection closes: the writer thread must never write to a reused fd
+            outbox.close()  # before the connection closes: the step thread must never write to a reused fd
             send.close()
             if not finished:
                 self.inbound.put(Withdraw(rid))
@@ -265,14 +268,12 @@ class EngineServer:
                 await _send(conn, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
 
     async def _relay(self, conn: FramedStream, receive, outbox: Outbox) -> bool:
-        """Forward what the writer thread could not write itself, until the request's end (DONE), giving the
-        socket back to the writer thread whenever it has caught up; False if the client left first."""
+        """Forward what the step thread could not write itself, until the request's end (DONE), giving the
+        socket back to the step thread whenever it has caught up; False if the client left first."""
         async with receive:
             async for item in receive:
                 if item is DONE:
                     return True
-                if item is ABANDONED:
-                    return False
                 try:
                     if isinstance(item, bytes):
                         await conn.send_bytes(item)

@@ -28,11 +28,6 @@ RAW = "\n".join([
     "FramedStream.send (ipc/framing.py:80) 3",
     "thread (107): engine-socket;Thread._bootstrap (threading.py:1002);BaseEventLoop._run_once "
     "(asyncio/base_events.py:1884);EpollSelector.select (selectors.py:468) 97",
-    "thread (110): engine-writer;Thread._bootstrap (threading.py:1002);"
-    "Writer._run (engine/rank0/writer.py:52) 94",
-    "thread (110): engine-writer;Thread._bootstrap (threading.py:1002);"
-    "Writer._run (engine/rank0/writer.py:64);Writer.deliver (engine/rank0/writer.py:76);"
-    "Outbox.deliver (engine/rank0/outbox.py:72);Outbox._write (engine/rank0/outbox.py:88) 6",
     "thread (108): AnyIO worker thread;Thread._bootstrap (threading.py:1002);Queue.get (queue.py:171);"
     "Condition.wait (threading.py:327) 101",
     "thread (109): AnyIO worker thread;Thread._bootstrap (threading.py:1002);Queue.get (queue.py:171);"
@@ -46,7 +41,7 @@ RAW = "\n".join([
 
 def test_a_raw_profile_parses_into_threads_frames_and_counts():
     parsed = stacks.parse_raw(RAW)
-    assert len(parsed) == 15 and sum(s.count for s in parsed) == 505
+    assert len(parsed) == 13 and sum(s.count for s in parsed) == 405
     first = parsed[0]
     assert (first.tid, first.thread, first.count) == (100, "MainThread", 60)
     assert first.frames[0] == stacks.Frame("_run_module_as_main", "<frozen runpy>")
@@ -61,16 +56,13 @@ def test_the_engine_main_thread_splits_into_the_loop_s_parts():
         "forward step (mlx-lm BatchGenerator.next)": 60,
         "plan broadcast / meeting (PlanChannel, all_sum, doorbell)": 10,  # waking the followers included
         "scheduler output work (Scheduler.absorb and below)": 10,
-        "handing events to the writer thread (EngineServer.post)": 2,
+        "writing events to client sockets (EngineServer.post)": 2,
         "waiting for requests (StepLoop._drain_inbound)": 15,
         "step bookkeeping (LockstepBatch.step outside BatchGenerator.next)": 5,
         "other": 1,
     }
     assert threads["engine-socket"]["categories"] == {"framing / sending (FramedStream.send, msgpack)": 3,
                                                       "waiting for events (selector)": 97}
-    assert threads["engine-writer"]["categories"] == {
-        "writing events to client sockets (Writer.deliver)": 6,
-        "waiting for the step thread's events (Writer._run)": 94}
     workers = threads["AnyIO worker thread"]
     assert workers["threads"] == 2 and workers["samples"] == 202
     assert workers["categories"] == {"waiting (selector, queue, condition, sleep)": 201, "other": 1}
@@ -82,9 +74,8 @@ def test_leaves_leave_out_waiting_and_name_their_thread():
                       ("Detokenizer.add (engine/rank0/output.py)", "MainThread", 10),
                       ("PlanChannel.all_sum (engine/lockstep/channel.py)", "MainThread", 8)]
     everything = stacks.top_leaves(stacks.parse_raw(RAW), stacks.engine_rules, 100)
-    assert not any(leaf.startswith(("StepLoop._drain_inbound", "EpollSelector", "Condition.wait",
-                                    "Writer._run")) for leaf, _, _ in everything)
-    assert ("Outbox._write (engine/rank0/outbox.py)", "engine-writer", 6) in everything
+    assert not any(leaf.startswith(("StepLoop._drain_inbound", "EpollSelector", "Condition.wait"))
+                   for leaf, _, _ in everything)
 
 
 def test_the_api_s_categories_put_encoding_reading_and_writing_apart():

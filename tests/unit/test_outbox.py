@@ -1,4 +1,4 @@
-"""Rank 0's Outbox: the writer thread writes a generation's events straight to its socket while the client keeps
+"""Rank 0's Outbox: the step thread writes a generation's events straight to its socket while the client keeps
 up, and hands everything unsent to the event loop, in order, once a write would block or fail."""
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_once_the_relay_has_caught_up_the_step_thread_writes_again_and_the_clien
     assert box.sock is ours
     queued = []
     box.deliver([delta(2000), finish()], queued)
-    assert queued == [(box, DONE)]  # written by the writer thread again
+    assert queued == [(box, DONE)]  # written by the step thread again
     wire += read_all(peer)
     assert frames(bytes(wire)) == [*sent, delta(2000), finish()]
 
@@ -182,7 +182,7 @@ def test_a_client_that_left_costs_the_step_thread_nothing_and_the_relay_hears_of
     box = outbox(ours)
     peer.close()
     queued: list = []
-    box.deliver([delta(0)], queued)  # no exception on the writer thread
+    box.deliver([delta(0)], queued)  # no exception on the step thread
     assert queued == [(box, delta(0))]  # the relay's send of it reports the closed connection
     relay_everything(box, queued)
     assert box.sock is None
