@@ -190,6 +190,9 @@ def engine_tool_choice(choice: ToolChoice | None, tools: list[dict[str, Any]]) -
         return "required"
     if choice.type != "tool":
         return choice.type
+    if choice.name is UNSET:
+        raise InvalidRequest("Missing required parameter: 'tool_choice.name' (type 'tool' names the tool to call).",
+                             param="tool_choice.name")
     names = [t["function"]["name"] for t in tools]
     if choice.name not in names:
         raise InvalidRequest(f"Invalid value for 'tool_choice.name': tool {choice.name!r} is not among the tools "

@@ -186,6 +186,7 @@ async def test_error_after_headers_is_an_error_event(engine, client):
     ({"max_tokens": None}, "max_tokens"),
     ({"temperature": 1.5}, "temperature"),
     ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "tool_choice.name"),
+    ({"tool_choice": {"type": "tool"}, "tools": [WEATHER]}, "Missing required parameter: 'tool_choice.name'"),
 ])
 async def test_bad_requests_answer_anthropic_400(engine, client, change, param):
     body = {k: v for k, v in {**BODY, **change}.items() if v is not None}
