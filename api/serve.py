@@ -15,6 +15,7 @@ import os
 import socket
 from pathlib import Path
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -52,6 +53,7 @@ class EdgeProtocol(H11Protocol):
     _waiting_cycle: object = None
     _got_bytes = False
     _refused = False
+    _leftover = False  # the header timer runs for the rest of a body whose request was answered already
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -70,13 +72,22 @@ class EdgeProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._waiting_cycle is not False and self._header_timer is None:
-            # A kept-alive connection's next request: its headers are timed from the first byte.
-            self._arm()
-        self._got_bytes = True
+        if self._waiting_cycle is not False:
+            # The rest of a body whose request was answered before it was read (a 404, a 413) is no new
+            # request: the connection gets the header deadline to finish it, and a silent close if it does not.
+            leftover = self.conn.their_state is h11.SEND_BODY
+            if self._header_timer is None or (self._leftover and not leftover):
+                # A kept-alive connection's next request: its headers are timed from the first byte.
+                self._arm()
+            self._leftover = leftover
+            self._got_bytes = self._got_bytes or not leftover
         super().data_received(data)
         if self._waiting_cycle is not False and self.cycle is not self._waiting_cycle:
             self._headers_done()
+        elif self._leftover and self.conn.their_state is not h11.SEND_BODY and self.conn.trailing_data[0]:
+            # the old body ended inside this read and the next request began after it
+            self._leftover, self._got_bytes = False, True
+            self._arm()
 
     def on_response_complete(self) -> None:
         finished = self.cycle
@@ -92,10 +103,13 @@ class EdgeProtocol(H11Protocol):
         super().connection_lost(exc)
 
     def _arm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
         self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
 
     def _headers_done(self) -> None:
         self._waiting_cycle = False
+        self._leftover = False
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None

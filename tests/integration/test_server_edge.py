@@ -70,6 +70,47 @@ def test_a_kept_alive_connection_that_trickles_its_next_request_is_closed(api):
         assert b"HTTP/1.1 408 " in read_until_closed(sock)
 
 
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response with a content-length body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole response: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed inside the body: {data!r}"
+        body += chunk
+    assert len(body) == length, "more than one response"
+    return head + b"\r\n\r\n" + body
+
+
+def test_the_rest_of_a_refused_request_s_body_is_not_taken_for_a_new_request(api):
+    """A request refused before its body was read (here a 404) gets one answer. The body bytes that follow
+    belong to it: they get no 408 for 'headers too slow' of a request the client never began."""
+    body = b'{"x": "' + b"y" * 200_000 + b'"}'
+    with connect(api) as sock:
+        sock.sendall(b"POST /v1/nope HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
+        assert read_response(sock).startswith(b"HTTP/1.1 404 ")
+        sock.sendall(body[1000:])
+        assert read_until_closed(sock) == b""  # idle, then closed without another word
+
+
+def test_after_a_refused_request_s_body_the_connection_serves_the_next_request(api):
+    body = b'{"x": "' + b"y" * 200_000 + b'"}'
+    with connect(api) as sock:
+        sock.sendall(b"POST /v1/nope HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
+        assert read_response(sock).startswith(b"HTTP/1.1 404 ")
+        sock.sendall(body[1000:] + REQUEST)  # the rest of the body and the next request in one write
+        assert read_response(sock).startswith(b"HTTP/1.1 503 ")  # /health without an engine
+        sock.sendall(b"GET /health HTTP/1.1\r\n")  # a third request, never finished: its headers are timed
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 408 ")
+
+
 def too_many_connections(s: Stack) -> bool:
     """True when a new connection is refused for the cap (not merely answered 503 by /health)."""
     with connect(s) as sock:
