@@ -87,25 +87,28 @@ def read_response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def refused_before_its_body(sock: socket.socket) -> bytes:
+    """Send a request with the first 1000 bytes of its body to a route that answers 404 at once; the rest."""
+    body = b'{"x": "' + b"y" * 200_000 + b'"}'
+    sock.sendall(b"POST /v1/nope HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
+    assert read_response(sock).startswith(b"HTTP/1.1 404 ")
+    return body[1000:]
+
+
 def test_the_rest_of_a_refused_request_s_body_is_not_taken_for_a_new_request(api):
     """A request refused before its body was read (here a 404) gets one answer. The body bytes that follow
     belong to it: they get no 408 for 'headers too slow' of a request the client never began."""
-    body = b'{"x": "' + b"y" * 200_000 + b'"}'
     with connect(api) as sock:
-        sock.sendall(b"POST /v1/nope HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
-        assert read_response(sock).startswith(b"HTTP/1.1 404 ")
-        sock.sendall(body[1000:])
+        rest = refused_before_its_body(sock)
+        sock.sendall(rest)
         assert read_until_closed(sock) == b""  # idle, then closed without another word
 
 
 def test_after_a_refused_request_s_body_the_connection_serves_the_next_request(api):
-    body = b'{"x": "' + b"y" * 200_000 + b'"}'
     with connect(api) as sock:
-        sock.sendall(b"POST /v1/nope HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
-        assert read_response(sock).startswith(b"HTTP/1.1 404 ")
-        sock.sendall(body[1000:] + REQUEST)  # the rest of the body and the next request in one write
+        rest = refused_before_its_body(sock)
+        sock.sendall(rest + REQUEST)  # the rest of the body and the next request in one write
         assert read_response(sock).startswith(b"HTTP/1.1 503 ")  # /health without an engine
         sock.sendall(b"GET /health HTTP/1.1\r\n")  # a third request, never finished: its headers are timed
         assert read_until_closed(sock).startswith(b"HTTP/1.1 408 ")
