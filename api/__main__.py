@@ -12,6 +12,7 @@ from api.app import create_app
 from api.auth import api_keys
 from api.serve import listen, server
 from config import ConfigError, load_settings
+from ipc import raise_open_file_limit
 
 # --log-file rotation: api.log plus this many rotated copies of at most LOG_MAX_BYTES each.
 LOG_MAX_BYTES = 20 * 1024 * 1024
@@ -45,6 +46,7 @@ def main() -> int:
         handlers=[handler],
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
+    raise_open_file_limit()  # a socket per client and per stream: macOS would allow 256
     logging.getLogger("api").info(
         "serving %s on http://%s:%d (engine socket %s%s)",
         settings.model_name,

@@ -88,6 +88,7 @@ def main() -> int:
 
     from engine.model import ModelError
     from engine.watchdog import Watchdog
+    from ipc import raise_open_file_limit
 
     watchdog = Watchdog(settings.ENGINE_START_TIMEOUT, rank)
     watchdog.start()
@@ -96,6 +97,8 @@ def main() -> int:
     except ModelError as exc:
         log.error("%s", exc)
         return ExitCause.FAILED
+    # A socket per stream; after _join, since importing mlx_lm sets the limits to 2048 (soft) and 4096 (hard).
+    log.debug("open-file limit %d", raise_open_file_limit())
     loop, server = _build(settings, joined, watchdog)
 
     def on_signal(signum, frame):  # never log in a signal handler

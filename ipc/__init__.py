@@ -1,6 +1,6 @@
 """The wire between the API gateway and engine rank 0: msgspec messages in length-prefixed frames."""
 
-from ipc.connection import EngineUnavailable, connect, serve_unix
+from ipc.connection import EngineUnavailable, connect, raise_open_file_limit, serve_unix
 from ipc.framing import (
     ConnectionClosed,
     FrameError,
@@ -56,6 +56,7 @@ __all__ = [
     "TruncatedFrame",
     "Welcome",
     "connect",
+    "raise_open_file_limit",
     "serve_unix",
     "decode_message",
     "encode_frame",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import resource
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -14,6 +16,13 @@ from ipc.framing import DEFAULT_MAX_FRAME, ConnectionClosed, FrameError, FramedS
 from ipc.messages import PROTOCOL_VERSION, Error, Hello, Welcome
 
 HANDSHAKE_TIMEOUT = 5.0
+# accept() errors that mean "not now" (out of file descriptors or kernel memory, a peer gone before it was
+# accepted): the listener waits this long and accepts again, as asyncio's own servers do.
+TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED})
+ACCEPT_RETRY_SECONDS = 0.1
+# The open-file limit a server process asks for (up to its hard limit): every stream holds a socket, and
+# macOS starts processes with a soft limit of 256.
+WANTED_OPEN_FILES = 65536
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +142,40 @@ async def serve_unix(
                 # One connection's failure must never take the listener (and every other client) down.
                 log.exception("connection handler failed")
 
-    async with listener:
+    async with listener, anyio.create_task_group() as tg:
         task_status.started()
-        await listener.serve(_one)
+        refusing = 0  # accept() failures in a row
+        while True:
+            try:
+                stream = await listener.accept()
+            except anyio.BrokenResourceError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, OSError) or cause.errno not in TRANSIENT_ACCEPT_ERRORS:
+                    raise
+                if not refusing:
+                    log.warning("cannot accept connections on %s (%s): retrying every %g s; raise the open-file "
+                                "limit (ulimit -n) if this repeats", path, cause.strerror or cause,
+                                ACCEPT_RETRY_SECONDS)
+                refusing += 1
+                await anyio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            if refusing:
+                log.warning("accepting connections on %s again after %d failed attempts", path, refusing)
+                refusing = 0
+            tg.start_soon(_one, stream)
+
+
+def raise_open_file_limit(wanted: int = WANTED_OPEN_FILES) -> int:
+    """Lift this process's soft open-file limit towards wanted (never above the hard limit, never down);
+    returns the limit in force. A process serving many streams must not run out of sockets at 256."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        # macOS refuses more than its per-process maximum (OPEN_MAX, 10240) whatever the hard limit says
+        for limit in (target, min(target, 10240)):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+                return limit
+            except (ValueError, OSError):
+                continue
+    return soft

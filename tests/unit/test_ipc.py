@@ -50,6 +50,8 @@ from ipc import (
 from ipc.framing import HEADER
 from ipc.messages import Message, ModelFacts, RankState
 from ipc.probe import fetch_info
+from ops.procs import poll
+from tests import wire
 
 TIMEOUT = 5
 
@@ -393,3 +395,54 @@ def test_probe_exits_1_when_nobody_answers(short_dir: Path) -> None:
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert "engine not answering" in proc.stderr
+
+
+# A server process with few file descriptors to spare: it answers each handshaken connection's frame.
+SCARCE_SERVER = """
+import resource, sys, logging, anyio
+from ipc import Error, serve_unix
+logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+async def answer(conn):
+    await conn.recv()
+    await conn.send(Error(status=400, code="served", message="served"))
+async def main():
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_unix, sys.argv[1], answer)
+        print("listening", flush=True)
+anyio.run(main)
+"""
+
+
+def test_a_listener_out_of_file_descriptors_accepts_again_once_some_are_free(short_dir: Path) -> None:
+    path = short_dir / "e.sock"
+    log = short_dir / "server.log"
+    with open(log, "w") as err:
+        server = subprocess.Popen([sys.executable, "-c", SCARCE_SERVER, str(path), "24"],
+                                  cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=err, text=True)
+    held: list[socket.socket] = []
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "listening\n", log.read_text()
+        for _ in range(48):  # more than it has descriptors for: the rest wait in the listen backlog
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(path))
+            held.append(c)
+        poll(lambda: "cannot accept connections" in log.read_text(), TIMEOUT, 0.05)
+        assert "cannot accept connections" in log.read_text(), log.read_text()
+        for c in held:
+            c.close()
+        held.clear()
+        # The same limit still holds: it serves again by itself once the burst's sockets are gone.
+        poll(lambda: "accepting connections on" in log.read_text(), TIMEOUT, 0.05)
+        with wire.Session(path, timeout=TIMEOUT) as session:
+            session.send(InfoRequest())
+            reply = session.recv()
+            assert isinstance(reply, Error) and reply.code == "served", reply
+        assert server.poll() is None, log.read_text()
+    finally:
+        for c in held:
+            c.close()
+        server.kill()
+        server.wait(TIMEOUT)
+        if server.stdout is not None:
+            server.stdout.close()
