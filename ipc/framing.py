@@ -95,6 +95,7 @@ class FramedStream:
         self.stream = stream
         self.max_frame = max_frame
         self._buffer = bytearray()
+        self.last_frame_bytes = 0  # the size of the last frame recv() returned
         self._sock = stream.extra(SocketAttribute.raw_socket, None)  # None: not a socket
 
     async def readable(self, timeout: float) -> bool:
@@ -144,6 +145,7 @@ class FramedStream:
                 if len(buf) >= need:
                     body = bytes(buf[HEADER.size:need])
                     del buf[:need]
+                    self.last_frame_bytes = length
                     return decode_message(body)
             try:
                 buf.extend(await self.stream.receive(max(RECV_BYTES, need - len(buf))))

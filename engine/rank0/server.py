@@ -55,6 +55,13 @@ FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their l
 # Tokenize/Detokenize requests worked on at once (each in a worker thread, off the event loop): the tokenizer
 # competes with the step loop for the interpreter, so a burst of huge prompts queues instead of piling up.
 TOKENIZER_WORKERS = 1
+# A generate request whose frame is larger than this is tokenised in one of BIG_PROMPT_WORKERS threads: a
+# tokenizer holds ~200 bytes per byte of text at its peak, so 8 MB prompts arriving together must queue rather
+# than take gigabytes each at once. Smaller prompts (a 64k-token conversation is ~250 KB) never wait for them.
+BIG_PROMPT_BYTES = 256 * 1024
+BIG_PROMPT_WORKERS = 1
+EXTRA_FRAME = ("this connection already carries a request: send each request on a connection of its own "
+               "(closing a connection cancels its request)")
 
 
 class EngineServer:
@@ -73,6 +80,7 @@ class EngineServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: anyio.Event | None = None
         self._tokenizer_slots: anyio.CapacityLimiter | None = None  # made on the event loop
+        self._big_prompt_slots: anyio.CapacityLimiter | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
@@ -119,6 +127,7 @@ class EngineServer:
         ignore_settled_wakeups(self._loop)
         self._stop = anyio.Event()
         self._tokenizer_slots = anyio.CapacityLimiter(TOKENIZER_WORKERS)
+        self._big_prompt_slots = anyio.CapacityLimiter(BIG_PROMPT_WORKERS)
         async with anyio.create_task_group() as tg:
             await tg.start(lambda task_status: serve_unix(
                 self.settings.socket_path, self._handle, max_frame=self.settings.MAX_FRAME_BYTES,
@@ -165,8 +174,9 @@ class EngineServer:
         A client that leaves while its request waits for a worker takes the request with it."""
         name = type(msg).__name__.lower()
         reply: Msg | None = None
+        complaint: list[Msg] = []
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_peer, conn, "", tg.cancel_scope)
+            tg.start_soon(self._watch_peer, conn, "", tg.cancel_scope, complaint)
             try:
                 reply = await anyio.to_thread.run_sync(work, msg, limiter=self._tokenizer_slots)
             except Refused as exc:
@@ -175,6 +185,8 @@ class EngineServer:
                 log.exception("%s failed", name)
                 reply = errors.generation_failed("", f"the engine failed to {name} this request (see the engine log)")
             tg.cancel_scope.cancel()
+        if complaint:
+            reply = complaint[0]
         if reply is None:
             return
         try:
@@ -204,16 +216,18 @@ class EngineServer:
         try:
             await self._admit_and_stream(conn, gen)
         except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
-            log.exception("request %s failed before reaching the batch", rid)
-            await _send(conn, errors.generation_failed(rid, "the engine failed to admit this request (see the engine "
-                                                            "log); other requests are unaffected"))
+            log.exception("request %s failed", rid)
+            await _send(conn, errors.generation_failed(rid, "the engine failed this request (see the engine log); "
+                                                            "other requests are unaffected"))
         finally:
             self._live.discard(rid)
 
     async def _admit_and_stream(self, conn: FramedStream, gen: Generate) -> None:
         rid = gen.request_id
+        big = conn.last_frame_bytes > BIG_PROMPT_BYTES
         try:
-            tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen)
+            tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen,
+                                                    limiter=self._big_prompt_slots if big else None)
         except Refused as exc:
             await _send(conn, exc.to(rid))
             return
@@ -248,11 +262,12 @@ class EngineServer:
         outbox.open(conn.stream.extra(SocketAttribute.raw_socket, None), len(requests))
         self.inbound.put(Submit(requests))
         finished = False
+        complaint: list[Msg] = []  # why the request ends early, for its client
         try:
             async with anyio.create_task_group() as tg:
                 outbox.scope = tg.cancel_scope
-                tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope)
-                finished = await self._relay(conn, receive, outbox)
+                tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
+                finished = await self._relay(conn, receive, outbox, rid, complaint)
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
             pass
@@ -264,16 +279,20 @@ class EngineServer:
         if outbox.overflowed:
             log.warning("request %s: the client stopped reading (%d events waiting); cancelled", rid,
                         self.settings.OUTPUT_BUFFER_EVENTS)
+            complaint.insert(0, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
+        if complaint and not outbox.partial:  # never after half a frame: the client could not read it
             with anyio.move_on_after(1.0, shield=True):
-                await _send(conn, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
+                await _send(conn, complaint[0])
 
-    async def _relay(self, conn: FramedStream, receive, outbox: Outbox) -> bool:
+    async def _relay(self, conn: FramedStream, receive, outbox: Outbox, rid: str, complaint: list[Msg]) -> bool:
         """Forward what the step thread could not write itself, until the request's end (DONE), giving the
-        socket back to the step thread whenever it has caught up; False if the client left first."""
+        socket back to the step thread whenever it has caught up; False if the client left first, or an event
+        was too large to send (complaint then says so)."""
         async with receive:
             async for item in receive:
                 if item is DONE:
                     return True
+                outbox.partial = True  # until the send completes: a cancelled one may leave half a frame
                 try:
                     if isinstance(item, bytes):
                         await conn.send_bytes(item)
@@ -281,16 +300,28 @@ class EngineServer:
                         await conn.send(item)
                 except ConnectionClosed:
                     return False
+                except FrameTooLarge as exc:  # nothing of it was sent
+                    outbox.partial = False
+                    complaint.append(invalid_request(
+                        f"a piece of this request's output is larger than the engine's socket allows ({exc}; "
+                        "MAX_FRAME_BYTES): raise MAX_FRAME_BYTES, or ask for less at once (echo, logprobs)",
+                        code="output_too_large", request_id=rid))
+                    return False
+                outbox.partial = False
                 outbox.resume()
         return False
 
-    async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope) -> None:
-        """The peer closing its connection (or breaking its framing) ends the request; it sends nothing else."""
+    async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope,
+                          complaint: list[Msg]) -> None:
+        """The peer closing its connection (even half: shutdown for writing) ends the request. It sends nothing
+        else: a frame (or broken framing) ends the request too, and complaint says why."""
         try:
-            while True:
-                await conn.recv()
-        except (ConnectionClosed, FrameError):
+            await conn.recv()
+            complaint.append(invalid_request(EXTRA_FRAME, code="bad_frame", request_id=rid))
+        except ConnectionClosed:
             pass
+        except FrameError as exc:
+            complaint.append(invalid_request(f"{exc}; {EXTRA_FRAME}", code="bad_frame", request_id=rid))
         scope.cancel()
 
 
