@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 from msgspec import Meta
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -18,6 +20,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_SOCKET_PATH = 100
 
 Port = Annotated[int, Meta(ge=1, le=65535)]
+# Below these a setting cannot work: an idle engine reports once a second (IDLE_WAIT_SECONDS) and one step
+# of a large model can take seconds; rank 0's Info alone is a few KB (the chat template travels in it).
+MIN_STALL_SECONDS = 3.0
+MIN_WATCHDOG_SECONDS = 5.0
+MIN_FRAME_BYTES = 64 * 1024
 Positive = Annotated[int, Meta(ge=1)]
 Seconds = Annotated[float, Meta(gt=0)]
 
@@ -67,12 +74,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # smallest rank has left after loading its weights; 0: no limit
     KV_MEMORY_BYTES: Annotated[int, Meta(ge=-1)] = -1
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
-    WATCHDOG_TIMEOUT: Seconds = 30.0
-    HEALTH_STALL_SECONDS: Seconds = 10.0
+    WATCHDOG_TIMEOUT: Annotated[float, Meta(ge=MIN_WATCHDOG_SECONDS)] = 30.0
+    HEALTH_STALL_SECONDS: Annotated[float, Meta(ge=MIN_STALL_SECONDS)] = 10.0
     ENGINE_RESTART: Literal["never", "always"] = "never"
     DRAIN_TIMEOUT: Seconds = 10.0
     ENGINE_START_TIMEOUT: Seconds = 600.0
-    MAX_FRAME_BYTES: Annotated[int, Meta(ge=1024)] = 8 * 1024 * 1024
+    MAX_FRAME_BYTES: Annotated[int, Meta(ge=MIN_FRAME_BYTES)] = 8 * 1024 * 1024
     MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     MAX_MESSAGES: Positive = 2048
     BODY_READ_TIMEOUT: Seconds = 30.0
@@ -141,8 +148,8 @@ HINTS = {
     "MAX_BATCH": "a positive integer",
     "MAX_QUEUE": "a positive integer",
     "REQUEST_TIMEOUT": "a number of seconds > 0",
-    "WATCHDOG_TIMEOUT": "a number of seconds > 0",
-    "HEALTH_STALL_SECONDS": "a number of seconds > 0",
+    "WATCHDOG_TIMEOUT": f"a number of seconds >= {MIN_WATCHDOG_SECONDS:g} (a step of a large model can take seconds)",
+    "HEALTH_STALL_SECONDS": f"a number of seconds >= {MIN_STALL_SECONDS:g} (an idle engine reports once a second)",
     "DRAIN_TIMEOUT": "a number of seconds > 0",
     "ENGINE_RESTART": "one of never, always",
     "PROTECT_OPS_ROUTES": "true or false",
@@ -156,12 +163,15 @@ HINTS = {
     "PROMPT_CACHE_BYTES": "an integer of bytes (0 turns the prefix cache off, -1 sizes it from memory)",
     "KV_MEMORY_BYTES": "an integer of bytes (0: no limit, -1 sizes it from memory)",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",
-    "MAX_FRAME_BYTES": "an integer of bytes >= 1024",
+    "MAX_FRAME_BYTES": f"an integer of bytes >= {MIN_FRAME_BYTES} (the engine's own answers take a few KB)",
     "MAX_REQUEST_BYTES": "an integer of bytes >= 1024",
     "BODY_READ_TIMEOUT": "a number of seconds > 0",
 }
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.:\-\[\]]+$")
+# a DNS name to listen on (an IP address is checked by ipaddress)
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_NAME_RE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)")
 # scheme://host[:port], as a browser sends it in the Origin header
 _ORIGIN_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/\s?#]+$")
 
@@ -187,10 +197,15 @@ def load_settings(
     fields = set(Settings.__struct_fields__)
     raw: dict[str, str] = {}
     if env_file.is_file():
+        _check_env_lines(env_file)
         for key, value in dotenv_values(env_file).items():
             if key in RETIRED:
                 continue
             if key not in fields:
+                name = _NAME_RE.match(key)
+                if name is None or name.group(1) != key:  # e.g. "API_KEY:secret": never echo what follows
+                    raise ConfigError(f"{env_file}: a line starting {name.group(1) if name else key[:1]!r} is not "
+                                      "NAME=value; write it as NAME=value")
                 raise ConfigError(
                     f"{env_file}: unknown variable {key}; the accepted ones are listed in .env.example"
                 )
@@ -204,6 +219,24 @@ def load_settings(
         raise ConfigError(_explain(exc, raw)) from None
     _check(settings)
     return settings
+
+
+def _check_env_lines(env_file: Path) -> None:
+    """Refuse a .env line python-dotenv cannot parse (it would drop it and warn, so a mistyped API_KEY line
+    would leave the API open); the message names the line, never its value."""
+    try:
+        with open(env_file, encoding="utf-8") as f:
+            bindings = list(parse_stream(f))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{env_file} cannot be read: {exc}") from None
+    for binding in bindings:
+        if binding.error:
+            text = binding.original.string
+            name = _NAME_RE.match(text)
+            line = binding.original.line + len(text) - len(text.lstrip("\n"))
+            what = f"the line for {name.group(1)}" if name else "a line"
+            raise ConfigError(f"{env_file}, line {line}: cannot read {what}: write NAME=value (quote a value "
+                              "holding spaces or #, and close its quotes)")
 
 
 def _explain(exc: msgspec.ValidationError, raw: Mapping[str, str]) -> str:
@@ -227,9 +260,16 @@ def _check(s: Settings) -> None:
         raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} does not exist: give the path of an mlx.launch hostfile (JSON)")
     if s.BACKEND == "jaccl" and not s.HOSTFILE:
         raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see README)")
-    if len(str(s.socket_path)) > MAX_SOCKET_PATH:
+    if not _listen_host(s.API_HOST):
+        raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
+                          "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
+    if s.BACKEND == "ring" and s.RING_PORT + max(s.ranks, 1) - 1 > 65535:
+        raise ConfigError(f"RING_PORT={s.RING_PORT} is too high for {s.ranks} ranks: the ring uses ports "
+                          f"RING_PORT to RING_PORT+{s.ranks - 1}, which must stay within 65535")
+    socket_bytes = len(os.fsencode(s.socket_path))
+    if socket_bytes > MAX_SOCKET_PATH:
         raise ConfigError(
-            f"SOCKET_PATH={str(s.socket_path)!r} is {len(str(s.socket_path))} bytes long; Unix sockets allow "
+            f"SOCKET_PATH={str(s.socket_path)!r} is {socket_bytes} bytes long; Unix sockets allow "
             f"at most {MAX_SOCKET_PATH}: set SOCKET_PATH (or RUN_DIR) to a shorter path"
         )
     for origin in s.cors_origins:
@@ -240,3 +280,12 @@ def _check(s: Settings) -> None:
         raise ConfigError(
             f"MAX_TOKENS_DEFAULT={s.MAX_TOKENS_DEFAULT} exceeds MAX_TOKENS_LIMIT={s.MAX_TOKENS_LIMIT}: lower it or raise the limit"
         )
+
+
+def _listen_host(host: str) -> bool:
+    """An IP address (IPv6 without brackets, as bind takes it) or a DNS name."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME_RE.match(host))

@@ -84,7 +84,7 @@ class Watchdog:
                 deadline = threading.Timer(LAST_WORDS_SECONDS, os._exit, args=(EXIT_STALLED,))
                 deadline.daemon = True
                 deadline.start()
-                log.critical("rank %d: no progress for %.1f s while %s (WATCHDOG_TIMEOUT=%.0f s): a peer rank "
+                log.critical("rank %d: no progress for %.1f s while %s (WATCHDOG_TIMEOUT=%g s): a peer rank "
                              "is dead or frozen; ending this rank", self.rank, age, self.phase, self.timeout)
                 logging.shutdown()
                 os._exit(EXIT_STALLED)

@@ -56,6 +56,10 @@ def test_values_are_converted_and_stripped(tmp_path: Path) -> None:
         ("BACKEND", "foo", "one of ring, jaccl, mpi"),
         ("MAX_BATCH", "0", "a positive integer"),
         ("LOG_LEVEL", "loud", "one of DEBUG, INFO, WARNING, ERROR"),
+        # values the engine cannot work with: its own answers, its idle heartbeat, a slow step
+        ("MAX_FRAME_BYTES", "1024", "an integer of bytes >= 65536"),
+        ("HEALTH_STALL_SECONDS", "0.5", "a number of seconds >= 3"),
+        ("WATCHDOG_TIMEOUT", "0.01", "a number of seconds >= 5"),
     ],
 )
 def test_bad_value_names_variable_value_and_accepted(name: str, value: str, accepted: str) -> None:
@@ -81,6 +85,26 @@ def test_unknown_key_in_env_file_is_named(tmp_path: Path) -> None:
         _settings({}, env_file)
 
 
+@pytest.mark.parametrize("line", ['API_KEY="s3cret', "MAX_BATCH: 8", "MAX_BATCH 8", "export MAX_BATCH 8"])
+def test_an_env_file_line_that_cannot_be_read_is_refused_by_line_not_dropped(tmp_path: Path, line: str) -> None:
+    # Dropping it would start with the default: for API_KEY, an API open to anyone.
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"API_PORT=9000\n\n{line}\nMAX_QUEUE=4\n")
+    with pytest.raises(ConfigError) as info:
+        _settings({}, env_file)
+    message = str(info.value)
+    assert f"{env_file}, line 3" in message and "NAME=value" in message
+    assert "s3cret" not in message
+
+
+def test_an_env_file_line_with_a_colon_never_echoes_its_value(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("API_KEY:s3cret\n")
+    with pytest.raises(ConfigError, match="API_KEY") as info:
+        _settings({}, env_file)
+    assert "s3cret" not in str(info.value)
+
+
 def test_a_retired_setting_in_an_old_env_file_still_loads(tmp_path: Path) -> None:
     env_file = tmp_path / ".env"
     env_file.write_text("IDLE_TICK_MS=40\nMAX_BATCH=4\n")  # idle ranks sleep now; there is no tick to set
@@ -98,6 +122,12 @@ def test_socket_path_too_long() -> None:
     assert "at most" in str(info.value)
 
 
+def test_socket_path_length_counts_bytes_not_characters() -> None:
+    # 67 characters, 117 bytes: the kernel counts bytes
+    with pytest.raises(ConfigError, match="117 bytes"):
+        _settings({"SOCKET_PATH": "/tmp/" + "é" * 50 + "/engine.sock"})
+
+
 def test_run_dir_too_long_for_the_default_socket() -> None:
     with pytest.raises(ConfigError, match="RUN_DIR"):
         _settings({"RUN_DIR": "/tmp/" + "r" * 120})
@@ -112,11 +142,21 @@ def test_run_dir_too_long_for_the_default_socket() -> None:
         ({"HOSTFILE": "/nonexistent/hosts.json"}, "HOSTFILE"),
         ({"BACKEND": "jaccl"}, "HOSTFILE"),
         ({"MAX_TOKENS_DEFAULT": "100", "MAX_TOKENS_LIMIT": "10"}, "MAX_TOKENS_LIMIT"),
+        ({"API_HOST": "localhost:8000"}, "API_HOST='localhost:8000' is not valid"),
+        ({"API_HOST": "http://127.0.0.1"}, "API_HOST"),
+        ({"API_HOST": "bad host"}, "API_HOST"),
+        ({"API_HOST": "[::1]"}, "API_HOST"),
+        ({"RING_PORT": "65535", "HOSTS": "127.0.0.1,127.0.0.1"}, "RING_PORT=65535 is too high for 2 ranks"),
     ],
 )
 def test_cross_field_checks(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         _settings(env)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "mac-studio.local"])
+def test_api_host_takes_addresses_and_names(host: str) -> None:
+    assert _settings({"API_HOST": host}).API_HOST == host
 
 
 def test_as_env_resolves_derived_values() -> None:
