@@ -85,6 +85,10 @@ def main() -> int:
     if rank == 0 and _socket_is_live(settings.socket_path):
         log.error("another engine is already serving on %s; stop it first (./launch.sh stop)", settings.socket_path)
         return ExitCause.FAILED
+    if rank == 0 and os.path.lexists(settings.socket_path) and not settings.socket_path.is_socket():
+        log.error("SOCKET_PATH %s exists and is not a socket; move it away or set SOCKET_PATH (or RUN_DIR) to "
+                  "another path", settings.socket_path)
+        return ExitCause.FAILED
 
     from engine.model import ModelError
     from engine.watchdog import Watchdog

@@ -104,9 +104,9 @@ class EngineCtl:
         stop_recorded("engine", self.pids, self.layout.engine_stop_timeout, quiet=quiet)
         if was_running and self.settings.BACKEND == "jaccl":
             self.stopped_at.write_text(f"{int(time.time())}\n")
-        # Killed engines cannot unlink their socket; it was ours, since start refuses a foreign one.
+        # Killed engines cannot unlink their socket; one something still accepts on is not ours to remove.
         if self.settings.socket_path.is_socket() and not drop_stale_socket(self.settings.socket_path):
-            say(f"note: an engine not started by this launch.sh answers on {self.settings.socket_path}; left running")
+            say(f"note: something not started by this launch.sh listens on {self.settings.socket_path}; left alone")
 
     def refuse_unsupervised(self) -> None:
         """The group runs but its supervisor (the leader) is gone: only restart-engine (or stop) puts that right."""

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+import runpy
 import shutil
 import socket
 import subprocess
@@ -62,6 +63,10 @@ def model_facts(model: str, root: Path) -> dict:
         files = sorted(f for f in gen.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
         if not files:
             return {"ok": False, "problem": f"the demo model generator {gen} is missing"}
+        names = demo_models(root)
+        if model[len(DEMO_PREFIX):] not in names:
+            return {"ok": False, "problem": f"MODEL={model!r} is not a demo model: use one of "
+                                            f"{', '.join(DEMO_PREFIX + n for n in names)}"}
         digest = hashlib.sha256("".join(file_hash(f) for f in files).encode()).hexdigest()
         return {"ok": True, "identity": f"{model} generator v{generator_version(root)} {digest[:8]}"}
     if model.startswith(("/", ".", "~")):
@@ -84,6 +89,14 @@ def model_facts(model: str, root: Path) -> dict:
         if (snap / "config.json").is_file():
             return {"ok": True, "identity": f"config.json {file_hash(snap / 'config.json')}", "path": str(snap)}
     return {"ok": False, "problem": f"MODEL {model} is not in the Hugging Face cache ({repo}): download it on this host"}
+
+
+def demo_models(root: Path) -> tuple[str, ...]:
+    """The demo model names (without "demo-") the host's generator makes; its specs module is plain data."""
+    try:
+        return tuple(runpy.run_path(str(root / "engine" / "demo" / "specs.py"))["DEMO_MODELS"])
+    except (OSError, KeyError, SyntaxError):
+        return ()
 
 
 def generator_version(root: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import anyio
@@ -23,13 +24,32 @@ def engine_info(socket_path: Path, timeout: float = 2.0) -> Info | None:
 
 
 def drop_stale_socket(socket_path: Path) -> bool:
-    """Unlink a socket no engine answers on (a killed rank 0 cannot); False when one still answers."""
-    if engine_info(socket_path) is not None:
+    """Unlink a socket nothing listens on any more (a killed rank 0 cannot); False, and nothing removed, when
+    the path is not a socket (never another program's file) or something still accepts on it."""
+    path = Path(socket_path)
+    if not path.is_socket():
+        return not path.exists()
+    if listening(path):
         return False
     try:
-        Path(socket_path).unlink()
+        path.unlink()
     except FileNotFoundError:
         pass
     except OSError:
         return False
     return True
+
+
+def listening(path: Path, timeout: float = 2.0) -> bool:
+    """Whether something accepts connections on the Unix socket at path (an engine or any other program)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(path))
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # e.g. a full backlog: someone is there
+    finally:
+        s.close()

@@ -112,3 +112,12 @@ def test_broken_framing_after_a_request_ends_it_with_a_400_saying_so(stack):
     last = frames[-1]
     assert isinstance(last, Error) and last.code == "bad_frame" and "malformed message" in last.message, frames[-3:]
     served_normally(stack.socket)
+
+
+def test_a_file_at_the_socket_path_stops_the_engine_with_a_message_and_stays():
+    s = Stack()
+    s.socket.parent.mkdir(parents=True)
+    s.socket.write_text("not a socket")
+    with pytest.raises(RuntimeError, match="exists and is not a socket"):
+        s.start_engine(timeout=60)
+    assert s.socket.read_text() == "not a socket"
