@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -89,8 +90,25 @@ class EngineCtl:
             say(f"engine rank 0 did not answer within {limit}s (ENGINE_START_TIMEOUT)")
         return False
 
+    def refuse_taken_ring_ports(self) -> None:
+        """Local ranks on the ring listen on RING_PORT, RING_PORT+1, ...: a port in use would fail the start
+        after a timeout with "[ring] connection to a peer was lost", which names no port."""
+        s = self.settings
+        if s.BACKEND != "ring" or s.HOSTFILE or s.ranks < 2 or not all(h in LOCAL for h in s.hosts):
+            return
+        for port in range(s.RING_PORT, s.RING_PORT + s.ranks):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed run's TIME_WAIT is fine
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError as exc:
+                    raise Die(1, f"port {port} is in use on this host ({exc.strerror or exc}), and the ring's "
+                                 f"{s.ranks} local ranks need ports {s.RING_PORT} to {s.RING_PORT + s.ranks - 1}: "
+                                 "set RING_PORT to a free range, or stop what uses it") from None
+
     def launch(self) -> int | None:
         """Start the engine and wait for rank 0; on failure show the log, stop it and return None."""
+        self.refuse_taken_ring_ports()
         offset = log_size(self.layout.engine_log)
         pid = self.start()
         if self.wait_ready(pid):
