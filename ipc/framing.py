@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import select
+import socket
 import struct
 
 import anyio
@@ -113,7 +113,16 @@ class FramedStream:
         """Whether the next frame has already (begun to) arrive, so recv() will not wait for the peer to send."""
         if self._buffer:
             return True
-        return self._sock is not None and bool(select.select([self._sock], [], [], 0)[0])
+        if self._sock is None:
+            return False
+        # A peek, not select(): select() refuses descriptors from 1024 on, which a busy API reaches.
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # recv() raises at once
+        return True  # a byte, or EOF: recv() does not wait either way
 
     async def send(self, msg: Msg) -> None:
         """Send one message; raises ConnectionClosed when the peer is gone."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import resource
 import shutil
 import socket
 import stat
@@ -446,3 +448,28 @@ def test_a_listener_out_of_file_descriptors_accepts_again_once_some_are_free(sho
         server.wait(TIMEOUT)
         if server.stdout is not None:
             server.stdout.close()
+
+
+@pytest.mark.anyio
+async def test_arrived_answers_for_a_socket_numbered_past_1024() -> None:
+    # A busy API holds thousands of sockets; select() cannot watch one numbered 1024 or more.
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] <= 1100:
+        pytest.skip("this process may not open a descriptor past 1024")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    high = socket.socket(fileno=fcntl.fcntl(ours.fileno(), fcntl.F_DUPFD, 1024))
+    ours.close()
+    high.setblocking(False)
+    conn = FramedStream(await anyio.abc.UNIXSocketStream.from_socket(high))
+    try:
+        assert high.fileno() >= 1024
+        assert not conn.arrived()
+        theirs.sendall(encode_frame(InfoRequest()))
+        with anyio.fail_after(TIMEOUT):
+            while not conn.arrived():
+                await anyio.sleep(0.01)
+            assert await conn.recv() == InfoRequest()
+        theirs.close()
+        assert conn.arrived()  # EOF: recv() answers at once
+    finally:
+        theirs.close()
+        await conn.aclose()
