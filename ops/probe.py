@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import anyio
@@ -40,16 +41,24 @@ def drop_stale_socket(socket_path: Path) -> bool:
     return True
 
 
-def listening(path: Path, timeout: float = 2.0) -> bool:
-    """Whether something accepts connections on the Unix socket at path (an engine or any other program)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(str(path))
-        return True
-    except (ConnectionRefusedError, FileNotFoundError):
-        return False
-    except OSError:
-        return True  # e.g. a full backlog: someone is there
-    finally:
-        s.close()
+def listening(path: Path, timeout: float = 2.0, tries: int = 5, spacing: float = 0.2) -> bool:
+    """Whether something accepts connections on the Unix socket at path (an engine or any other program).
+
+    Only refusals every time over about a second mean no: macOS also refuses while a live listener's
+    backlog is full (Linux answers EAGAIN then)."""
+    for attempt in range(tries):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(str(path))
+            return True
+        except FileNotFoundError:
+            return False
+        except ConnectionRefusedError:
+            if attempt + 1 < tries:
+                time.sleep(spacing)
+        except OSError:
+            return True  # e.g. a full backlog on Linux: someone is there
+        finally:
+            s.close()
+    return False
