@@ -170,7 +170,7 @@ HINTS = {
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.:\-\[\]]+$")
 # a DNS name to listen on (an IP address is checked by ipaddress)
-_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$")
 _NAME_RE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)")
 # scheme://host[:port], as a browser sends it in the Origin header
 _ORIGIN_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/\s?#]+$")
@@ -233,7 +233,7 @@ def _check_env_lines(env_file: Path) -> None:
         if binding.error:
             text = binding.original.string
             name = _NAME_RE.match(text)
-            line = binding.original.line + len(text) - len(text.lstrip("\n"))
+            line = binding.original.line + text[:len(text) - len(text.lstrip())].count("\n")
             what = f"the line for {name.group(1)}" if name else "a line"
             raise ConfigError(f"{env_file}, line {line}: cannot read {what}: write NAME=value (quote a value "
                               "holding spaces or #, and close its quotes)")
@@ -283,7 +283,9 @@ def _check(s: Settings) -> None:
 
 
 def _listen_host(host: str) -> bool:
-    """An IP address (IPv6 without brackets, as bind takes it) or a DNS name."""
+    """An IP address (IPv6 without brackets, as bind takes it), a host name, or empty (every IPv4 address)."""
+    if host == "":
+        return True
     try:
         ipaddress.ip_address(host)
         return True

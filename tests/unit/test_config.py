@@ -89,7 +89,7 @@ def test_unknown_key_in_env_file_is_named(tmp_path: Path) -> None:
 def test_an_env_file_line_that_cannot_be_read_is_refused_by_line_not_dropped(tmp_path: Path, line: str) -> None:
     # Dropping it would start with the default: for API_KEY, an API open to anyone.
     env_file = tmp_path / ".env"
-    env_file.write_text(f"API_PORT=9000\n\n{line}\nMAX_QUEUE=4\n")
+    env_file.write_text(f"API_PORT=9000\n  \n{line}\nMAX_QUEUE=4\n")
     with pytest.raises(ConfigError) as info:
         _settings({}, env_file)
     message = str(info.value)
@@ -154,7 +154,7 @@ def test_cross_field_checks(env: dict[str, str], fragment: str) -> None:
         _settings(env)
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "mac-studio.local"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "mac-studio.local", "my_host", ""])
 def test_api_host_takes_addresses_and_names(host: str) -> None:
     assert _settings({"API_HOST": host}).API_HOST == host
 
