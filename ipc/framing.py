@@ -8,6 +8,7 @@ import socket
 import struct
 
 import anyio
+import anyio.lowlevel
 import msgspec
 from anyio.abc import ByteStream, SocketAttribute
 
@@ -96,6 +97,7 @@ class FramedStream:
         self.max_frame = max_frame
         self._buffer = bytearray()
         self.last_frame_bytes = 0  # the size of the last frame recv() returned
+        self.unsent: memoryview | bytes = b""  # the rest of a send that was cancelled after it began
         self._sock = stream.extra(SocketAttribute.raw_socket, None)  # None: not a socket
 
     async def readable(self, timeout: float) -> bool:
@@ -129,17 +131,33 @@ class FramedStream:
         frame = encode_frame(msg)
         if len(frame) - HEADER.size > self.max_frame:
             raise FrameTooLarge(f"outgoing frame of {len(frame)} bytes exceeds {self.max_frame}")
-        try:
-            await self.stream.send(frame)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            raise ConnectionClosed(str(exc)) from None
+        await self.send_bytes(frame)
 
     async def send_bytes(self, data: bytes) -> None:
-        """Send bytes that are already framed (what is left of a write another thread began)."""
-        try:
-            await self.stream.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            raise ConnectionClosed(str(exc)) from None
+        """Send bytes that are already framed (what is left of a write another thread began). While it waits
+        for the socket, `unsent` holds what has not gone yet: cancelled then, the stream is mid-frame."""
+        if self._sock is None:
+            try:
+                await self.stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                raise ConnectionClosed(str(exc)) from None
+            return
+        await anyio.lowlevel.checkpoint()
+        view = memoryview(data)
+        while view:
+            try:
+                sent = self._sock.send(view)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self.unsent = b""
+                raise ConnectionClosed(str(exc) or type(exc).__name__) from None
+            view = view[sent:]
+            if view:
+                if len(view) < len(data):
+                    self.unsent = view
+                await anyio.wait_writable(self._sock)
+        self.unsent = b""
 
     async def recv(self) -> Msg:
         """Receive one message; raises ConnectionClosed at EOF, FrameError on bad input."""

@@ -24,7 +24,7 @@ class Outbox:
     client left) or a frame over the limit leaves the rest to the relay for good. The lock makes every
     hand-over, and close() before the connection closes, atomic with a write."""
 
-    __slots__ = ("stream", "max_frame", "sock", "raw", "pending", "left", "lock", "scope", "overflowed", "partial")
+    __slots__ = ("stream", "max_frame", "sock", "raw", "pending", "left", "lock", "scope", "overflowed", "tail")
 
     def __init__(self, stream, max_frame: int) -> None:
         self.stream = stream
@@ -36,7 +36,7 @@ class Outbox:
         self.lock = threading.Lock()
         self.scope: anyio.CancelScope | None = None
         self.overflowed = False
-        self.partial = False  # the socket's last frame is not whole: the rest of it waits for the relay
+        self.tail = b""  # the rest of a frame the step thread's last write left half sent (the relay sends it)
 
     def open(self, sock, choices: int) -> None:
         """Event loop, once Started is written: the step thread writes from now on (when sock is a socket)."""
@@ -92,8 +92,9 @@ class Outbox:
         if sent == len(data):
             return []
         self.sock = None
-        self.partial = sent > 0
-        return [data[sent:]]
+        rest = data[sent:]
+        self.tail = rest if sent else b""
+        return [rest]
 
     def put(self, item) -> None:
         """On the event loop: queue item, or end the generation when its client has stopped reading."""

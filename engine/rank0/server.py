@@ -52,14 +52,12 @@ log = logging.getLogger(__name__)
 # 1.14 from one run to the next. One rank writes every connection directly: 9-11 % faster at 1 and 8 streams.
 MULTIRANK_DIRECT_CONNECTIONS = 0
 FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
-# Tokenize/Detokenize requests worked on at once (each in a worker thread, off the event loop): the tokenizer
-# competes with the step loop for the interpreter, so a burst of huge prompts queues instead of piling up.
+# Tokenize/Detokenize requests, and generate requests whose frame is larger than BIG_PROMPT_BYTES, worked on at
+# once (each in a worker thread, off the event loop): a tokenizer holds ~200 bytes per byte of text at its peak,
+# so 8 MB prompts arriving together queue rather than take gigabytes each at once. Smaller prompts (a 64k-token
+# conversation is ~250 KB) never wait for them.
 TOKENIZER_WORKERS = 1
-# A generate request whose frame is larger than this is tokenised in one of BIG_PROMPT_WORKERS threads: a
-# tokenizer holds ~200 bytes per byte of text at its peak, so 8 MB prompts arriving together must queue rather
-# than take gigabytes each at once. Smaller prompts (a 64k-token conversation is ~250 KB) never wait for them.
 BIG_PROMPT_BYTES = 256 * 1024
-BIG_PROMPT_WORKERS = 1
 EXTRA_FRAME = ("this connection already carries a request: send each request on a connection of its own "
                "(closing a connection cancels its request)")
 
@@ -80,7 +78,6 @@ class EngineServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: anyio.Event | None = None
         self._tokenizer_slots: anyio.CapacityLimiter | None = None  # made on the event loop
-        self._big_prompt_slots: anyio.CapacityLimiter | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
@@ -127,7 +124,6 @@ class EngineServer:
         ignore_settled_wakeups(self._loop)
         self._stop = anyio.Event()
         self._tokenizer_slots = anyio.CapacityLimiter(TOKENIZER_WORKERS)
-        self._big_prompt_slots = anyio.CapacityLimiter(BIG_PROMPT_WORKERS)
         async with anyio.create_task_group() as tg:
             await tg.start(lambda task_status: serve_unix(
                 self.settings.socket_path, self._handle, max_frame=self.settings.MAX_FRAME_BYTES,
@@ -225,11 +221,20 @@ class EngineServer:
     async def _admit_and_stream(self, conn: FramedStream, gen: Generate) -> None:
         rid = gen.request_id
         big = conn.last_frame_bytes > BIG_PROMPT_BYTES
-        try:
-            tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen,
-                                                    limiter=self._big_prompt_slots if big else None)
-        except Refused as exc:
-            await _send(conn, exc.to(rid))
+        tokens: list[int] | None = None
+        complaint: list[Msg] = []  # why the request ends early, for its client
+        async with anyio.create_task_group() as tg:
+            # A client that leaves while its prompt waits for a tokenizer slot takes it out of the queue.
+            tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
+            try:
+                tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen,
+                                                        limiter=self._tokenizer_slots if big else None)
+            except Refused as exc:
+                complaint.append(exc.to(rid))
+            tg.cancel_scope.cancel()
+        if complaint or tokens is None:
+            if complaint:
+                await _send(conn, complaint[0])
             return
         ctx = self.prompter.context_length
         if len(tokens) >= ctx:
@@ -262,7 +267,6 @@ class EngineServer:
         outbox.open(conn.stream.extra(SocketAttribute.raw_socket, None), len(requests))
         self.inbound.put(Submit(requests))
         finished = False
-        complaint: list[Msg] = []  # why the request ends early, for its client
         try:
             async with anyio.create_task_group() as tg:
                 outbox.scope = tg.cancel_scope
@@ -271,6 +275,10 @@ class EngineServer:
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
             pass
+        except Exception:  # a bug, not the client's fault: answer it (after the frame in flight), serve on
+            log.exception("request %s failed while streaming", rid)
+            complaint.append(errors.generation_failed(rid, "the engine failed this request (see the engine log); "
+                                                           "other requests are unaffected"))
         finally:
             outbox.close()  # before the connection closes: the step thread must never write to a reused fd
             send.close()
@@ -280,9 +288,16 @@ class EngineServer:
             log.warning("request %s: the client stopped reading (%d events waiting); cancelled", rid,
                         self.settings.OUTPUT_BUFFER_EVENTS)
             complaint.insert(0, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
-        if complaint and not outbox.partial:  # never after half a frame: the client could not read it
+        if complaint:
             with anyio.move_on_after(1.0, shield=True):
-                await _send(conn, complaint[0])
+                # the rest of a frame a write left half sent goes first, or the client could not read the error
+                rest = conn.unsent or outbox.tail
+                try:
+                    if rest:
+                        await conn.send_bytes(bytes(rest))
+                    await conn.send(complaint[0])
+                except ConnectionClosed:
+                    pass
 
     async def _relay(self, conn: FramedStream, receive, outbox: Outbox, rid: str, complaint: list[Msg]) -> bool:
         """Forward what the step thread could not write itself, until the request's end (DONE), giving the
@@ -292,22 +307,20 @@ class EngineServer:
             async for item in receive:
                 if item is DONE:
                     return True
-                outbox.partial = True  # until the send completes: a cancelled one may leave half a frame
                 try:
                     if isinstance(item, bytes):
                         await conn.send_bytes(item)
+                        outbox.tail = b""
                     else:
                         await conn.send(item)
                 except ConnectionClosed:
                     return False
                 except FrameTooLarge as exc:  # nothing of it was sent
-                    outbox.partial = False
                     complaint.append(invalid_request(
                         f"a piece of this request's output is larger than the engine's socket allows ({exc}; "
                         "MAX_FRAME_BYTES): raise MAX_FRAME_BYTES, or ask for less at once (echo, logprobs)",
                         code="output_too_large", request_id=rid))
                     return False
-                outbox.partial = False
                 outbox.resume()
         return False
 

@@ -473,3 +473,37 @@ async def test_arrived_answers_for_a_socket_numbered_past_1024() -> None:
     finally:
         theirs.close()
         await conn.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_send_cancelled_halfway_keeps_the_rest_so_the_next_frame_still_parses() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    ours.setblocking(False)
+    conn = FramedStream(await anyio.abc.UNIXSocketStream.from_socket(ours))
+    big = Delta(request_id="r", text="x" * 1_000_000, completion_tokens=1)
+    try:
+        with anyio.move_on_after(0.2):  # nobody reads: the send blocks partway through its frame
+            await conn.send(big)
+        assert 0 < len(conn.unsent) < len(encode_frame(big))
+        received = bytearray()
+
+        def drain() -> None:
+            theirs.settimeout(TIMEOUT)
+            while True:
+                chunk = theirs.recv(1 << 20)
+                if not chunk:
+                    return
+                received.extend(chunk)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, drain)
+            with anyio.fail_after(TIMEOUT):
+                await conn.send_bytes(bytes(conn.unsent))
+                await conn.send(Error(status=408, code="client_not_reading", message="m"))
+            await conn.aclose()
+        assert conn.unsent == b""
+        assert wire.frames(bytes(received)) == [big, Error(status=408, code="client_not_reading", message="m")]
+    finally:
+        theirs.close()
+        await conn.aclose()
