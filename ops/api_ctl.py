@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
-from ops.layout import API_START_TIMEOUT, Die, Layout, log_size, say, show_log_tail
+from config import ConfigError
+from ops.layout import API_START_TIMEOUT, API_STOP_GRACE, Die, Layout, log_size, say, show_log_tail
 from ops.pidfile import PidFile, stop_recorded
-from ops.procs import group_alive, http_status, poll, signal_group, spawn_group
+from ops.procs import group_alive, http_status, poll, signal_group, spawn_group, stop_group
+
+# A replaced API that still runs this long after its drain deadline got KILL at once (it is frozen).
+OVERDUE_KILL_GRACE = 1.0
 
 
 def format_ms(seconds: float) -> str:
@@ -22,6 +27,7 @@ class ApiCtl:
         self.layout = layout
         self.settings = layout.settings
         self.pids = PidFile(layout.api_pid)
+        self.last = None  # the Popen of the API this command started last
 
     def health(self) -> str:
         """/health's status code, "000" when nothing answers (as curl says it)."""
@@ -48,7 +54,22 @@ class ApiCtl:
         popen = spawn_group([sys.executable, "-m", "api", "--log-file", str(self.layout.api_log), *args],
                             self.layout.api_console_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.pids.write(popen.pid)
+        self.last = popen
         return popen.pid
+
+    def check_config(self) -> None:
+        """The checks the API makes as it starts (API_KEYS_FILE readable, with a key), made before anything
+        is stopped or started: a setting the API would refuse leaves what runs as it is."""
+        from api.auth import api_keys  # the gateway's package: no MLX in it
+
+        try:
+            api_keys(self.settings)
+        except ConfigError as exc:
+            print(f"configuration error: {exc}", file=sys.stderr, flush=True)
+            running = self.pids.running()
+            keeps = f"; the running API (process group {running}) keeps serving" if running is not None else ""
+            raise Die(2, "fix the setting above (in .env or the environment; .env.example describes every "
+                         f"variable){keeps}") from None
 
     def wait_ready(self, pid: int, want: str) -> bool:
         """Poll /health until it answers want ("200", or "any" answer at all)."""
@@ -101,17 +122,53 @@ class ApiCtl:
         for path in self.layout.draining_files():
             stop_recorded("previous API", PidFile(path), self.layout.api_stop_timeout, quiet=True)
 
-    def forget_drained(self) -> None:
-        """Drop the files of replaced APIs that have finished draining."""
-        for path in self.layout.draining_files():
-            pid = PidFile(path).read()
-            if pid is None or not group_alive(pid):
-                path.unlink(missing_ok=True)
+    def overdue(self, pids: PidFile) -> float | None:
+        """Seconds a replaced API has run past its drain deadline (API_DRAIN_TIMEOUT + the stop grace after
+        its TERM); None while it is within it."""
+        record = pids.record()
+        if record is None:
+            return None
+        since = record.stopping_since
+        if since is None:
+            if record.start is not None:  # ours, and not told to stop yet: a hand-over under way
+                return None
+            try:  # a file an older launch.sh renamed (so changed) at its hand-over
+                since = pids.path.stat().st_ctime
+            except OSError:
+                return None
+        late = time.time() - since - self.layout.api_stop_timeout
+        return late if late > 0 else None
 
-    def hand_over(self, old: int) -> bool:
+    def reap_drained(self) -> None:
+        """Drop the files of replaced APIs that have finished draining, and KILL one still running past its
+        drain deadline: frozen or hung, it would keep taking connections on the shared port."""
+        for path in self.layout.draining_files():
+            pids = PidFile(path)
+            pid, why = pids.check()
+            if pid is None:
+                if why and why != "not running":
+                    say(f"removing stale pid file {path} ({why})")
+                pids.drop()
+                continue
+            late = self.overdue(pids)
+            if late is not None:
+                say(f"the previous API (process group {pid}), replaced by restart-api, still runs {late:.0f}s past "
+                    f"its drain deadline (API_DRAIN_TIMEOUT={self.settings.API_DRAIN_TIMEOUT}s + {API_STOP_GRACE}s): "
+                    "hung or frozen; killing it")
+                stop_group(pid, OVERDUE_KILL_GRACE)
+                pids.unlink(pid)
+
+    def watch_drain(self, draining: PidFile) -> None:
+        """A watcher of its own (ops.drain_watch) KILLs the replaced API if it outlives its drain deadline,
+        whether or not another ./launch.sh command runs by then."""
+        spawn_group([sys.executable, "-m", "ops.drain_watch", str(draining.path), str(self.layout.api_stop_timeout)],
+                    self.layout.api_console_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def hand_over(self, old: int) -> str:
         """Start the new API beside the running one (group old) on the same port (SO_REUSEPORT); once it
-        listens, old stops accepting and drains. False, with old still serving, when that cannot be done
-        (e.g. old was started without SO_REUSEPORT)."""
+        listens, old stops accepting and drains. "ok"; else the new API did not come up and old still
+        serves: "port" when the new one could not listen beside old (old was started without
+        SO_REUSEPORT), "failed" otherwise (its log shown)."""
         run = self.layout.run_dir
         ready = PidFile(run / f"api.ready.{os.getpid()}")
         t0, offsets = time.monotonic(), self._offsets()
@@ -121,11 +178,30 @@ class ApiCtl:
         listening = poll(lambda: ready.read() == pid, API_START_TIMEOUT, 0.1, alive=lambda: group_alive(pid))
         ready.path.unlink(missing_ok=True)
         if not listening:
+            port = self._port_refused(offsets)
             self._failed(offsets)
             draining.move_to(self.pids.path)
-            return False
+            return "port" if port else "failed"
+        draining.mark_stopping()
         signal_group(old, signal.SIGTERM)
+        self.watch_drain(draining)
         say(f"API ready in {format_ms(time.monotonic() - t0)} on {self.layout.api_url} (pid {pid}); the previous API "
             f"(process group {old}) stopped accepting and finishes its open requests within "
             f"API_DRAIN_TIMEOUT={self.settings.API_DRAIN_TIMEOUT}s")
-        return True
+        return "ok"
+
+    def _port_refused(self, offsets: tuple[int, int]) -> bool:
+        """True when the API that just failed exited because it could not listen on the port."""
+        if self.last is None:
+            return False
+        try:
+            code = self.last.wait(1.0)
+        except subprocess.TimeoutExpired:  # still running: it did not answer in time
+            return False
+        try:
+            with open(self.layout.api_log, "rb") as f:
+                f.seek(offsets[1])
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return False
+        return code == 1 and "cannot listen on" in text

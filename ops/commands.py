@@ -17,7 +17,11 @@ from ops.pidfile import Busy, Lock
 
 
 class Interrupted(Exception):
-    """SIGINT or SIGTERM during a start."""
+    """SIGINT, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped) during a start."""
+
+
+# The signals that end a command run by hand: a start undoes what it began, a stop completes.
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Services:
@@ -35,10 +39,11 @@ class Services:
             lock.acquire()
         except Busy as busy:
             raise Die(1, f"another ./launch.sh (pid {busy.args[0]}) is changing the services; try again when it "
-                         "is done") from None
+                         f"is done (if no ./launch.sh runs, remove {lock.path})") from None
         except OSError as exc:
             raise Die(1, f"cannot create the lock {lock.path}: {exc}") from None
         try:
+            self.api.reap_drained()
             yield
         finally:
             lock.release()
@@ -52,6 +57,8 @@ class Services:
             if engine_pid is not None and api_pid is not None:
                 raise Die(1, f"already running (engine process group {engine_pid}, API process group {api_pid}); "
                              "use ./launch.sh status, stop or restart")
+            if api_pid is None:
+                self.api.check_config()
             started: list = []
             with _interruptible():
                 try:
@@ -122,7 +129,7 @@ class Services:
             # A stop runs to its end: interrupted halfway it would leave the API up without its engine.
             interrupted = []
             handler = lambda signum, frame: interrupted.append(signum)  # noqa: E731
-            previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+            previous = {sig: signal.signal(sig, handler) for sig in ENDING_SIGNALS}
             try:
                 self.engine.stop()
                 self.api.stop()
@@ -140,7 +147,8 @@ class Services:
 
     def restart_api(self) -> int:
         with self.locked():
-            self.api.forget_drained()
+            # A setting the new API would refuse leaves the running one serving.
+            self.api.check_config()
             want = "200"
             if self.engine.pids.running() is None or self.engine.info() is None:
                 say("warning: the engine is not answering; the API will answer 503 until it is up")
@@ -149,10 +157,16 @@ class Services:
             # the old one's open streams run to their end (within API_DRAIN_TIMEOUT) instead of being cut.
             old = self.api.pids.running()
             if old is not None:
-                if self.api.hand_over(old):
+                handed = self.api.hand_over(old)
+                if handed == "ok":
                     return 0
-                say("could not start the new API beside the running one; restarting it the plain way (its open "
-                    f"requests get API_DRAIN_TIMEOUT={self.layout.settings.API_DRAIN_TIMEOUT}s)")
+                if handed != "port":
+                    say(f"the new API did not come up (see above); the previous API (process group {old}) keeps "
+                        "serving: fix the cause and run ./launch.sh restart-api again")
+                    return 1
+                say("the new API could not listen beside the running one (started without SO_REUSEPORT); "
+                    "restarting it the plain way (its open requests get "
+                    f"API_DRAIN_TIMEOUT={self.layout.settings.API_DRAIN_TIMEOUT}s)")
             self.api.stop()
             self.api.refuse_running()
             return 0 if self.api.launch(want) is not None else 1
@@ -179,13 +193,13 @@ class Services:
 
 @contextlib.contextmanager
 def _interruptible():
-    """Ctrl-C or a TERM during a start raises Interrupted, so the start can undo what it began."""
+    """Ctrl-C, a TERM or a HUP during a start raises Interrupted, so the start can undo what it began."""
     def handler(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in ENDING_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         raise Interrupted
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handler) for sig in ENDING_SIGNALS}
     try:
         yield
     finally:

@@ -28,7 +28,11 @@ class Die(Exception):
 
 
 def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """To stderr; a terminal that is gone (closed, the ssh session dropped) must not stop a clean-up."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def ceil_seconds(value: float) -> int:

@@ -140,6 +140,45 @@ def process_alive(pid: int) -> bool:
     return pid_exists(pid) and any(r.pid == pid for r in processes())
 
 
+def _ps_field(pid: int, field: str) -> str | None:
+    """One ps column of pid, in the C locale and UTC so that every caller reads the same text."""
+    try:
+        r = subprocess.run(["ps", "-ww", "-o", f"{field}=", "-p", str(pid)], capture_output=True, text=True,
+                           timeout=10, env={**os.environ, "LC_ALL": "C", "TZ": "UTC0"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = r.stdout.strip()
+    return out if r.returncode == 0 and out else None
+
+
+def process_start(pid: int) -> str | None:
+    """When pid started, as text that tells it from any later process given the same pid; None when gone.
+
+    Linux: the boot id and the start time in clock ticks (/proc); elsewhere (macOS) ps's lstart.
+    """
+    if pid <= 0:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None  # a Linux without this pid
+        return _ps_field(pid, "lstart")
+    except OSError:
+        return None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "-"
+    fields = stat.rsplit(")", 1)[-1].split()
+    return f"{boot}/{fields[19]}" if len(fields) > 19 else None
+
+
+def command_line(pid: int) -> str | None:
+    """pid's command and arguments, as ps shows them; None when gone."""
+    return _ps_field(pid, "command") if pid > 0 else None
+
+
 def _send(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         try:

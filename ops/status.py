@@ -7,7 +7,7 @@ import time
 from ipc.messages import Info
 from ops.api_ctl import ApiCtl
 from ops.engine_ctl import EngineCtl
-from ops.layout import Layout
+from ops.layout import API_STOP_GRACE, Layout
 from ops.pidfile import PidFile
 from ops.procs import process_alive
 from ops.state import ACTIVE, read_state, state_path
@@ -104,9 +104,23 @@ def _engine_dead(layout: Layout, pid: int) -> list[str]:
     return out
 
 
+def stale_note(name: str, pids: PidFile) -> tuple[int | None, list[str]]:
+    """The recorded group while it is ours; a pid file naming another program is removed (never signalled)."""
+    pid, why = pids.check()
+    if pid is None and why not in ("", "not running"):
+        pids.drop()
+        return None, [f"{name} removed the stale pid file {pids.path}: {why}"]
+    return pid, []
+
+
 def engine_status(layout: Layout, engine: EngineCtl) -> tuple[str, list[str]]:
+    pid, notes = stale_note("engine  ", engine.pids)
+    state, lines = _engine_status(layout, engine, pid)
+    return state, notes + lines
+
+
+def _engine_status(layout: Layout, engine: EngineCtl, pid: int | None) -> tuple[str, list[str]]:
     s = layout.settings
-    pid = engine.pids.running()
     if pid is not None and not process_alive(pid):
         return "unsupervised", [
             f"engine   UNSUPERVISED: its supervisor (pid {pid}) is gone, yet processes of its group still run",
@@ -131,7 +145,7 @@ def engine_status(layout: Layout, engine: EngineCtl) -> tuple[str, list[str]]:
 
 
 def api_status(layout: Layout, api: ApiCtl) -> tuple[str, list[str]]:
-    pid = api.pids.running()
+    pid, notes = stale_note("api     ", api.pids)
     if pid is not None:
         code = api.health()
         if code == "200":
@@ -140,22 +154,42 @@ def api_status(layout: Layout, api: ApiCtl) -> tuple[str, list[str]]:
     recorded = api.pids.read()
     if recorded is not None:
         return "dead", [f"api      DEAD: pid {recorded} is gone but its pid file remains; see {layout.api_log}"]
-    return "stopped", ["api      stopped"]
+    return "stopped", [*notes, "api      stopped"]
+
+
+def draining_status(layout: Layout, api: ApiCtl) -> tuple[bool, list[str]]:
+    """The APIs restart-api replaced that still run; False when one is long past its drain deadline."""
+    fine, lines = True, []
+    s = layout.settings
+    for path in layout.draining_files():
+        pids = PidFile(path)
+        pid, notes = stale_note("api     ", pids)
+        lines += notes
+        if pid is None:
+            continue
+        late = api.overdue(pids)
+        if late is None:
+            lines.append(f"api      previous API (process group {pid}), replaced by restart-api, finishing its open "
+                         f"requests (API_DRAIN_TIMEOUT={s.API_DRAIN_TIMEOUT}s)")
+            continue
+        fine = False
+        lines += [f"api      previous API (process group {pid}), replaced by restart-api, STILL RUNS {late:.0f}s past its "
+                  f"drain deadline (API_DRAIN_TIMEOUT={s.API_DRAIN_TIMEOUT}s + {API_STOP_GRACE}s): hung or frozen,",
+                  f"         it may still take connections on port {s.API_PORT}; any ./launch.sh command but status "
+                  "and logs kills it (restart-api, or stop)"]
+    return fine, lines
 
 
 def status(layout: Layout) -> int:
     engine_state, lines = engine_status(layout, EngineCtl(layout))
     api_state, more = api_status(layout, ApiCtl(layout))
     lines += more
-    for path in layout.draining_files():
-        pid = PidFile(path).running()
-        if pid is not None:
-            lines.append(f"api      previous API (process group {pid}), replaced by restart-api, finishing its open "
-                         f"requests (API_DRAIN_TIMEOUT={layout.settings.API_DRAIN_TIMEOUT}s)")
+    drains_fine, more = draining_status(layout, ApiCtl(layout))
+    lines += more
     lines.append(f"logs     {layout.engine_log}   {layout.api_log}")
     print("\n".join(lines), flush=True)
-    if engine_state == "up" and api_state == "up":
+    if engine_state == "up" and api_state == "up" and drains_fine:
         return UP
-    if engine_state == "stopped" and api_state == "stopped":
+    if engine_state == "stopped" and api_state == "stopped" and drains_fine:
         return STOPPED
     return PARTLY

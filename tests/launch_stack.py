@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 
+from ops.pidfile import PidFile
 from ops.procs import free_port_run, processes
 from tests.harness import MODEL_CACHE, REPO, free_port, short_dir, wait_for
 
@@ -41,15 +42,16 @@ class Launch:
         self.url = f"http://127.0.0.1:{self.api_port}"
         self.groups: set[int] = set()
 
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([str(REPO / "launch.sh"), *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+    def run(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+        """launch.sh args; env: settings of this command only."""
+        return subprocess.run([str(REPO / "launch.sh"), *args], env={**self.env, **env}, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def start(self) -> None:
         r = self.run("start")
         assert r.returncode == 0, r.stdout + r.stderr + self.log_tail()
         for name in ("engine", "api"):
-            self.groups.add(int((self.root / "run" / f"{name}.pid").read_text()))
+            self.groups.add(self.group(name))
 
     def state(self) -> dict:
         return json.loads((self.root / "run" / "engine.state.json").read_text())
@@ -61,7 +63,9 @@ class Launch:
         return {r["rank"]: r["pid"] for r in ranks}
 
     def group(self, name: str) -> int:
-        return int((self.root / "run" / f"{name}.pid").read_text())
+        pid = PidFile(self.root / "run" / f"{name}.pid").read()
+        assert pid is not None, f"no {name}.pid"
+        return pid
 
     def members(self) -> set[int]:
         return {pid for pid, group in live_processes().items() if group in self.groups}

@@ -1,5 +1,6 @@
-"""launch.sh operations that must not lose anything: restart-api under open streams, a killed
-supervisor, and start with only half of the service up."""
+"""launch.sh operations that must not lose anything: restart-api under open streams, with a refused
+setting, or over a frozen API; a killed supervisor; start with only half of the service up; pid files
+that name someone else's processes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 
 import httpx
 
@@ -130,3 +132,60 @@ def test_a_killed_supervisor_is_noticed_and_start_brings_the_engine_back_under_t
         assert launch.run("status", timeout=60).returncode == 0
     finally:
         launch.stop()
+
+
+def test_restart_api_with_a_setting_the_api_refuses_keeps_the_old_api_serving():
+    launch = Launch()
+    launch.start()
+    try:
+        old_api = launch.group("api")
+        r = launch.run("restart-api", timeout=120, API_KEYS_FILE="/nonexistent/keys")
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "API_KEYS_FILE" in r.stderr and f"(process group {old_api}) keeps serving" in r.stderr
+        assert launch.group("api") == old_api and not gone([old_api])
+        assert http_status(launch.url + "/health") == 200
+        assert launch.run("status", timeout=60).returncode == 0
+    finally:
+        launch.stop()
+
+
+def test_a_frozen_replaced_api_is_killed_after_its_drain_deadline():
+    launch = Launch(API_DRAIN_TIMEOUT="1")
+    launch.start()
+    try:
+        old_api = launch.group("api")
+        os.killpg(old_api, signal.SIGSTOP)  # hung: it never acts on the TERM of the hand-over
+        r = launch.run("restart-api", timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        launch.groups.add(launch.group("api"))
+        assert launch.group("api") != old_api
+        # API_DRAIN_TIMEOUT + the stop grace after the TERM, without another command: KILLed, off the port.
+        wait_for(lambda: gone([old_api]), 30, "the frozen replaced API to be killed")
+        assert not list((launch.root / "run").glob("api.draining.*"))
+        r = launch.run("status", timeout=60)
+        assert r.returncode == 0 and "previous API" not in r.stdout, r.stdout
+        assert http_status(launch.url + "/health") == 200
+    finally:
+        launch.stop()
+
+
+def test_pid_files_and_a_lock_naming_unrelated_processes_are_stale_and_never_signalled():
+    launch = Launch()
+    run = launch.root / "run"
+    run.mkdir()
+    strangers = [subprocess.Popen(["sleep", "1000"], start_new_session=True) for _ in range(3)]
+    try:
+        for stranger, name in zip(strangers, ("api.pid", "engine.pid", "launch.lock")):
+            (run / name).write_text(f"{stranger.pid}\n")
+        r = launch.run("status", timeout=60)
+        assert r.returncode == 3, r.stdout + r.stderr  # all stopped: nothing of ours runs
+        assert "stale pid file" in r.stdout and "running" not in r.stdout, r.stdout
+        (run / "api.pid").write_text(f"{strangers[0].pid}\n")
+        launch.start()  # neither "already running" nor "another ./launch.sh is changing the services"
+        assert launch.group("api") != strangers[0].pid
+        launch.stop()
+        assert all(s.poll() is None for s in strangers), "an unrelated process was signalled"
+    finally:
+        for s in strangers:
+            s.kill()
+            s.wait(10)

@@ -31,7 +31,7 @@ def test_the_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     path = tmp_path / "launch.lock"
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        path.write_text(f"{holder.pid}\n")
+        PidFile(path).write(holder.pid)  # with its start time: the very process that wrote it
         with pytest.raises(Busy) as busy:
             Lock(path).acquire()
         assert busy.value.args[0] == holder.pid

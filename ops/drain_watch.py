@@ -1,0 +1,40 @@
+"""`python -m ops.drain_watch FILE SECONDS`: restart-api starts it beside the API it replaced (FILE, an
+api.draining.<pid> file). SECONDS after that API was told to stop, if it still runs it gets KILL: a
+frozen or hung API would otherwise keep listening on the shared port, and take connections, forever.
+It ends as soon as the API is gone, or FILE (ops removes it when the API was stopped another way)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ops.pidfile import PidFile
+from ops.procs import stop_group
+
+CHECK_EVERY = 1.0  # seconds between looks at the replaced API
+KILL_GRACE = 1.0  # seconds between the TERM and the KILL of an overdue API
+
+
+def watch(path: Path, seconds: float) -> int:
+    pids = PidFile(path)
+    record = pids.record()
+    if record is None:
+        return 0
+    deadline = (record.stopping_since or time.time()) + seconds
+    while True:
+        pid = pids.running()
+        if pid is None:
+            return 0
+        if time.time() >= deadline:
+            break
+        time.sleep(CHECK_EVERY)
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ops.drain_watch: the previous API (process group {pid}) still "
+          f"runs {seconds:g}s after restart-api told it to stop (hung or frozen): killing it", flush=True)
+    stop_group(pid, KILL_GRACE)
+    pids.unlink(pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(watch(Path(sys.argv[1]), float(sys.argv[2])))
