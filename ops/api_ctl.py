@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -34,16 +35,32 @@ class ApiCtl:
         code = http_status(self.layout.api_url + "/health", timeout=1.0)
         return "000" if code is None else str(code)
 
-    def port_taken(self) -> bool:
-        """True unless connecting to the API's address is refused: a silent listener counts."""
-        host = self.layout.api_url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")
+    def port_problem(self) -> str:
+        """Why the API could not listen on API_HOST:API_PORT ("" when it can): something answers there (a
+        silent listener counts), or binding fails (an address not of this host, a privileged port)."""
+        s, url = self.settings, self.layout.api_url
+        taken = (f"something already listens on {url} (not an API started by this launch.sh); stop it or set "
+                 "API_HOST/API_PORT")
+        host = url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")
         try:
-            socket.create_connection((host, self.settings.API_PORT), timeout=1.0).close()
-        except TimeoutError:
-            return True
+            socket.create_connection((host, s.API_PORT), timeout=1.0).close()
+            return taken
         except OSError:
-            return False
-        return True
+            pass  # refused, unreachable or silent: binding tells
+        with socket.socket(socket.AF_INET6 if ":" in s.API_HOST else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the API binds
+            try:
+                probe.bind((s.API_HOST, s.API_PORT))
+            except socket.gaierror as exc:
+                return f"API_HOST={s.API_HOST!r} does not resolve ({exc.strerror}): set it to an address of this host"
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return taken
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    return (f"API_HOST={s.API_HOST!r} is not an address of this host: set it to one of its "
+                            "addresses, 127.0.0.1, or 0.0.0.0 for all of them")
+                return f"cannot listen on {s.API_HOST}:{s.API_PORT}: {exc.strerror or exc}; set API_HOST/API_PORT"
+        return ""
 
     def start(self, *args: str) -> int:
         s = self.settings
@@ -91,9 +108,9 @@ class ApiCtl:
         pid = self.pids.clear_stale()
         if pid is not None:
             raise Die(1, f"the API is already running (process group {pid}); use ./launch.sh status, stop or restart-api")
-        if self.port_taken():
-            raise Die(1, f"something already listens on {self.layout.api_url} (not an API started by this launch.sh); "
-                         "stop it or set API_HOST/API_PORT")
+        problem = self.port_problem()
+        if problem:
+            raise Die(1, problem)
 
     def _failed(self, offsets: tuple[int, int]) -> None:
         show_log_tail(self.layout.api_console_log, offsets[0])

@@ -1,5 +1,6 @@
 """What ops asks of the host before it acts: is the model one this host can serve, are the ring's ports
-free, and is a socket at SOCKET_PATH a stale one it may remove (never another program's file or live socket)."""
+free, can the API listen where it is told to, and is a socket at SOCKET_PATH a stale one it may remove
+(never another program's file or live socket)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from config import REPO_ROOT, load_settings
+from ops.api_ctl import ApiCtl
 from ops.engine_ctl import EngineCtl
 from ops.hostprobe import model_facts
 from ops.layout import Die, Layout
 from ops.probe import drop_stale_socket
+from ops.procs import free_port
 
 NO_ENV_FILE = Path("/nonexistent/.env")
 
@@ -58,3 +61,22 @@ def test_start_names_a_ring_port_in_use_instead_of_failing_later_without_it() ->
         with pytest.raises(Die, match=f"port {port} is in use .* need ports {port - 1} to {port}"):
             EngineCtl(Layout(settings)).refuse_taken_ring_ports()
     EngineCtl(Layout(settings)).refuse_taken_ring_ports()  # free again: nothing to say
+
+
+def api_at(host: str, port: int, run_dir: str) -> ApiCtl:
+    return ApiCtl(Layout(load_settings({"API_HOST": host, "API_PORT": str(port), "RUN_DIR": run_dir}, NO_ENV_FILE)))
+
+
+def test_start_says_an_api_host_of_another_machine_is_one_instead_of_calling_its_port_taken(socket_path: str) -> None:
+    with pytest.raises(Die, match="API_HOST='192.0.2.1' is not an address of this host"):
+        api_at("192.0.2.1", free_port(), str(Path(socket_path).parent)).refuse_running()  # TEST-NET-1
+
+
+def test_start_refuses_a_port_something_listens_on(socket_path: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(Die, match=f"something already listens on http://127.0.0.1:{port}"):
+            api_at("127.0.0.1", port, str(Path(socket_path).parent)).refuse_running()
+    api_at("127.0.0.1", port, str(Path(socket_path).parent)).refuse_running()  # free again: nothing to say
