@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -11,9 +12,12 @@ import sys
 import time
 
 from config import ConfigError
-from ops.layout import API_START_TIMEOUT, API_STOP_GRACE, Die, Layout, log_size, say, show_log_tail
-from ops.pidfile import PidFile, stop_recorded
+from ops.layout import API_START_TIMEOUT, API_STOP_GRACE, Die, Layout, ceil_seconds, log_size, say, show_log_tail
+from ops.pidfile import PidFile, Record, stop_recorded
 from ops.procs import group_alive, http_status, poll, signal_group, spawn_group, stop_group
+
+# The signals that end a command run by hand (the commands hold them off while a step must not be cut).
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # A replaced API that still runs this long after its drain deadline got KILL at once (it is frozen).
 OVERDUE_KILL_GRACE = 1.0
@@ -29,6 +33,12 @@ class ApiCtl:
         self.settings = layout.settings
         self.pids = PidFile(layout.api_pid)
         self.last = None  # the Popen of the API this command started last
+        self.handing: tuple[PidFile, int] | None = None  # (the old API's draining file, its group) mid hand-over
+
+    @property
+    def listen(self) -> str:
+        """Where the API listens, as its pid file records it."""
+        return f"{self.settings.API_HOST}:{self.settings.API_PORT}"
 
     def health(self) -> str:
         """/health's status code, "000" when nothing answers (as curl says it)."""
@@ -70,8 +80,8 @@ class ApiCtl:
                       f"{s.API_HOST}:{s.API_PORT} ===\n")
         popen = spawn_group([sys.executable, "-m", "api", "--log-file", str(self.layout.api_log), *args],
                             self.layout.api_console_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.pids.write(popen.pid)
         self.last = popen
+        self.pids.write(popen.pid, listen=self.listen, drain=s.API_DRAIN_TIMEOUT)
         return popen.pid
 
     def check_config(self) -> None:
@@ -131,84 +141,146 @@ class ApiCtl:
         return pid
 
     def stop(self, quiet: bool = False) -> None:
-        stop_recorded("api", self.pids, self.layout.api_stop_timeout, quiet=quiet)
+        stop_recorded("api", self.pids, self.stop_timeout_of(self.pids.record()), quiet=quiet)
 
     # -- restart-api: the previous API drains beside the new one -----------------------------
 
     def stop_draining(self) -> None:
         for path in self.layout.draining_files():
-            stop_recorded("previous API", PidFile(path), self.layout.api_stop_timeout, quiet=True)
+            pids = PidFile(path)
+            stop_recorded("previous API", pids, self.stop_timeout_of(pids.record()), quiet=True)
 
-    def overdue(self, pids: PidFile) -> float | None:
-        """Seconds a replaced API has run past its drain deadline (API_DRAIN_TIMEOUT + the stop grace after
-        its TERM); None while it is within it."""
+    def drain_of(self, record: Record | None) -> float:
+        """The API_DRAIN_TIMEOUT an API drains on: the larger of the one it started with (it drains on that)
+        and this command's (a file from an older launch.sh records none)."""
+        recorded = record.drain if record is not None and record.drain is not None else 0.0
+        return max(recorded, self.settings.API_DRAIN_TIMEOUT)
+
+    def stop_timeout_of(self, record: Record | None) -> int:
+        """Seconds from an API's TERM to its KILL: its drain timeout and the stop grace."""
+        return ceil_seconds(self.drain_of(record)) + API_STOP_GRACE
+
+    def overdue(self, pids: PidFile, slack: float = 0.0) -> float | None:
+        """Seconds a replaced API has run past its drain deadline (its API_DRAIN_TIMEOUT + the stop grace after
+        its TERM, + slack); None while it is within it, or was never told to stop."""
         record = pids.record()
         if record is None:
             return None
         since = record.stopping_since
         if since is None:
-            if record.start is not None:  # ours, and not told to stop yet: a hand-over under way
+            if record.start is not None:  # ours, and not told to stop: a hand-over under way, or abandoned
                 return None
             try:  # a file an older launch.sh renamed (so changed) at its hand-over
                 since = pids.path.stat().st_ctime
             except OSError:
                 return None
-        late = time.time() - since - self.layout.api_stop_timeout
+        late = time.time() - since - self.stop_timeout_of(record) - slack
         return late if late > 0 else None
 
     def reap_drained(self) -> None:
-        """Drop the files of replaced APIs that have finished draining, and KILL one still running past its
-        drain deadline: frozen or hung, it would keep taking connections on the shared port."""
+        """Under the lock: drop the files of replaced APIs that have finished draining, KILL one still running
+        past its drain deadline (frozen or hung, it would keep taking connections on the shared port), and
+        finish a hand-over that an interrupted restart-api left halfway."""
+        for ready in self.layout.run_dir.glob("api.ready.*"):
+            ready.unlink(missing_ok=True)  # no hand-over runs while we hold the lock: a killed one's
         for path in self.layout.draining_files():
             pids = PidFile(path)
-            pid, why = pids.check()
+            record, pid, why = pids.judge()
             if pid is None:
                 if why and why != "not running":
                     say(f"removing stale pid file {path} ({why})")
-                pids.drop()
+                pids.drop(record)
+                continue
+            if record.stopping_since is None and record.start is not None:
+                self._finish_hand_over(pids, pid)
                 continue
             late = self.overdue(pids)
             if late is not None:
                 say(f"the previous API (process group {pid}), replaced by restart-api, still runs {late:.0f}s past "
-                    f"its drain deadline (API_DRAIN_TIMEOUT={self.settings.API_DRAIN_TIMEOUT}s + {API_STOP_GRACE}s): "
+                    f"its drain deadline (API_DRAIN_TIMEOUT={self.drain_of(record)}s + {API_STOP_GRACE}s): "
                     "hung or frozen; killing it")
                 stop_group(pid, OVERDUE_KILL_GRACE)
-                pids.unlink(pid)
+                pids.drop(record)
+
+    def _finish_hand_over(self, draining: PidFile, old: int) -> None:
+        """A restart-api killed mid hand-over left the old API (group old) serving, not told to stop: it stays
+        the API when no new one runs; else it drains as a replaced one."""
+        current = self.pids.running()
+        if current is None:
+            say(f"an interrupted restart-api left the previous API (process group {old}) serving: it stays the API")
+            self.pids.path.unlink(missing_ok=True)
+            draining.move_to(self.pids.path)
+            return
+        say(f"an interrupted restart-api left the previous API (process group {old}) serving beside the new one "
+            f"(process group {current}): it now finishes its open requests and stops")
+        self._retire(draining, old)
+
+    def _retire(self, draining: PidFile, old: int) -> None:
+        """Tell the replaced API to drain and stop, and watch that it does."""
+        draining.mark_stopping()
+        signal_group(old, signal.SIGTERM)
+        self.watch_drain(draining)
 
     def watch_drain(self, draining: PidFile) -> None:
         """A watcher of its own (ops.drain_watch) KILLs the replaced API if it outlives its drain deadline,
         whether or not another ./launch.sh command runs by then."""
-        spawn_group([sys.executable, "-m", "ops.drain_watch", str(draining.path), str(self.layout.api_stop_timeout)],
+        seconds = self.stop_timeout_of(draining.record())
+        spawn_group([sys.executable, "-m", "ops.drain_watch", str(draining.path), str(seconds)],
                     self.layout.api_console_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def hand_over(self, old: int) -> str:
         """Start the new API beside the running one (group old) on the same port (SO_REUSEPORT); once it
         listens, old stops accepting and drains. "ok"; else the new API did not come up and old still
-        serves: "port" when the new one could not listen beside old (old was started without
-        SO_REUSEPORT), "failed" otherwise (its log shown)."""
+        serves: "port" when the new one could not listen beside old on the very address old listens on
+        (old was started without SO_REUSEPORT), "failed" otherwise (its log shown). An ending signal
+        meanwhile raises as it comes; roll_back() then undoes what began."""
         run = self.layout.run_dir
         ready = PidFile(run / f"api.ready.{os.getpid()}")
         t0, offsets = time.monotonic(), self._offsets()
         ready.path.unlink(missing_ok=True)
+        old_record = self.pids.record()
+        self.last = None
+        self.handing = (PidFile(run / f"api.draining.{old}"), old)
         draining = self.pids.move_to(run / f"api.draining.{old}")
         pid = self.start("--take-over", "--ready-file", str(ready.path))
         listening = poll(lambda: ready.read() == pid, API_START_TIMEOUT, 0.1, alive=lambda: group_alive(pid))
         ready.path.unlink(missing_ok=True)
         if not listening:
-            port = self._port_refused(offsets)
+            port = self._port_refused(offsets, old_record)
             self._failed(offsets)
             draining.move_to(self.pids.path)
+            self.handing = None
             return "port" if port else "failed"
-        draining.mark_stopping()
-        signal_group(old, signal.SIGTERM)
-        self.watch_drain(draining)
+        with _held(ENDING_SIGNALS):  # told to stop, and watched, or neither: a signal waits for this
+            self._retire(draining, old)
+            self.handing = None
         say(f"API ready in {format_ms(time.monotonic() - t0)} on {self.layout.api_url} (pid {pid}); the previous API "
             f"(process group {old}) stopped accepting and finishes its open requests within "
-            f"API_DRAIN_TIMEOUT={self.settings.API_DRAIN_TIMEOUT}s")
+            f"API_DRAIN_TIMEOUT={self.drain_of(old_record)}s")
         return "ok"
 
-    def _port_refused(self, offsets: tuple[int, int]) -> bool:
-        """True when the API that just failed exited because it could not listen on the port."""
+    def roll_back(self) -> bool:
+        """After an ending signal during hand_over: stop the new API and make the old one the API again.
+        False when the hand-over was already complete (the new API serves)."""
+        if self.handing is None:
+            return False
+        draining, old = self.handing
+        self.handing = None
+        self.layout.run_dir.joinpath(f"api.ready.{os.getpid()}").unlink(missing_ok=True)
+        if self.last is not None:
+            say(f"stopping the new API (process group {self.last.pid})")
+            stop_group(self.last.pid, self.layout.api_stop_timeout)
+            self.pids.unlink(self.last.pid)
+        if draining.path.exists():
+            draining.move_to(self.pids.path)
+        say(f"the previous API (process group {old}) keeps serving")
+        return True
+
+    def _port_refused(self, offsets: tuple[int, int], old: Record | None) -> bool:
+        """True when the API that just failed exited because its address was in use, and that address is
+        the very one the old API listens on: then the old one holds it without SO_REUSEPORT. Any other
+        failure to listen (an address not of this host, a privileged port, a new API_PORT another program
+        holds) is no reason to stop the old one."""
         if self.last is None:
             return False
         try:
@@ -221,4 +293,20 @@ class ApiCtl:
                 text = f.read().decode(errors="replace")
         except OSError:
             return False
-        return code == 1 and "cannot listen on" in text
+        if code != 1 or f"cannot listen on {self.listen}: {os.strerror(errno.EADDRINUSE)}" not in text:
+            return False
+        if old is None or old.listen is None:
+            say("the new API could not listen beside the previous one, whose pid file (from an older launch.sh) "
+                "does not say where it listens: run ./launch.sh restart to replace it")
+            return False
+        return old.listen == self.listen
+
+
+@contextlib.contextmanager
+def _held(signals):
+    """Hold off signals (delivered once the block ends) so that a step is done whole or not at all."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -10,18 +10,15 @@ import contextlib
 import os
 import signal
 
-from ops.api_ctl import ApiCtl
+from ops.api_ctl import ENDING_SIGNALS, ApiCtl
 from ops.engine_ctl import EngineCtl
 from ops.layout import Die, Layout, say, writable_dir
 from ops.pidfile import Busy, Lock
 
 
 class Interrupted(Exception):
-    """SIGINT, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped) during a start."""
-
-
-# The signals that end a command run by hand: a start undoes what it began, a stop completes.
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    """SIGINT, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped) during a start or a
+    restart-api's hand-over."""
 
 
 class Services:
@@ -38,7 +35,8 @@ class Services:
         try:
             lock.acquire()
         except Busy as busy:
-            raise Die(1, f"another ./launch.sh (pid {busy.args[0]}) is changing the services; try again when it "
+            who = f" (pid {busy.args[0]})" if busy.args[0] is not None else ""
+            raise Die(1, f"another ./launch.sh{who} is changing the services; try again when it "
                          f"is done (if no ./launch.sh runs, remove {lock.path})") from None
         except OSError as exc:
             raise Die(1, f"cannot create the lock {lock.path}: {exc}") from None
@@ -125,23 +123,24 @@ class Services:
     # -- stop and the restarts ---------------------------------------------------------------
 
     def stop(self) -> int:
-        with self.locked():
-            # A stop runs to its end: interrupted halfway it would leave the API up without its engine.
-            interrupted = []
-            handler = lambda signum, frame: interrupted.append(signum)  # noqa: E731
-            previous = {sig: signal.signal(sig, handler) for sig in ENDING_SIGNALS}
-            try:
+        # A stop runs to its end: interrupted halfway it would leave the API up without its engine. Held
+        # from before the lock, so the reap of an overdue replaced API that comes with it is covered too.
+        interrupted = []
+        previous = _handle(lambda signum, frame: interrupted.append(signum))
+        try:
+            with self.locked():
                 self.engine.stop()
                 self.api.stop()
                 self.api.stop_draining()
-            finally:
-                for sig, old in previous.items():
-                    signal.signal(sig, old)
-            if interrupted:
-                say("(the stop was interrupted by a signal; it completed anyway)")
+        finally:
+            _restore(previous)
+        if interrupted:
+            say("(the stop was interrupted by a signal; it completed anyway)")
         return 0
 
     def restart(self) -> int:
+        # A setting the new API would refuse must not cost the running services.
+        self.api.check_config()
         self.stop()
         return self.start()
 
@@ -157,7 +156,15 @@ class Services:
             # the old one's open streams run to their end (within API_DRAIN_TIMEOUT) instead of being cut.
             old = self.api.pids.running()
             if old is not None:
-                handed = self.api.hand_over(old)
+                with _interruptible():
+                    try:
+                        handed = self.api.hand_over(old)
+                    except Interrupted:
+                        if self.api.roll_back():
+                            say("interrupted: the restart-api was undone")
+                        else:
+                            say("interrupted after the new API took over; it serves")
+                        return 130
                 if handed == "ok":
                     return 0
                 if handed != "port":
@@ -191,17 +198,31 @@ class Services:
         os.execvp("tail", ["tail", "-n", "100", "-F", *map(str, files)])
 
 
+def _handle(handler) -> dict:
+    """Install handler for the ending signals but those already ignored: under nohup a hangup must stay
+    without effect. Returns what to restore."""
+    previous = {}
+    for sig in ENDING_SIGNALS:
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _restore(previous: dict) -> None:
+    for sig, old in previous.items():
+        signal.signal(sig, old)
+
+
 @contextlib.contextmanager
 def _interruptible():
     """Ctrl-C, a TERM or a HUP during a start raises Interrupted, so the start can undo what it began."""
     def handler(signum, frame):
-        for sig in ENDING_SIGNALS:
+        for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         raise Interrupted
 
-    previous = {sig: signal.signal(sig, handler) for sig in ENDING_SIGNALS}
+    previous = _handle(handler)
     try:
         yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        _restore(previous)

@@ -1,10 +1,12 @@
 """`python -m ops.drain_watch FILE SECONDS`: restart-api starts it beside the API it replaced (FILE, an
 api.draining.<pid> file). SECONDS after that API was told to stop, if it still runs it gets KILL: a
 frozen or hung API would otherwise keep listening on the shared port, and take connections, forever.
-It ends as soon as the API is gone, or FILE (ops removes it when the API was stopped another way)."""
+It ends as soon as the API is gone (removing FILE), or FILE is (ops removes it when the API was stopped
+another way)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,8 +25,9 @@ def watch(path: Path, seconds: float) -> int:
         return 0
     deadline = (record.stopping_since or time.time()) + seconds
     while True:
-        pid = pids.running()
+        record, pid, why = pids.judge()
         if pid is None:
+            pids.drop(record)  # drained and gone (or stale): its file goes with it
             return 0
         if time.time() >= deadline:
             break
@@ -32,9 +35,11 @@ def watch(path: Path, seconds: float) -> int:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ops.drain_watch: the previous API (process group {pid}) still "
           f"runs {seconds:g}s after restart-api told it to stop (hung or frozen): killing it", flush=True)
     stop_group(pid, KILL_GRACE)
-    pids.unlink(pid)
+    pids.drop(record)
     return 0
 
 
 if __name__ == "__main__":
+    # Started while restart-api holds off its ending signals, whose mask a child inherits: not ours to keep.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     sys.exit(watch(Path(sys.argv[1]), float(sys.argv[2])))

@@ -97,8 +97,9 @@ class Layout:
         return ceil_seconds(self.settings.API_DRAIN_TIMEOUT) + API_STOP_GRACE
 
     def draining_files(self) -> list[Path]:
-        """Pid files of APIs that restart-api replaced and that may still finish open requests."""
-        return sorted(self.run_dir.glob("api.draining.*"))
+        """Pid files of APIs that restart-api replaced and that may still finish open requests (api.draining.<pid>;
+        not a file being written in their place, api.draining.<pid>.tmp.<writer>)."""
+        return sorted(p for p in self.run_dir.glob("api.draining.*") if p.name.split(".", 2)[2].isdigit())
 
     def prepare_dirs(self) -> None:
         s = self.settings

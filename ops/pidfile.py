@@ -8,6 +8,8 @@ signalled. A file from an older launch.sh (the pid alone) is checked by what the
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 import time
@@ -15,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ops.layout import say
-from ops.procs import command_line, group_alive, group_members, pid_exists, process_start, stop_group
+from ops.procs import Unreadable, command_line, group_alive, group_members, pid_exists, process_start, stop_group
 
 # What the processes of each file run, by the file name's first word (engine.pid, api.pid,
 # api.draining.N, launch.lock): the check for a file without a start time, and for a group whose
@@ -29,11 +31,14 @@ COMMANDS = {
 
 @dataclass(frozen=True)
 class Record:
-    """What a pid file holds: the pid, the process's start time, and since when it was told to stop."""
+    """What a pid file holds: the pid, the process's start time, and since when it was told to stop. An
+    API's also holds where it listens and its own API_DRAIN_TIMEOUT: a later command may run with others."""
 
     pid: int
     start: str | None = None  # process_start(pid) when written; None in a file from an older launch.sh
     stopping_since: float | None = None  # time.time() of the TERM that made a replaced API drain
+    listen: str | None = None  # an API's API_HOST:API_PORT when it started
+    drain: float | None = None  # an API's API_DRAIN_TIMEOUT when it started
 
     def text(self) -> str:
         lines = [str(self.pid)]
@@ -41,6 +46,10 @@ class Record:
             lines.append(f"start {self.start}")
         if self.stopping_since is not None:
             lines.append(f"stopping-since {self.stopping_since:.3f}")
+        if self.listen is not None:
+            lines.append(f"listen {self.listen}")
+        if self.drain is not None:
+            lines.append(f"drain-timeout {self.drain!r}")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -49,16 +58,25 @@ class Record:
         if not lines or not lines[0].strip().isdigit():
             return None
         fields = dict(line.strip().partition(" ")[::2] for line in lines[1:])
-        try:
-            since = float(fields["stopping-since"]) if "stopping-since" in fields else None
-        except ValueError:
-            since = None
-        return cls(int(lines[0]), fields.get("start") or None, since)
+        return cls(int(lines[0]), fields.get("start") or None, _number(fields.get("stopping-since")),
+                   fields.get("listen") or None, _number(fields.get("drain-timeout")))
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+# What a shell wraps around a word: mlx.launch's ssh command reads `cmd=(... -m engine); exec "${cmd[@]}"`.
+SHELL_PUNCTUATION = "()[]{};&|<>'\"`"
 
 
 def runs_one_of(command: str, patterns: tuple[str, ...]) -> bool:
-    """True when command holds one of patterns as whole words (a path's last part counts as the word)."""
-    words = command.split()
+    """True when command holds one of patterns as whole words (a path's last part counts as the word, and
+    shell punctuation around a word does not count)."""
+    words = [w.strip(SHELL_PUNCTUATION) for w in command.split()]
     for pattern in patterns:
         want = pattern.split()
         for i in range(len(words) - len(want) + 1):
@@ -68,10 +86,19 @@ def runs_one_of(command: str, patterns: tuple[str, ...]) -> bool:
 
 
 def foreign(record: Record, patterns: tuple[str, ...] | None, *, group: bool = True) -> str:
-    """Why the live pid (or group) of record is not the process that wrote it; "" when it is ours."""
+    """Why the live pid (or group) of record is not the process that wrote it; "" when it is ours, or when
+    ps could not tell (only proof of another process makes a file stale)."""
     pid = record.pid
     if pid <= 1 or (group and pid == os.getpgrp()):
         return f"pid {pid} can never be a process launch.sh started"
+    try:
+        return _foreign(record, patterns, group=group)
+    except Unreadable:
+        return ""
+
+
+def _foreign(record: Record, patterns: tuple[str, ...] | None, *, group: bool) -> str:
+    pid = record.pid
     start = process_start(pid)
     if start is not None:
         if record.start is not None:
@@ -83,7 +110,7 @@ def foreign(record: Record, patterns: tuple[str, ...] | None, *, group: bool = T
     if not group or patterns is None:
         return ""
     # The leader is gone but its group lives on: ours only while a member still runs what we started.
-    commands = [command_line(member) or "" for member in group_members(pid)]
+    commands = [command_line(member) or "" for member in group_members(pid, strict=True)]
     if any(runs_one_of(c, patterns) for c in commands):
         return ""
     return f"process group {pid} now holds other programs: {'; '.join(c[:80] for c in commands)}"
@@ -108,16 +135,21 @@ class PidFile:
         record = self.record()
         return None if record is None else record.pid
 
+    def judge(self) -> tuple[Record | None, int | None, str]:
+        """(the record read, the recorded group while it runs and is ours, why not): why is "" when there is
+        no file, and "not running" when the group is gone. The record is what drop() may remove."""
+        record = self.record()
+        if record is None:
+            return None, None, "not a pid file" if self.path.exists() else ""
+        if record.pid > 1 and not group_alive(record.pid):
+            return record, None, "not running"
+        why = foreign(record, self.patterns)
+        return (record, None, why) if why else (record, record.pid, "")
+
     def check(self) -> tuple[int | None, str]:
         """(the recorded group, "") while it runs and is ours; else (None, why the file is stale), with why
         "" when there is no file, and "not running" when the group is gone."""
-        record = self.record()
-        if record is None:
-            return None, "not a pid file" if self.path.exists() else ""
-        if record.pid > 1 and not group_alive(record.pid):
-            return None, "not running"
-        why = foreign(record, self.patterns)
-        return (None, why) if why else (record.pid, "")
+        return self.judge()[1:]
 
     def running(self) -> int | None:
         """The recorded group while any process of it runs and it is the one we started."""
@@ -125,14 +157,18 @@ class PidFile:
 
     def clear_stale(self) -> int | None:
         """The recorded group while it runs; else the file, if any, is stale and goes."""
-        pid, why = self.check()
+        record, pid, why = self.judge()
         if pid is None and self.path.exists():
             say(f"removing stale pid file {self.path} ({why})")
-            self.drop()
+            self.drop(record)
         return pid
 
     def write(self, pid: int, **extra) -> None:
-        self.save(Record(pid, process_start(pid), **extra))
+        try:
+            start = process_start(pid)
+        except Unreadable:
+            start = None  # then judged by what it runs, as a file from an older launch.sh
+        self.save(Record(pid, start, **extra))
 
     def save(self, record: Record) -> None:
         tmp = self.path.with_name(f"{self.path.name}.tmp.{os.getpid()}")
@@ -150,9 +186,11 @@ class PidFile:
         if pid is None or self.read() == pid:
             self.path.unlink(missing_ok=True)
 
-    def drop(self) -> None:
-        """Remove the file as read just now: one rewritten meanwhile (another start's) stays."""
-        self.unlink(self.read())
+    def drop(self, expected: Record | None) -> None:
+        """Remove the file only while it holds exactly expected, the record judged stale: one rewritten
+        meanwhile (a concurrent start's, status taking no lock) stays."""
+        if self.record() == expected:
+            self.path.unlink(missing_ok=True)
 
     def move_to(self, other: Path) -> PidFile:
         os.replace(self.path, other)
@@ -160,65 +198,85 @@ class PidFile:
 
 
 class Busy(Exception):
-    """Another live launch.sh holds the lock; its pid is the argument."""
+    """Another live launch.sh holds the lock; its pid (None when unreadable) is the argument."""
 
 
 class Lock:
-    """A lock file naming its holder: a stale one (holder gone, or not a launch.sh) is taken over."""
+    """The launch lock: an flock on a file naming its holder, so two launch.sh never both take it, and a
+    holder that died (even by SIGKILL) holds nothing. A file whose recorded holder still runs as a launch.sh
+    but holds no flock (a launch.sh that takes the lock without one) is busy too."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.held = False
+        self.fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
 
     def acquire(self) -> None:
         if self.path.is_dir():  # the lock as a folder, from an older launch.sh
             shutil.rmtree(self.path, ignore_errors=True)
-        # Written aside, then linked into place: no one ever reads a lock without its pid.
-        tmp = self.path.with_name(f"{self.path.name}.tmp.{os.getpid()}")
-        tmp.write_text(Record(os.getpid(), process_start(os.getpid())).text())
-        try:
-            for _ in range(2):
-                try:
-                    os.link(tmp, self.path)
-                except FileExistsError:
-                    self._take_over_stale()
-                    continue
-                self.held = True
-                return
-        finally:
-            tmp.unlink(missing_ok=True)
+        for _ in range(20):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                record = PidFile(self.path).record()
+                raise Busy(None if record is None else record.pid) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # its holder removed it as we opened it: lock the file now in place
+                os.close(fd)
+                continue
+            try:
+                self._claim(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self.fd = fd
+            return
         raise OSError(f"cannot create the lock {self.path}")
 
-    def _take_over_stale(self) -> None:
-        """Busy while a launch.sh holds the lock; else remove it (saying why when its pid lives on)."""
-        holder = PidFile(self.path)
-        record = holder.record()
+    def _claim(self, fd: int) -> None:
+        """Holding the flock: Busy when the recorded holder is a live launch.sh; else write ourselves in
+        (saying why a recorded pid that lives on is not a holder)."""
+        record = PidFile(self.path).record()
         if record is not None and record.pid != os.getpid() and record.pid > 1 and pid_exists(record.pid):
             why = foreign(record, COMMANDS["launch"], group=False)
             if not why:
                 raise Busy(record.pid)
             say(f"removing stale lock {self.path} ({why})")
-        if record is None:
-            self.path.unlink(missing_ok=True)
-        else:
-            holder.drop()
+        try:
+            start = process_start(os.getpid())
+        except Unreadable:
+            start = None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, Record(os.getpid(), start).text().encode(), 0)
 
     def release(self) -> None:
-        if self.held:
-            PidFile(self.path).unlink(os.getpid())
-            self.held = False
+        if self.fd is not None:
+            # Removed while still locked: whoever opened it meanwhile finds it gone and opens the new one.
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = None
 
 
 def stop_recorded(name: str, pids: PidFile, timeout: float, *, quiet: bool = False) -> None:
     """TERM the recorded group, wait up to timeout, then KILL it; drop the pid file. A group that is
     not the one we started is never signalled."""
-    pid, why = pids.check()
+    record, pid, why = pids.judge()
     if pid is None:
         if why and why != "not running":
             say(f"{name}: not signalling anything: the pid file {pids.path} is stale ({why}); removing it")
         elif why and not quiet:
             say(f"{name} was not running (removing stale pid file {pids.path})")
-        pids.drop()
+        pids.drop(record)
         return
     say(f"stopping {name} (process group {pid})")
 

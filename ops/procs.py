@@ -96,14 +96,33 @@ class Row:
     state: str  # the first letter of ps's STAT: R, S, T (stopped), Z (zombie), ...
 
 
+class Unreadable(Exception):
+    """ps could not be run or did not answer (a fork failure, a timeout): nothing is known of the process,
+    which is no evidence that it is gone or another."""
+
+
 def processes() -> list[Row]:
-    """Every process of this host but zombies (which linger until their parent reaps them)."""
+    """Every process of this host but zombies (which linger until their parent reaps them); none when ps fails."""
+    try:
+        return listed_processes()
+    except Unreadable:
+        return []
+
+
+def listed_processes() -> list[Row]:
+    """As processes(), but Unreadable when ps fails."""
     try:
         ps = subprocess.Popen(["ps", "-A", "-o", "pid=", "-o", "pgid=", "-o", "stat="], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True)
         out, _ = ps.communicate(timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
+    except subprocess.TimeoutExpired as exc:
+        ps.kill()
+        ps.wait()
+        raise Unreadable("ps did not answer") from exc
+    except OSError as exc:
+        raise Unreadable(f"ps: {exc}") from exc
+    if ps.returncode != 0 and not out.strip():
+        raise Unreadable(f"ps failed (exit {ps.returncode})")
     rows = []
     for line in out.splitlines():
         parts = line.split()
@@ -113,10 +132,12 @@ def processes() -> list[Row]:
     return rows
 
 
-def group_members(pgid: int, spare: Iterable[int] = ()) -> dict[int, str]:
-    """Live processes of process group pgid but those in spare: pid -> state letter."""
+def group_members(pgid: int, spare: Iterable[int] = (), *, strict: bool = False) -> dict[int, str]:
+    """Live processes of process group pgid but those in spare: pid -> state letter. With strict, Unreadable
+    when ps fails (else none are listed)."""
     skip = set(spare)
-    return {r.pid: r.state for r in processes() if r.pgid == pgid and r.pid not in skip}
+    rows = listed_processes() if strict else processes()
+    return {r.pid: r.state for r in rows if r.pgid == pgid and r.pid not in skip}
 
 
 def pid_exists(pid: int, *, group: bool = False) -> bool:
@@ -131,8 +152,14 @@ def pid_exists(pid: int, *, group: bool = False) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while any process of the group runs (orphaned ranks included; zombies not)."""
-    return pid_exists(pgid, group=True) and bool(group_members(pgid))
+    """True while any process of the group runs (orphaned ranks included; zombies not). When ps fails, the
+    kernel's word (kill -0) stands: a group we cannot list is not thereby gone."""
+    if not pid_exists(pgid, group=True):
+        return False
+    try:
+        return bool(group_members(pgid, strict=True))
+    except Unreadable:
+        return True
 
 
 def process_alive(pid: int) -> bool:
@@ -141,18 +168,24 @@ def process_alive(pid: int) -> bool:
 
 
 def _ps_field(pid: int, field: str) -> str | None:
-    """One ps column of pid, in the C locale and UTC so that every caller reads the same text."""
+    """One ps column of pid, in the C locale and UTC so that every caller reads the same text; None when pid
+    is gone, Unreadable when ps failed while it may still run."""
     try:
         r = subprocess.run(["ps", "-ww", "-o", f"{field}=", "-p", str(pid)], capture_output=True, text=True,
                            timeout=10, env={**os.environ, "LC_ALL": "C", "TZ": "UTC0"})
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unreadable(f"ps -p {pid}: {exc}") from exc
     out = r.stdout.strip()
-    return out if r.returncode == 0 and out else None
+    if r.returncode == 0 and out:
+        return out
+    if pid_exists(pid):
+        raise Unreadable(f"ps -p {pid} failed (exit {r.returncode}) while the pid exists")
+    return None
 
 
 def process_start(pid: int) -> str | None:
-    """When pid started, as text that tells it from any later process given the same pid; None when gone.
+    """When pid started, as text that tells it from any later process given the same pid; None when gone,
+    Unreadable when it could not be read.
 
     Linux: the boot id and the start time in clock ticks (/proc); elsewhere (macOS) ps's lstart.
     """
@@ -164,8 +197,10 @@ def process_start(pid: int) -> str | None:
         if Path("/proc/self/stat").exists():
             return None  # a Linux without this pid
         return _ps_field(pid, "lstart")
-    except OSError:
+    except ProcessLookupError:
         return None
+    except OSError as exc:
+        raise Unreadable(f"/proc/{pid}/stat: {exc}") from exc
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -175,7 +210,7 @@ def process_start(pid: int) -> str | None:
 
 
 def command_line(pid: int) -> str | None:
-    """pid's command and arguments, as ps shows them; None when gone."""
+    """pid's command and arguments, as ps shows them; None when gone, Unreadable when ps failed."""
     return _ps_field(pid, "command") if pid > 0 else None
 
 

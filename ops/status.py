@@ -5,15 +5,20 @@ from __future__ import annotations
 import time
 
 from ipc.messages import Info
+from ops import drain_watch
 from ops.api_ctl import ApiCtl
 from ops.engine_ctl import EngineCtl
 from ops.layout import API_STOP_GRACE, Layout
 from ops.pidfile import PidFile
-from ops.procs import process_alive
+from ops.procs import KILL_WAIT, process_alive
 from ops.state import ACTIVE, read_state, state_path
 
 UP, STOPPED = 0, 3
 PARTLY = 1
+
+# How long past its deadline a replaced API may still run while its drain watcher is killing it: the
+# watcher looks every CHECK_EVERY s, then gives TERM KILL_GRACE s and the kernel KILL_WAIT s.
+OVERDUE_SLACK = drain_watch.CHECK_EVERY + drain_watch.KILL_GRACE + KILL_WAIT
 
 
 def _duration(seconds: float) -> str:
@@ -106,9 +111,9 @@ def _engine_dead(layout: Layout, pid: int) -> list[str]:
 
 def stale_note(name: str, pids: PidFile) -> tuple[int | None, list[str]]:
     """The recorded group while it is ours; a pid file naming another program is removed (never signalled)."""
-    pid, why = pids.check()
+    record, pid, why = pids.judge()
     if pid is None and why not in ("", "not running"):
-        pids.drop()
+        pids.drop(record)
         return None, [f"{name} removed the stale pid file {pids.path}: {why}"]
     return pid, []
 
@@ -163,20 +168,28 @@ def draining_status(layout: Layout, api: ApiCtl) -> tuple[bool, list[str]]:
     s = layout.settings
     for path in layout.draining_files():
         pids = PidFile(path)
-        pid, notes = stale_note("api     ", pids)
-        lines += notes
+        record, pid, why = pids.judge()
         if pid is None:
+            if why == "not running":
+                pids.drop(record)  # it drained and ended: nothing to report
+            else:
+                lines += stale_note("api     ", pids)[1]
             continue
-        late = api.overdue(pids)
+        drain = api.drain_of(record)
+        if record.stopping_since is None and record.start is not None:
+            lines.append(f"api      previous API (process group {pid}) being replaced by a restart-api (if none runs, "
+                         "the next start, stop, restart, restart-engine or restart-api finishes the hand-over)")
+            continue
+        late = api.overdue(pids, OVERDUE_SLACK)
         if late is None:
             lines.append(f"api      previous API (process group {pid}), replaced by restart-api, finishing its open "
-                         f"requests (API_DRAIN_TIMEOUT={s.API_DRAIN_TIMEOUT}s)")
+                         f"requests (API_DRAIN_TIMEOUT={drain:g}s)")
             continue
         fine = False
         lines += [f"api      previous API (process group {pid}), replaced by restart-api, STILL RUNS {late:.0f}s past its "
-                  f"drain deadline (API_DRAIN_TIMEOUT={s.API_DRAIN_TIMEOUT}s + {API_STOP_GRACE}s): hung or frozen,",
-                  f"         it may still take connections on port {s.API_PORT}; any ./launch.sh command but status "
-                  "and logs kills it (restart-api, or stop)"]
+                  f"drain deadline (API_DRAIN_TIMEOUT={drain:g}s + {API_STOP_GRACE}s): hung or frozen,",
+                  f"         it may still take connections on port {s.API_PORT}; ./launch.sh start, stop, restart, "
+                  "restart-engine or restart-api kills it"]
     return fine, lines
 
 

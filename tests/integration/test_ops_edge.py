@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 
 import httpx
@@ -145,6 +146,24 @@ def test_restart_api_with_a_setting_the_api_refuses_keeps_the_old_api_serving():
         assert launch.group("api") == old_api and not gone([old_api])
         assert http_status(launch.url + "/health") == 200
         assert launch.run("status", timeout=60).returncode == 0
+    finally:
+        launch.stop()
+
+
+def test_restart_api_to_a_port_another_program_holds_keeps_the_old_api_serving():
+    launch = Launch()
+    launch.start()
+    try:
+        old_api = launch.group("api")
+        with socket.socket() as holder:  # another program on the new API_PORT: "Address already in use"
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            r = launch.run("restart-api", timeout=120, API_PORT=str(holder.getsockname()[1]))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "Address already in use" in r.stderr and "keeps serving" in r.stderr
+        assert launch.group("api") == old_api and not gone([old_api])
+        assert http_status(launch.url + "/health") == 200
+        assert not list((launch.root / "run").glob("api.draining.*"))
     finally:
         launch.stop()
 

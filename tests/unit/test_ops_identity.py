@@ -9,19 +9,21 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from config import load_settings
-from ops import commands, drain_watch
+from ops import api_ctl, commands, drain_watch, procs
 from ops.api_ctl import ApiCtl
 from ops.commands import Interrupted, Services, _interruptible
 from ops.layout import Die, Layout
-from ops.pidfile import Lock, PidFile, Record, stop_recorded
+from ops.pidfile import COMMANDS, Busy, Lock, PidFile, Record, runs_one_of, stop_recorded
 from ops.procs import free_port, group_alive, poll, process_start
 from ops.status import api_status, draining_status, status
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -266,3 +268,287 @@ def test_a_hangup_does_not_cut_a_stop_short(layout, monkeypatch):
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert stopped == ["engine", "api"]
+
+
+# ---- review mends: restart-api never leaves no API, pid files are dropped only as judged -----------------
+
+
+def failing_api(message: str):
+    """An ApiCtl.start whose API logs `cannot listen on HOST:PORT: message` and exits 1, as the API does."""
+
+    def start(self, *args):
+        line = f"ERROR api: cannot listen on {self.listen}: {message} (set API_HOST/API_PORT, or stop what uses it)\n"
+        script = f"import sys; open({str(self.layout.api_log)!r}, 'a').write({line!r}); sys.exit(1)"
+        popen = api_ctl.spawn_group([sys.executable, "-c", script], self.layout.api_console_log)
+        self.last = popen
+        self.pids.write(popen.pid, listen=self.listen, drain=self.settings.API_DRAIN_TIMEOUT)
+        return popen.pid
+
+    return start
+
+
+@pytest.mark.parametrize(("message", "old_listen", "falls_back"), [
+    ("Cannot assign requested address", None, False),  # API_HOST not of this host
+    ("Permission denied", None, False),  # a privileged port
+    ("Address already in use", "127.0.0.1:1", False),  # a new API_PORT another program holds
+    ("Address already in use", None, True),  # the old API holds our very address without SO_REUSEPORT
+])
+def test_restart_api_stops_the_old_api_only_when_it_holds_the_address(layout, spawn, monkeypatch, capsys, message,
+                                                                     old_listen, falls_back):
+    old = spawn("-m", "api")
+    PidFile(layout.api_pid).write(old, listen=old_listen or ApiCtl(layout).listen, drain=1.0)
+    before = layout.api_pid.read_text()
+    done = []
+    monkeypatch.setattr(ApiCtl, "start", failing_api(message))
+    monkeypatch.setattr(ApiCtl, "refuse_running", lambda self: None)
+    monkeypatch.setattr(ApiCtl, "launch", lambda self, want: done.append("launch") or 4242)
+    monkeypatch.setattr(commands.EngineCtl, "info", lambda self: None)
+    real_stop = ApiCtl.stop
+
+    def stop(self, quiet=False):
+        if self.pids.read() == old:
+            done.append("stop old")
+        else:
+            real_stop(self, quiet)
+
+    monkeypatch.setattr(ApiCtl, "stop", stop)
+    code = Services(layout).restart_api()
+    if falls_back:
+        assert code == 0 and done == ["stop old", "launch"]
+    else:
+        assert code == 1 and done == [] and "keeps serving" in capsys.readouterr().err
+        assert layout.api_pid.read_text() == before and group_alive(old)
+    assert not layout.draining_files()
+
+
+def test_restart_api_keeps_an_old_api_whose_pid_file_does_not_say_where_it_listens(layout, spawn, monkeypatch, capsys):
+    old = spawn("-m", "api")
+    PidFile(layout.api_pid).write(old)  # as an older launch.sh wrote it
+    monkeypatch.setattr(ApiCtl, "start", failing_api("Address already in use"))
+    monkeypatch.setattr(ApiCtl, "launch", lambda self, want: pytest.fail("the old API was replaced"))
+    monkeypatch.setattr(commands.EngineCtl, "info", lambda self: None)
+    assert Services(layout).restart_api() == 1
+    assert group_alive(old) and PidFile(layout.api_pid).read() == old
+    assert "./launch.sh restart" in capsys.readouterr().err
+
+
+def test_a_started_api_records_where_it_listens_and_its_drain_timeout(layout, monkeypatch, spawn):
+    pid = spawn("-m", "api")
+    monkeypatch.setattr(api_ctl, "spawn_group", lambda *a, **kw: type("P", (), {"pid": pid})())
+    api = ApiCtl(layout)
+    assert api.start() == pid
+    record = api.pids.record()
+    assert record.listen == f"127.0.0.1:{layout.settings.API_PORT}" and record.drain == 1.0
+    assert Record.parse(record.text()) == record
+
+
+@pytest.mark.parametrize("ignored", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_already_ignored_nohup_stays_ignored(layout, monkeypatch, ignored):
+    previous = signal.signal(ignored, signal.SIG_IGN)
+    try:
+        with _interruptible():
+            assert signal.getsignal(ignored) == signal.SIG_IGN
+            os.kill(os.getpid(), ignored)  # nothing happens: no Interrupted
+            time.sleep(0.2)
+        assert signal.getsignal(ignored) == signal.SIG_IGN
+
+        seen = []
+        monkeypatch.setattr(commands.EngineCtl, "stop", lambda self, quiet=False: seen.append(signal.getsignal(ignored)))
+        monkeypatch.setattr(ApiCtl, "stop", lambda self, quiet=False: None)
+        assert Services(layout).stop() == 0
+        assert seen == [signal.SIG_IGN] and signal.getsignal(ignored) == signal.SIG_IGN
+    finally:
+        signal.signal(ignored, previous)
+
+
+def test_restart_with_a_setting_the_api_refuses_stops_nothing(tmp_path, monkeypatch):
+    (tmp_path / "empty.env").touch()
+    layout = Layout(load_settings({"RUN_DIR": str(tmp_path / "run"), "LOG_DIR": str(tmp_path / "logs"),
+                                   "API_PORT": str(free_port()), "SOCKET_PATH": str(tmp_path / "e.sock"),
+                                   "API_KEYS_FILE": "/nonexistent/keys"}, tmp_path / "empty.env"))
+    monkeypatch.setattr(Services, "stop", lambda self: pytest.fail("stopped before the setting was checked"))
+    with pytest.raises(Die) as died:
+        Services(layout).restart()
+    assert died.value.code == 2
+
+
+def test_drop_removes_only_the_record_judged_stale(tmp_path, spawn):
+    pids = PidFile(tmp_path / "api.pid")
+    pids.save(Record(spawn(), "another-start"))
+    record, pid, why = pids.judge()
+    assert pid is None and "another time" in why
+    fresh = spawn("-m", "api")
+    pids.write(fresh)  # a concurrent start wrote its file meanwhile
+    pids.drop(record)
+    assert pids.read() == fresh
+    pids.drop(pids.record())
+    assert not pids.path.exists()
+
+
+LOCK_HOLDER = """
+import sys, time
+from ops.pidfile import Lock
+lock = Lock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_held_lock_is_busy_whatever_its_file_says(tmp_path):
+    path = tmp_path / "launch.lock"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(path)], stdout=subprocess.PIPE, text=True,
+                              cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        path.write_text("garbage\n")  # unreadable, or a holder long gone: the flock still says who holds it
+        with pytest.raises(Busy):
+            Lock(path).acquire()
+        path.write_text("999999\n")
+        with pytest.raises(Busy):
+            Lock(path).acquire()
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
+    lock = Lock(path)
+    lock.acquire()  # its holder died (SIGKILL): the flock went with it
+    assert PidFile(path).read() == os.getpid()
+    lock.release()
+    assert not path.exists()
+
+
+def test_the_drain_deadline_is_the_one_the_replaced_api_started_with(layout, spawn):
+    slow = spawn("-m", "api")
+    pids = PidFile(layout.run_dir / f"api.draining.{slow}")
+    pids.save(Record(slow, process_start(slow), time.time() - 20, drain=60.0))  # its own API_DRAIN_TIMEOUT=60
+    api = ApiCtl(layout)  # this command's API_DRAIN_TIMEOUT=1
+    assert api.overdue(pids) is None and api.stop_timeout_of(pids.record()) == 67
+    api.reap_drained()
+    assert group_alive(slow) and pids.path.exists()
+    assert draining_status(layout, api)[0]
+
+
+def test_restart_api_interrupted_while_the_new_api_starts_rolls_back(layout, spawn, monkeypatch, capsys):
+    old = spawn("-m", "api")
+    PidFile(layout.api_pid).write(old, listen=ApiCtl(layout).listen, drain=1.0)
+    before = layout.api_pid.read_text()
+    new = []
+
+    def start(self, *args):
+        popen = subprocess.Popen([*SLEEPER, "-m", "api"], start_new_session=True, stdin=subprocess.DEVNULL)
+        new.append(popen)
+        self.last = popen
+        self.pids.write(popen.pid, listen=self.listen, drain=1.0)
+        return popen.pid
+
+    def poll_interrupted(*args, **kw):  # Ctrl-C while waiting for the new API to listen
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+    monkeypatch.setattr(ApiCtl, "start", start)
+    monkeypatch.setattr(api_ctl, "poll", poll_interrupted)
+    monkeypatch.setattr(commands.EngineCtl, "info", lambda self: None)
+    try:
+        assert Services(layout).restart_api() == 130
+        assert layout.api_pid.read_text() == before and group_alive(old)
+        assert new[0].wait(10) is not None and not layout.draining_files()
+        assert not list(layout.run_dir.glob("api.ready.*")) and not (layout.run_dir / "launch.lock").exists()
+        assert "keeps serving" in capsys.readouterr().err
+    finally:
+        for p in new:
+            p.kill()
+            p.wait(10)
+
+
+def test_a_hand_over_a_killed_restart_api_left_is_finished_by_the_next_command(layout, spawn, monkeypatch, signals):
+    watched = []
+    monkeypatch.setattr(ApiCtl, "watch_drain", lambda self, draining: watched.append(draining.path))
+    old = spawn("-m", "api")
+    draining = PidFile(layout.run_dir / f"api.draining.{old}")
+    draining.write(old)  # moved aside, never told to stop
+    (layout.run_dir / "api.ready.999999").write_text("1\n")
+    api = ApiCtl(layout)
+    api.reap_drained()  # no new API runs: the old one is the API again
+    assert api.pids.read() == old and not draining.path.exists() and signals == []
+    assert not list(layout.run_dir.glob("api.ready.*"))
+
+    new = spawn("-m", "api")
+    api.pids.path.rename(draining.path)
+    api.pids.write(new)  # the new API came up, then the restart-api was killed
+    api.reap_drained()
+    assert (-old, signal.SIGTERM) in signals and watched == [draining.path]
+    assert draining.record().stopping_since is not None and api.pids.read() == new
+
+
+def test_a_stop_is_protected_from_signals_while_it_reaps(layout, monkeypatch):
+    stopped = []
+
+    def reap(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+
+    monkeypatch.setattr(ApiCtl, "reap_drained", reap)
+    monkeypatch.setattr(commands.EngineCtl, "stop", lambda self, quiet=False: stopped.append("engine"))
+    monkeypatch.setattr(ApiCtl, "stop", lambda self, quiet=False: stopped.append("api"))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: pytest.fail("the TERM was not held off"))
+    try:
+        assert Services(layout).stop() == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped == ["engine", "api"]
+
+
+def test_the_ssh_wrapper_mlx_launch_runs_names_the_engine():
+    wrapper = 'ssh host cd /srv/mcs && cmd=(/srv/mcs/.venv/bin/python -m engine); exec "${cmd[@]}"'
+    assert runs_one_of(wrapper, COMMANDS["engine"])
+    assert not runs_one_of("python -m engineer", COMMANDS["engine"])
+
+
+def test_a_pid_file_is_trusted_when_ps_cannot_be_read(tmp_path, spawn, monkeypatch):
+    pid = spawn("-m", "api")
+    pids = PidFile(tmp_path / "api.pid")
+    pids.path.write_text(f"{pid}\n")  # judged by what it runs, which ps must tell
+
+    def failing_run(*args, **kw):
+        raise subprocess.TimeoutExpired("ps", 10)
+
+    monkeypatch.setattr(procs.subprocess, "run", failing_run)
+    with pytest.raises(procs.Unreadable):
+        procs.command_line(pid)
+    assert pids.clear_stale() == pid and pids.path.exists()
+
+    def failing_popen(*args, **kw):
+        raise OSError("fork failed")
+
+    monkeypatch.setattr(procs.subprocess, "Popen", failing_popen)
+    assert group_alive(pid)  # ps cannot list the group: kill -0 says it lives
+    assert pids.running() == pid
+
+
+def test_a_drained_api_leaves_no_file_and_temp_files_are_not_draining_files(layout, spawn):
+    gone = spawn("-m", "api")
+    pids = draining(layout, gone, time.time())
+    (layout.run_dir / f"api.draining.{gone}.tmp.4242").write_text("x")
+    assert layout.draining_files() == [pids.path]
+    os.killpg(gone, signal.SIGKILL)
+    assert poll(lambda: not group_alive(gone), 10)
+    assert drain_watch.watch(pids.path, 60) == 0 and not pids.path.exists()
+
+    other = spawn("-m", "api")
+    pids = draining(layout, other, time.time())
+    os.killpg(other, signal.SIGKILL)
+    assert poll(lambda: not group_alive(other), 10)
+    fine, lines = draining_status(layout, ApiCtl(layout))
+    assert fine and lines == [] and not pids.path.exists()  # ended as it should: removed, not reported
+
+
+def test_status_gives_the_drain_watcher_time_to_kill_before_calling_an_api_overdue(layout, spawn):
+    hung = spawn("-m", "api")
+    os.killpg(hung, signal.SIGSTOP)
+    api = ApiCtl(layout)
+    pids = draining(layout, hung, time.time() - layout.api_stop_timeout - 2)  # the watcher is at it
+    assert api.overdue(pids) is not None
+    assert draining_status(layout, api)[0]
+    pids = draining(layout, hung, time.time() - 60)
+    fine, lines = draining_status(layout, api)
+    assert not fine and "restart-engine or restart-api kills it" in "\n".join(lines)
