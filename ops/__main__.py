@@ -10,7 +10,8 @@ from pathlib import Path
 from config import ConfigError, load_settings
 from ops import cluster
 from ops.commands import Services
-from ops.layout import Die, Layout
+from ops.interrupt import Interrupted
+from ops.layout import Die, Layout, say
 from ops.status import status
 
 USAGE = (Path(__file__).resolve().parent / "usage.txt").read_text()
@@ -58,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     except Die as exc:
         print(f"launch.sh: {exc}", file=sys.stderr)
         return exc.code
+    except (Interrupted, KeyboardInterrupt):
+        # A signal where no step is left to undo (as a start or a restart-api ends, or before one began):
+        # what ran is as each finished step left it; a traceback would only hide that.
+        say("launch.sh: interrupted")
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -12,12 +11,10 @@ import sys
 import time
 
 from config import ConfigError
+from ops.interrupt import deferred
 from ops.layout import API_START_TIMEOUT, API_STOP_GRACE, Die, Layout, ceil_seconds, log_size, say, show_log_tail
 from ops.pidfile import PidFile, Record, stop_recorded
 from ops.procs import group_alive, http_status, poll, signal_group, spawn_group, stop_group
-
-# The signals that end a command run by hand (the commands hold them off while a step must not be cut).
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # A replaced API that still runs this long after its drain deadline got KILL at once (it is frozen).
 OVERDUE_KILL_GRACE = 1.0
@@ -78,10 +75,13 @@ class ApiCtl:
         with open(self.layout.api_console_log, "a") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} launch.sh: starting API on "
                       f"{s.API_HOST}:{s.API_PORT} ===\n")
-        popen = spawn_group([sys.executable, "-m", "api", "--log-file", str(self.layout.api_log), *args],
-                            self.layout.api_console_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.last = popen
-        self.pids.write(popen.pid, listen=self.listen, drain=s.API_DRAIN_TIMEOUT)
+        # Started, known to roll_back and recorded, or not started: an API running with no pid file (one
+        # started with --take-over shares the port) would serve on unseen by every later command.
+        with deferred():
+            popen = spawn_group([sys.executable, "-m", "api", "--log-file", str(self.layout.api_log), *args],
+                                self.layout.api_console_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.last = popen
+            self.pids.write(popen.pid, listen=self.listen, drain=s.API_DRAIN_TIMEOUT)
         return popen.pid
 
     def check_config(self) -> None:
@@ -199,17 +199,19 @@ class ApiCtl:
                 say(f"the previous API (process group {pid}), replaced by restart-api, still runs {late:.0f}s past "
                     f"its drain deadline (API_DRAIN_TIMEOUT={self.drain_of(record)}s + {API_STOP_GRACE}s): "
                     "hung or frozen; killing it")
-                stop_group(pid, OVERDUE_KILL_GRACE)
-                pids.drop(record)
+                if stop_group(pid, OVERDUE_KILL_GRACE):
+                    pids.drop(record)  # else not proven gone: judged again next time
 
     def _finish_hand_over(self, draining: PidFile, old: int) -> None:
         """A restart-api killed mid hand-over left the old API (group old) serving, not told to stop: it stays
         the API when no new one runs; else it drains as a replaced one."""
         current = self.pids.running()
         if current is None:
+            try:
+                draining.move_to(self.pids.path)
+            except FileNotFoundError:
+                return  # it ended meanwhile (a status removed its file): nothing left to finish
             say(f"an interrupted restart-api left the previous API (process group {old}) serving: it stays the API")
-            self.pids.path.unlink(missing_ok=True)
-            draining.move_to(self.pids.path)
             return
         say(f"an interrupted restart-api left the previous API (process group {old}) serving beside the new one "
             f"(process group {current}): it now finishes its open requests and stops")
@@ -232,8 +234,10 @@ class ApiCtl:
         """Start the new API beside the running one (group old) on the same port (SO_REUSEPORT); once it
         listens, old stops accepting and drains. "ok"; else the new API did not come up and old still
         serves: "port" when the new one could not listen beside old on the very address old listens on
-        (old was started without SO_REUSEPORT), "failed" otherwise (its log shown). An ending signal
-        meanwhile raises as it comes; roll_back() then undoes what began."""
+        (old was started without SO_REUSEPORT), "failed" otherwise (its log shown). "gone" when old ended
+        before anything began, "none" when it ended while the new one failed (a status removed its file):
+        no API runs. An ending signal meanwhile raises as it comes, but never between a step's halves;
+        roll_back() then undoes what began."""
         run = self.layout.run_dir
         ready = PidFile(run / f"api.ready.{os.getpid()}")
         t0, offsets = time.monotonic(), self._offsets()
@@ -241,17 +245,25 @@ class ApiCtl:
         old_record = self.pids.record()
         self.last = None
         self.handing = (PidFile(run / f"api.draining.{old}"), old)
-        draining = self.pids.move_to(run / f"api.draining.{old}")
+        try:
+            draining = self.pids.move_to(run / f"api.draining.{old}")
+        except FileNotFoundError:
+            self.handing = None
+            return "gone"
         pid = self.start("--take-over", "--ready-file", str(ready.path))
         listening = poll(lambda: ready.read() == pid, API_START_TIMEOUT, 0.1, alive=lambda: group_alive(pid))
         ready.path.unlink(missing_ok=True)
         if not listening:
             port = self._port_refused(offsets, old_record)
             self._failed(offsets)
-            draining.move_to(self.pids.path)
+            try:
+                draining.move_to(self.pids.path)
+            except FileNotFoundError:
+                self.handing = None
+                return "none"
             self.handing = None
             return "port" if port else "failed"
-        with _held(ENDING_SIGNALS):  # told to stop, and watched, or neither: a signal waits for this
+        with deferred():  # told to stop, and watched, or neither: a signal waits for this
             self._retire(draining, old)
             self.handing = None
         say(f"API ready in {format_ms(time.monotonic() - t0)} on {self.layout.api_url} (pid {pid}); the previous API "
@@ -271,16 +283,23 @@ class ApiCtl:
             say(f"stopping the new API (process group {self.last.pid})")
             stop_group(self.last.pid, self.layout.api_stop_timeout)
             self.pids.unlink(self.last.pid)
-        if draining.path.exists():
+        try:
             draining.move_to(self.pids.path)
-        say(f"the previous API (process group {old}) keeps serving")
+        except FileNotFoundError:
+            pass  # never moved aside (api.pid still names it), or it ended meanwhile
+        if self.pids.read() == old:
+            say(f"the previous API (process group {old}) keeps serving")
+        else:
+            say(f"the previous API (process group {old}) ended meanwhile: no API runs; start one with "
+                "./launch.sh restart-api")
         return True
 
     def _port_refused(self, offsets: tuple[int, int], old: Record | None) -> bool:
         """True when the API that just failed exited because its address was in use, and that address is
         the very one the old API listens on: then the old one holds it without SO_REUSEPORT. Any other
         failure to listen (an address not of this host, a privileged port, a new API_PORT another program
-        holds) is no reason to stop the old one."""
+        holds) is no reason to stop the old one. An old API whose pid file (an older launch.sh's) does not
+        say where it listens predates SO_REUSEPORT: the address in use is taken to be its own."""
         if self.last is None:
             return False
         try:
@@ -295,18 +314,4 @@ class ApiCtl:
             return False
         if code != 1 or f"cannot listen on {self.listen}: {os.strerror(errno.EADDRINUSE)}" not in text:
             return False
-        if old is None or old.listen is None:
-            say("the new API could not listen beside the previous one, whose pid file (from an older launch.sh) "
-                "does not say where it listens: run ./launch.sh restart to replace it")
-            return False
-        return old.listen == self.listen
-
-
-@contextlib.contextmanager
-def _held(signals):
-    """Hold off signals (delivered once the block ends) so that a step is done whole or not at all."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        return old is None or old.listen is None or old.listen == self.listen

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 
-from ops.api_ctl import ENDING_SIGNALS, ApiCtl
+from ops.api_ctl import ApiCtl
 from ops.engine_ctl import EngineCtl
+from ops.interrupt import Interrupted, handle, interruptible, restore
 from ops.layout import Die, Layout, say, writable_dir
 from ops.pidfile import Busy, Lock
-
-
-class Interrupted(Exception):
-    """SIGINT, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped) during a start or a
-    restart-api's hand-over."""
 
 
 class Services:
@@ -35,9 +30,11 @@ class Services:
         try:
             lock.acquire()
         except Busy as busy:
-            who = f" (pid {busy.args[0]})" if busy.args[0] is not None else ""
+            who = f" (pid {busy.pid})" if busy.pid is not None else ""
+            # An flock proves its holder lives: removing the file would only let a second launch.sh in.
+            hint = "" if busy.flocked else f" (if no ./launch.sh runs, remove {lock.path})"
             raise Die(1, f"another ./launch.sh{who} is changing the services; try again when it "
-                         f"is done (if no ./launch.sh runs, remove {lock.path})") from None
+                         f"is done{hint}") from None
         except OSError as exc:
             raise Die(1, f"cannot create the lock {lock.path}: {exc}") from None
         try:
@@ -58,7 +55,7 @@ class Services:
             if api_pid is None:
                 self.api.check_config()
             started: list = []
-            with _interruptible():
+            with interruptible():
                 try:
                     return self._start(engine_pid, api_pid, started)
                 except Interrupted:
@@ -125,15 +122,16 @@ class Services:
     def stop(self) -> int:
         # A stop runs to its end: interrupted halfway it would leave the API up without its engine. Held
         # from before the lock, so the reap of an overdue replaced API that comes with it is covered too.
-        interrupted = []
-        previous = _handle(lambda signum, frame: interrupted.append(signum))
+        interrupted: list = []
+        previous: dict = {}
         try:
+            handle(lambda signum, frame: interrupted.append(signum), previous)
             with self.locked():
                 self.engine.stop()
                 self.api.stop()
                 self.api.stop_draining()
         finally:
-            _restore(previous)
+            restore(previous)
         if interrupted:
             say("(the stop was interrupted by a signal; it completed anyway)")
         return 0
@@ -156,7 +154,7 @@ class Services:
             # the old one's open streams run to their end (within API_DRAIN_TIMEOUT) instead of being cut.
             old = self.api.pids.running()
             if old is not None:
-                with _interruptible():
+                with interruptible():
                     try:
                         handed = self.api.hand_over(old)
                     except Interrupted:
@@ -167,13 +165,20 @@ class Services:
                         return 130
                 if handed == "ok":
                     return 0
-                if handed != "port":
+                if handed == "failed":
                     say(f"the new API did not come up (see above); the previous API (process group {old}) keeps "
                         "serving: fix the cause and run ./launch.sh restart-api again")
                     return 1
-                say("the new API could not listen beside the running one (started without SO_REUSEPORT); "
-                    "restarting it the plain way (its open requests get "
-                    f"API_DRAIN_TIMEOUT={self.layout.settings.API_DRAIN_TIMEOUT}s)")
+                if handed == "none":
+                    say(f"the new API did not come up (see above), and the previous API (process group {old}) ended "
+                        "meanwhile: no API runs; fix the cause and run ./launch.sh restart-api again")
+                    return 1
+                if handed == "gone":
+                    say(f"the previous API (process group {old}) ended meanwhile; starting the API")
+                else:
+                    say("the new API could not listen beside the running one (started without SO_REUSEPORT); "
+                        "restarting it the plain way (its open requests get "
+                        f"API_DRAIN_TIMEOUT={self.api.drain_of(self.api.pids.record()):g}s)")
             self.api.stop()
             self.api.refuse_running()
             return 0 if self.api.launch(want) is not None else 1
@@ -196,33 +201,3 @@ class Services:
             raise Die(2, f"logs takes api, engine or nothing (both), not '{which}'")
         writable_dir("LOG_DIR", str(layout.settings.log_dir), layout.settings.log_dir)
         os.execvp("tail", ["tail", "-n", "100", "-F", *map(str, files)])
-
-
-def _handle(handler) -> dict:
-    """Install handler for the ending signals but those already ignored: under nohup a hangup must stay
-    without effect. Returns what to restore."""
-    previous = {}
-    for sig in ENDING_SIGNALS:
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            previous[sig] = signal.signal(sig, handler)
-    return previous
-
-
-def _restore(previous: dict) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def _interruptible():
-    """Ctrl-C, a TERM or a HUP during a start raises Interrupted, so the start can undo what it began."""
-    def handler(signum, frame):
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-        raise Interrupted
-
-    previous = _handle(handler)
-    try:
-        yield
-    finally:
-        _restore(previous)

@@ -6,7 +6,6 @@ another way)."""
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from pathlib import Path
@@ -34,12 +33,10 @@ def watch(path: Path, seconds: float) -> int:
         time.sleep(CHECK_EVERY)
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ops.drain_watch: the previous API (process group {pid}) still "
           f"runs {seconds:g}s after restart-api told it to stop (hung or frozen): killing it", flush=True)
-    stop_group(pid, KILL_GRACE)
-    pids.drop(record)
+    if stop_group(pid, KILL_GRACE):
+        pids.drop(record)  # else it is not proven gone: the next locked command judges it again
     return 0
 
 
 if __name__ == "__main__":
-    # Started while restart-api holds off its ending signals, whose mask a child inherits: not ours to keep.
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     sys.exit(watch(Path(sys.argv[1]), float(sys.argv[2])))

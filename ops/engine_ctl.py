@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from config import REPO_ROOT
+from ops.interrupt import deferred
 from ops.layout import Die, Layout, ceil_seconds, log_size, say, show_log_tail
 from ops.pidfile import PidFile, stop_recorded
 from ops.probe import drop_stale_socket, engine_info
@@ -63,9 +64,10 @@ class EngineCtl:
         # The supervisor leads the engine's process group: it ends every rank when one dies or
         # freezes, records which in engine.state.json, restarts the engine when ENGINE_RESTART=always,
         # and gives mlx.launch the open, silent stdin that keeps it from spinning a core.
-        popen = spawn_group([sys.executable, "-m", "ops.supervisor", "--", *self.command()], self.layout.engine_log,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.pids.write(popen.pid)
+        with deferred():  # started and recorded, or neither: a start undone by a signal must find it
+            popen = spawn_group([sys.executable, "-m", "ops.supervisor", "--", *self.command()],
+                                self.layout.engine_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.pids.write(popen.pid)
         return popen.pid
 
     def wait_ready(self, pid: int) -> bool:

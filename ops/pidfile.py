@@ -198,21 +198,33 @@ class PidFile:
 
 
 class Busy(Exception):
-    """Another live launch.sh holds the lock; its pid (None when unreadable) is the argument."""
+    """Another live launch.sh holds the lock: its pid (None when unreadable), and whether it holds the flock
+    (then it provably runs; otherwise only its recorded pid says so)."""
+
+    def __init__(self, pid: int | None, flocked: bool):
+        super().__init__(pid)
+        self.pid = pid
+        self.flocked = flocked
+
+
+# flock's errors on a filesystem that has no such locks (NFS without a lock daemon, some FUSE mounts).
+NO_FLOCK = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
 class Lock:
     """The launch lock: an flock on a file naming its holder, so two launch.sh never both take it, and a
     holder that died (even by SIGKILL) holds nothing. A file whose recorded holder still runs as a launch.sh
-    but holds no flock (a launch.sh that takes the lock without one) is busy too."""
+    but holds no flock (a launch.sh that takes the lock without one) is busy too. Where the filesystem has
+    no flock the file alone is the lock, created whole by a link, as older launch.sh took it."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.fd: int | None = None
+        self.linked = False
 
     @property
     def held(self) -> bool:
-        return self.fd is not None
+        return self.fd is not None or self.linked
 
     def acquire(self) -> None:
         if self.path.is_dir():  # the lock as a folder, from an older launch.sh
@@ -223,10 +235,13 @@ class Lock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 os.close(fd)
+                if exc.errno in NO_FLOCK:
+                    self._link()
+                    return
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 record = PidFile(self.path).record()
-                raise Busy(None if record is None else record.pid) from None
+                raise Busy(None if record is None else record.pid, True) from None
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -243,21 +258,48 @@ class Lock:
             return
         raise OSError(f"cannot create the lock {self.path}")
 
-    def _claim(self, fd: int) -> None:
-        """Holding the flock: Busy when the recorded holder is a live launch.sh; else write ourselves in
-        (saying why a recorded pid that lives on is not a holder)."""
+    def _holder(self) -> Record | None:
+        """The record of the lock file; Busy when it names a live launch.sh other than us (saying why a
+        recorded pid that lives on is not a holder)."""
         record = PidFile(self.path).record()
         if record is not None and record.pid != os.getpid() and record.pid > 1 and pid_exists(record.pid):
             why = foreign(record, COMMANDS["launch"], group=False)
             if not why:
-                raise Busy(record.pid)
+                raise Busy(record.pid, False)
             say(f"removing stale lock {self.path} ({why})")
+        return record
+
+    @staticmethod
+    def _ours() -> Record:
         try:
             start = process_start(os.getpid())
         except Unreadable:
             start = None
+        return Record(os.getpid(), start)
+
+    def _claim(self, fd: int) -> None:
+        """Holding the flock: Busy when the recorded holder is a live launch.sh; else write ourselves in."""
+        self._holder()
         os.ftruncate(fd, 0)
-        os.pwrite(fd, Record(os.getpid(), start).text().encode(), 0)
+        os.pwrite(fd, self._ours().text().encode(), 0)
+
+    def _link(self) -> None:
+        """Without flock: link a file naming us into place; one already there is busy while its holder is a
+        live launch.sh, else stale and removed (only as read, never one another launch.sh just linked)."""
+        tmp = self.path.with_name(f"{self.path.name}.tmp.{os.getpid()}")
+        tmp.write_text(self._ours().text())  # written aside, then linked: no one reads a lock without its pid
+        try:
+            for _ in range(20):
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    PidFile(self.path).drop(self._holder())
+                    continue
+                self.linked = True
+                return
+        finally:
+            tmp.unlink(missing_ok=True)
+        raise OSError(f"cannot create the lock {self.path}")
 
     def release(self) -> None:
         if self.fd is not None:
@@ -265,6 +307,9 @@ class Lock:
             self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = None
+        if self.linked:
+            PidFile(self.path).unlink(os.getpid())
+            self.linked = False
 
 
 def stop_recorded(name: str, pids: PidFile, timeout: float, *, quiet: bool = False) -> None:
@@ -284,5 +329,7 @@ def stop_recorded(name: str, pids: PidFile, timeout: float, *, quiet: bool = Fal
         say(f"{name} still running after {timeout:g}s: sending SIGKILL to process group {pid}")
 
     if not stop_group(pid, timeout, on_kill=killing):
-        say(f"warning: process group {pid} survived SIGKILL")
+        # Not proven gone (a process stuck in the kernel, or a ps that fails): the file keeps naming it.
+        say(f"warning: process group {pid} survived SIGKILL, or ps cannot tell; {pids.path} stays")
+        return
     pids.unlink(pid)

@@ -163,8 +163,23 @@ def group_alive(pgid: int) -> bool:
 
 
 def process_alive(pid: int) -> bool:
-    """True while pid itself runs, not as a zombie."""
-    return pid_exists(pid) and any(r.pid == pid for r in processes())
+    """True while pid itself runs, not as a zombie; a pid that ps cannot list while kill -0 finds it counts
+    as running (a failed ps is no proof that a supervisor is gone)."""
+    if not pid_exists(pid):
+        return False
+    try:
+        return any(r.pid == pid for r in listed_processes())
+    except Unreadable:
+        return True
+
+
+def group_gone(pgid: int, spare: Iterable[int] = ()) -> bool:
+    """True once no process of the group but those in spare runs. When ps fails only kill -0 can prove the
+    group gone, and not with spare (the caller, still in the group)."""
+    try:
+        return not group_members(pgid, spare, strict=True)
+    except Unreadable:
+        return not spare and not pid_exists(pgid, group=True)
 
 
 def _ps_field(pid: int, field: str) -> str | None:
@@ -235,6 +250,8 @@ def stop_group(pgid: int, grace: float, *, spare: Iterable[int] = (),
 
     Stopped (frozen) processes get KILL at once: they never act on TERM. With spare (the caller,
     when it leads the group itself) the others are signalled one by one instead of as a group.
+    A ps that fails lists nothing, which proves nothing: the group counts as running until kill -0 finds it
+    gone, so it gets its KILL when due.
     """
     spare = set(spare)
     members = group_members(pgid, spare)
@@ -243,16 +260,22 @@ def stop_group(pgid: int, grace: float, *, spare: Iterable[int] = (),
         _send([pid for pid, state in members.items() if state != "T"], signal.SIGTERM)
     else:
         signal_group(pgid, signal.SIGTERM)
-    if poll(lambda: not group_members(pgid, spare), grace):
+    if poll(lambda: group_gone(pgid, spare), grace):
         return True
-    left = group_members(pgid, spare)
-    if on_kill is not None and left:
+    try:
+        left = group_members(pgid, spare, strict=True)
+    except Unreadable:
+        left = {}  # unknown: the group gets its KILL whole, one by one there is no one to name
+    else:
+        if not left:
+            return True  # it ended as the grace ran out
+    if on_kill is not None and (left or not spare):
         on_kill(left)
     if spare:
         _send(left, signal.SIGKILL)
     else:
         signal_group(pgid, signal.SIGKILL)
-    return bool(poll(lambda: not group_members(pgid, spare), KILL_WAIT))
+    return bool(poll(lambda: group_gone(pgid, spare), KILL_WAIT))
 
 
 def spawn_group(cmd: list[str], log_path, *, stdin=subprocess.DEVNULL, env: dict | None = None,

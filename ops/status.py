@@ -9,8 +9,8 @@ from ops import drain_watch
 from ops.api_ctl import ApiCtl
 from ops.engine_ctl import EngineCtl
 from ops.layout import API_STOP_GRACE, Layout
-from ops.pidfile import PidFile
-from ops.procs import KILL_WAIT, process_alive
+from ops.pidfile import PidFile, Record
+from ops.procs import KILL_WAIT, group_alive, process_alive
 from ops.state import ACTIVE, read_state, state_path
 
 UP, STOPPED = 0, 3
@@ -162,6 +162,12 @@ def api_status(layout: Layout, api: ApiCtl) -> tuple[str, list[str]]:
     return "stopped", [*notes, "api      stopped"]
 
 
+def _handing_over(record: Record | None) -> bool:
+    """The record of an API being handed over (recorded by us, not yet told to stop) whose group lives."""
+    return (record is not None and record.start is not None and record.stopping_since is None and record.pid > 1
+            and group_alive(record.pid))
+
+
 def draining_status(layout: Layout, api: ApiCtl) -> tuple[bool, list[str]]:
     """The APIs restart-api replaced that still run; False when one is long past its drain deadline."""
     fine, lines = True, []
@@ -169,6 +175,10 @@ def draining_status(layout: Layout, api: ApiCtl) -> tuple[bool, list[str]]:
     for path in layout.draining_files():
         pids = PidFile(path)
         record, pid, why = pids.judge()
+        if pid is None and why not in ("", "not running") and _handing_over(record):
+            # A restart-api's hand-over under way: it moves this file back or on; only it, or the next
+            # locked command, may judge it (a status that removed it would leave that restart-api no API).
+            pid = record.pid
         if pid is None:
             if why == "not running":
                 pids.drop(record)  # it drained and ended: nothing to report

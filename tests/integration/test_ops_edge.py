@@ -179,8 +179,9 @@ def test_a_frozen_replaced_api_is_killed_after_its_drain_deadline():
         launch.groups.add(launch.group("api"))
         assert launch.group("api") != old_api
         # API_DRAIN_TIMEOUT + the stop grace after the TERM, without another command: KILLed, off the port.
-        wait_for(lambda: gone([old_api]), 30, "the frozen replaced API to be killed")
-        assert not list((launch.root / "run").glob("api.draining.*"))
+        # ... and its draining file removed by the watcher, right after the kill
+        wait_for(lambda: gone([old_api]) and not list((launch.root / "run").glob("api.draining.*")), 30,
+                 "the frozen replaced API to be killed and its file removed")
         r = launch.run("status", timeout=60)
         assert r.returncode == 0 and "previous API" not in r.stdout, r.stdout
         assert http_status(launch.url + "/health") == 200
