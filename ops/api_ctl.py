@@ -9,12 +9,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from config import ConfigError
 from ops.interrupt import deferred
 from ops.layout import API_START_TIMEOUT, API_STOP_GRACE, Die, Layout, ceil_seconds, log_size, say, show_log_tail
 from ops.pidfile import PidFile, Record, stop_recorded
-from ops.procs import group_alive, http_status, poll, signal_group, spawn_group, stop_group
+from ops.procs import (Unreadable, group_alive, group_frozen, http_status, poll, process_start, signal_group,
+                       spawn_group, stop_group)
 
 # A replaced API that still runs this long after its drain deadline got KILL at once (it is frozen).
 OVERDUE_KILL_GRACE = 1.0
@@ -168,7 +170,7 @@ class ApiCtl:
             return None
         since = record.stopping_since
         if since is None:
-            if record.start is not None:  # ours, and not told to stop: a hand-over under way, or abandoned
+            if record.handing_over:  # not told to stop: a hand-over under way, or abandoned
                 return None
             try:  # a file an older launch.sh renamed (so changed) at its hand-over
                 since = pids.path.stat().st_ctime
@@ -191,8 +193,14 @@ class ApiCtl:
                     say(f"removing stale pid file {path} ({why})")
                 pids.drop(record)
                 continue
-            if record.stopping_since is None and record.start is not None:
+            if record.handing_over:
                 self._finish_hand_over(pids, pid)
+                continue
+            if group_frozen(pid):
+                say(f"the previous API (process group {pid}), replaced by restart-api, is stopped (SIGSTOP) and "
+                    "can never finish draining, yet takes connections on the shared port: killing it")
+                if stop_group(pid, OVERDUE_KILL_GRACE):  # its stopped processes get KILL at once
+                    pids.drop(record)
                 continue
             late = self.overdue(pids)
             if late is not None:
@@ -208,7 +216,7 @@ class ApiCtl:
         current = self.pids.running()
         if current is None:
             try:
-                draining.move_to(self.pids.path)
+                self._move_back(draining)
             except FileNotFoundError:
                 return  # it ended meanwhile (a status removed its file): nothing left to finish
             say(f"an interrupted restart-api left the previous API (process group {old}) serving: it stays the API")
@@ -218,10 +226,37 @@ class ApiCtl:
         self._retire(draining, old)
 
     def _retire(self, draining: PidFile, old: int) -> None:
-        """Tell the replaced API to drain and stop, and watch that it does."""
+        """Tell the replaced API to drain and stop, and watch that it does. A stopped (SIGSTOP) one can act on
+        no TERM, and would hang the connections the shared port gives it until its deadline: KILL at once."""
         draining.mark_stopping()
-        signal_group(old, signal.SIGTERM)
+        if group_frozen(old):
+            say(f"the previous API (process group {old}) is stopped (SIGSTOP): it cannot drain; killing it")
+            signal_group(old, signal.SIGKILL)
+        else:
+            signal_group(old, signal.SIGTERM)
         self.watch_drain(draining)
+
+    def _mark_handing_over(self, record: Record, old: int) -> None:
+        """Rewrite api.pid, still in place, in the current format with the hand-over marker: once moved aside
+        it is a hand-over to finish, never taken for a file an older launch.sh renamed, whatever api.pid held."""
+        start = record.start
+        if start is None:
+            try:
+                start = process_start(old)
+            except Unreadable:
+                pass
+        if self.pids.record() == record:  # not dropped meanwhile (a status): never write back a file
+            self.pids.save(replace(record, start=start, handover_since=time.time()))
+
+    def _move_back(self, draining: PidFile) -> None:
+        """Make the handed-over API the API again (FileNotFoundError when its file is gone), without the marker."""
+        draining.move_to(self.pids.path)
+        self._unmark()
+
+    def _unmark(self) -> None:
+        record = self.pids.record()
+        if record is not None and record.handover_since is not None:
+            self.pids.save(replace(record, handover_since=None))
 
     def watch_drain(self, draining: PidFile) -> None:
         """A watcher of its own (ops.drain_watch) KILLs the replaced API if it outlives its drain deadline,
@@ -243,8 +278,12 @@ class ApiCtl:
         t0, offsets = time.monotonic(), self._offsets()
         ready.path.unlink(missing_ok=True)
         old_record = self.pids.record()
+        if old_record is None:
+            return "gone"
         self.last = None
         self.handing = (PidFile(run / f"api.draining.{old}"), old)
+        with deferred():  # a marker half written would leave a temporary file
+            self._mark_handing_over(old_record, old)
         try:
             draining = self.pids.move_to(run / f"api.draining.{old}")
         except FileNotFoundError:
@@ -257,7 +296,7 @@ class ApiCtl:
             port = self._port_refused(offsets, old_record)
             self._failed(offsets)
             try:
-                draining.move_to(self.pids.path)
+                self._move_back(draining)
             except FileNotFoundError:
                 self.handing = None
                 return "none"
@@ -284,9 +323,9 @@ class ApiCtl:
             stop_group(self.last.pid, self.layout.api_stop_timeout)
             self.pids.unlink(self.last.pid)
         try:
-            draining.move_to(self.pids.path)
+            self._move_back(draining)
         except FileNotFoundError:
-            pass  # never moved aside (api.pid still names it), or it ended meanwhile
+            self._unmark()  # never moved aside (api.pid still names it, marked), or it ended meanwhile
         if self.pids.read() == old:
             say(f"the previous API (process group {old}) keeps serving")
         else:

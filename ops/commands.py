@@ -11,7 +11,7 @@ import os
 
 from ops.api_ctl import ApiCtl
 from ops.engine_ctl import EngineCtl
-from ops.interrupt import Interrupted, handle, interruptible, restore
+from ops.interrupt import Interrupted, held, interruptible, noted
 from ops.layout import Die, Layout, say, writable_dir
 from ops.pidfile import Busy, Lock
 
@@ -122,25 +122,29 @@ class Services:
     def stop(self) -> int:
         # A stop runs to its end: interrupted halfway it would leave the API up without its engine. Held
         # from before the lock, so the reap of an overdue replaced API that comes with it is covered too.
-        interrupted: list = []
-        previous: dict = {}
-        try:
-            handle(lambda signum, frame: interrupted.append(signum), previous)
+        with held():
             with self.locked():
                 self.engine.stop()
                 self.api.stop()
                 self.api.stop_draining()
-        finally:
-            restore(previous)
-        if interrupted:
-            say("(the stop was interrupted by a signal; it completed anyway)")
+            if noted():
+                say("(the stop was interrupted by a signal; it completed anyway)")
         return 0
 
     def restart(self) -> int:
         # A setting the new API would refuse must not cost the running services.
         self.api.check_config()
-        self.stop()
-        return self.start()
+        # Held across both halves: a signal during the stop lets it finish, then ends the restart there
+        # (the user asked to stop); one before the start's first step undoes nothing and starts nothing.
+        with held():
+            self.stop()
+            try:
+                if noted():
+                    raise Interrupted
+                return self.start()
+            except Interrupted:  # noted before the start's first step: nothing of it to undo
+                say("interrupted: everything is stopped; nothing was started again (./launch.sh start starts it)")
+                return 130
 
     def restart_api(self) -> int:
         with self.locked():
@@ -184,11 +188,27 @@ class Services:
             return 0 if self.api.launch(want) is not None else 1
 
     def restart_engine(self) -> int:
-        with self.locked():
-            self.engine.stop()
-            self.engine.refuse_running()
-            if self.engine.launch() is None:
-                return 1
+        # The stop half is done whole, as a stop; a signal during the start half undoes it, as a start's.
+        stopped = "the engine is stopped; the API answers 503 until ./launch.sh restart-engine"
+        with held():
+            with self.locked():
+                self.engine.stop()
+                try:
+                    if noted():
+                        raise Interrupted
+                    self.engine.refuse_running()
+                    with interruptible():
+                        try:
+                            if self.engine.launch() is None:
+                                return 1
+                        except Interrupted:
+                            say("interrupted: stopping the engine this restart-engine began")
+                            self.engine.stop()
+                            say(stopped)
+                            return 130
+                except Interrupted:  # noted before the start half began: nothing of it to undo
+                    say(f"interrupted: {stopped}")
+                    return 130
         if self.api.pids.running() is None:
             say("note: the API is not running; start it with ./launch.sh restart-api")
         return 0

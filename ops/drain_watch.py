@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ops.pidfile import PidFile
-from ops.procs import stop_group
+from ops.procs import group_frozen, stop_group
 
 CHECK_EVERY = 1.0  # seconds between looks at the replaced API
 KILL_GRACE = 1.0  # seconds between the TERM and the KILL of an overdue API
@@ -28,11 +28,12 @@ def watch(path: Path, seconds: float) -> int:
         if pid is None:
             pids.drop(record)  # drained and gone (or stale): its file goes with it
             return 0
-        if time.time() >= deadline:
+        if time.time() >= deadline or group_frozen(pid):  # a stopped (SIGSTOP) API can never drain
             break
         time.sleep(CHECK_EVERY)
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ops.drain_watch: the previous API (process group {pid}) still "
-          f"runs {seconds:g}s after restart-api told it to stop (hung or frozen): killing it", flush=True)
+          f"runs {time.time() - deadline + seconds:.0f}s after restart-api told it to stop (hung or frozen): "
+          "killing it", flush=True)
     if stop_group(pid, KILL_GRACE):
         pids.drop(record)  # else it is not proven gone: the next locked command judges it again
     return 0

@@ -26,6 +26,7 @@ class _Guard:
 
     armed = False  # inside interruptible() and not yet interrupted: a signal raises Interrupted
     deferring = 0  # deferred() blocks under way: a signal is only noted until the last one ends
+    holding = 0  # held() blocks under way: a signal noted in one outlives the interruptible() blocks inside
     pending = False  # a signal was noted
 
 
@@ -54,8 +55,11 @@ def restore(previous: dict) -> None:
 
 @contextlib.contextmanager
 def interruptible():
-    """An ending signal in the block raises Interrupted (once), so the command can undo what it began."""
-    _guard.armed, _guard.pending = False, False
+    """An ending signal in the block raises Interrupted (once), so the command can undo what it began. Inside
+    held(), one noted before the block raises as it begins: what follows a stop it interrupted never starts."""
+    _guard.armed = False
+    if not _guard.holding:
+        _guard.pending = False
     previous: dict = {}
     try:
         handle(_on_signal, previous)  # disarmed while installing: a signal meanwhile is noted
@@ -69,7 +73,31 @@ def interruptible():
         # noted, never raised where nothing catches it.
         _guard.armed = False
         restore(previous)
+        if not _guard.holding:
+            _guard.pending = False
+
+
+@contextlib.contextmanager
+def held():
+    """A part done whole whatever comes (a stop): an ending signal is only noted (see noted()), and kept
+    for the rest of the command: an interruptible() inside raises it as it begins."""
+    previous: dict = {}
+    if not _guard.holding:
         _guard.pending = False
+    _guard.holding += 1
+    try:
+        handle(_on_signal, previous)
+        yield
+    finally:
+        restore(previous)
+        _guard.holding -= 1
+        if not _guard.holding:
+            _guard.pending = False
+
+
+def noted() -> bool:
+    """True once an ending signal came during the held() block under way."""
+    return _guard.pending
 
 
 @contextlib.contextmanager

@@ -28,6 +28,9 @@ COMMANDS = {
     "launch": ("-m ops", "launch.sh"),
 }
 
+# The largest pid any system hands out (pid_t is 32 bits); a larger number is no pid but a damaged file.
+PID_MAX = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Record:
@@ -39,6 +42,13 @@ class Record:
     stopping_since: float | None = None  # time.time() of the TERM that made a replaced API drain
     listen: str | None = None  # an API's API_HOST:API_PORT when it started
     drain: float | None = None  # an API's API_DRAIN_TIMEOUT when it started
+    handover_since: float | None = None  # time.time() as a restart-api began handing this API over
+
+    @property
+    def handing_over(self) -> bool:
+        """A replaced API's record written mid hand-over: not yet told to stop. The marker says so whatever
+        the file held before; a file with a start time and no marker is a hand-over of an earlier version."""
+        return self.stopping_since is None and (self.handover_since is not None or self.start is not None)
 
     def text(self) -> str:
         lines = [str(self.pid)]
@@ -50,16 +60,20 @@ class Record:
             lines.append(f"listen {self.listen}")
         if self.drain is not None:
             lines.append(f"drain-timeout {self.drain!r}")
+        if self.handover_since is not None:
+            lines.append(f"handover-since {self.handover_since:.3f}")
         return "\n".join(lines) + "\n"
 
     @classmethod
     def parse(cls, text: str) -> Record | None:
         lines = text.strip().splitlines()
-        if not lines or not lines[0].strip().isdigit():
+        first = lines[0].strip() if lines else ""
+        if not (first.isascii() and first.isdigit()) or int(first) > PID_MAX:
             return None
         fields = dict(line.strip().partition(" ")[::2] for line in lines[1:])
-        return cls(int(lines[0]), fields.get("start") or None, _number(fields.get("stopping-since")),
-                   fields.get("listen") or None, _number(fields.get("drain-timeout")))
+        return cls(int(first), fields.get("start") or None, _number(fields.get("stopping-since")),
+                   fields.get("listen") or None, _number(fields.get("drain-timeout")),
+                   _number(fields.get("handover-since")))
 
 
 def _number(text: str | None) -> float | None:
@@ -179,7 +193,7 @@ class PidFile:
         """Record that the process was told to stop now (a replaced API: status and ops watch its drain)."""
         record = self.record()
         if record is not None:
-            self.save(replace(record, stopping_since=time.time()))
+            self.save(replace(record, stopping_since=time.time(), handover_since=None))
 
     def unlink(self, pid: int | None = None) -> None:
         """Remove the file; with pid, only while it still records that pid (never another's)."""

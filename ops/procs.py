@@ -162,6 +162,16 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
+def group_frozen(pgid: int) -> bool:
+    """True when every live process of the group is stopped (SIGSTOP: ps's STAT T on Linux and macOS): it
+    can act on no TERM, yet its listening socket still takes connections. False when ps cannot tell."""
+    try:
+        members = group_members(pgid, strict=True)
+    except Unreadable:
+        return False
+    return bool(members) and all(state == "T" for state in members.values())
+
+
 def process_alive(pid: int) -> bool:
     """True while pid itself runs, not as a zombie; a pid that ps cannot list while kill -0 finds it counts
     as running (a failed ps is no proof that a supervisor is gone)."""

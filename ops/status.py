@@ -10,7 +10,7 @@ from ops.api_ctl import ApiCtl
 from ops.engine_ctl import EngineCtl
 from ops.layout import API_STOP_GRACE, Layout
 from ops.pidfile import PidFile, Record
-from ops.procs import KILL_WAIT, group_alive, process_alive
+from ops.procs import KILL_WAIT, group_alive, group_frozen, process_alive
 from ops.state import ACTIVE, read_state, state_path
 
 UP, STOPPED = 0, 3
@@ -149,23 +149,45 @@ def _engine_status(layout: Layout, engine: EngineCtl, pid: int | None) -> tuple[
     return "stopped", ["engine   stopped"]
 
 
+FROZEN = "is STOPPED (SIGSTOP): it takes connections on port {port} but answers none"
+
+
 def api_status(layout: Layout, api: ApiCtl) -> tuple[str, list[str]]:
     pid, notes = stale_note("api     ", api.pids)
     if pid is not None:
-        code = api.health()
-        if code == "200":
-            return "up", [f"api      running   pid {pid}   {layout.api_url}   (/health 200)"]
-        return "degraded", [f"api      running but /health answers {code}   pid {pid}   {layout.api_url}"]
+        return _running_api(layout, api, pid, "")
     recorded = api.pids.read()
     if recorded is not None:
         return "dead", [f"api      DEAD: pid {recorded} is gone but its pid file remains; see {layout.api_log}"]
+    handed = _handed_over_api(layout)
+    if handed is not None:
+        # A restart-api moved api.pid aside and has not yet written the new API's: the old one still serves.
+        return _running_api(layout, api, handed, " (a restart-api is handing it over)")
     return "stopped", [*notes, "api      stopped"]
+
+
+def _running_api(layout: Layout, api: ApiCtl, pid: int, note: str) -> tuple[str, list[str]]:
+    if group_frozen(pid):
+        return "degraded", [f"api      process group {pid} {FROZEN.format(port=layout.settings.API_PORT)}; "
+                            "./launch.sh restart-api or stop kills it"]
+    code = api.health()
+    if code == "200":
+        return "up", [f"api      running   pid {pid}   {layout.api_url}   (/health 200){note}"]
+    return "degraded", [f"api      running but /health answers {code}   pid {pid}   {layout.api_url}{note}"]
+
+
+def _handed_over_api(layout: Layout) -> int | None:
+    """The group of an API a restart-api is handing over (moved aside, not yet told to stop) that lives."""
+    for path in layout.draining_files():
+        record = PidFile(path).record()
+        if _handing_over(record):
+            return record.pid
+    return None
 
 
 def _handing_over(record: Record | None) -> bool:
     """The record of an API being handed over (recorded by us, not yet told to stop) whose group lives."""
-    return (record is not None and record.start is not None and record.stopping_since is None and record.pid > 1
-            and group_alive(record.pid))
+    return record is not None and record.handing_over and record.pid > 1 and group_alive(record.pid)
 
 
 def draining_status(layout: Layout, api: ApiCtl) -> tuple[bool, list[str]]:
@@ -186,7 +208,13 @@ def draining_status(layout: Layout, api: ApiCtl) -> tuple[bool, list[str]]:
                 lines += stale_note("api     ", pids)[1]
             continue
         drain = api.drain_of(record)
-        if record.stopping_since is None and record.start is not None:
+        if group_frozen(pid):
+            fine = False
+            lines.append(f"api      previous API (process group {pid}), replaced by restart-api, "
+                         f"{FROZEN.format(port=s.API_PORT)}; ./launch.sh start, stop, restart, restart-engine or "
+                         "restart-api kills it")
+            continue
+        if record.handing_over:
             lines.append(f"api      previous API (process group {pid}) being replaced by a restart-api (if none runs, "
                          "the next start, stop, restart, restart-engine or restart-api finishes the hand-over)")
             continue

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from config import load_settings
 from ops import api_ctl, commands, drain_watch, interrupt, pidfile, procs
+from ops import status as status_mod
 from ops.api_ctl import ApiCtl
 from ops.commands import Services
 from ops.interrupt import Interrupted, interruptible
@@ -186,7 +188,6 @@ def draining(layout: Layout, pid: int, since: float) -> PidFile:
 
 def test_a_replaced_api_hung_past_its_drain_deadline_is_reported_and_killed(layout, spawn, capsys):
     hung = spawn("-m", "api")
-    os.killpg(hung, signal.SIGSTOP)
     pids = draining(layout, hung, time.time() - 60)  # API_DRAIN_TIMEOUT=1: long overdue
     fine, lines = draining_status(layout, ApiCtl(layout))
     assert not fine and "STILL RUNS" in "\n".join(lines)
@@ -200,9 +201,8 @@ def test_a_replaced_api_hung_past_its_drain_deadline_is_reported_and_killed(layo
     assert "hung or frozen; killing it" in capsys.readouterr().err
 
 
-def test_the_drain_watcher_kills_a_frozen_replaced_api_at_its_deadline(layout, spawn):
+def test_the_drain_watcher_kills_a_hung_replaced_api_at_its_deadline(layout, spawn):
     hung = spawn("-m", "api")
-    os.killpg(hung, signal.SIGSTOP)
     pids = draining(layout, hung, time.time())
     t0 = time.monotonic()
     assert drain_watch.watch(pids.path, 1.5) == 0
@@ -568,7 +568,6 @@ def test_a_drained_api_leaves_no_file_and_temp_files_are_not_draining_files(layo
 
 def test_status_gives_the_drain_watcher_time_to_kill_before_calling_an_api_overdue(layout, spawn):
     hung = spawn("-m", "api")
-    os.killpg(hung, signal.SIGSTOP)
     api = ApiCtl(layout)
     pids = draining(layout, hung, time.time() - layout.api_stop_timeout - 2)  # the watcher is at it
     assert api.overdue(pids) is not None
@@ -666,7 +665,7 @@ def test_a_signal_as_an_interruptible_block_ends_is_no_traceback(monkeypatch):
 
 @pytest.mark.parametrize("error", [Interrupted, KeyboardInterrupt])
 def test_an_interrupted_command_exits_130_with_one_line(monkeypatch, capsys, error):
-    import ops.__main__ as entry
+    import ops.cli as entry
 
     def run(command, args):
         raise error
@@ -748,3 +747,177 @@ def test_a_lock_held_by_flock_is_not_to_be_removed(layout):
     finally:
         holder.kill()
         holder.communicate(timeout=10)
+
+
+# ---- third review mends: a stop's signal ends a restart, hand-overs are marked, stopped APIs get KILL ----------
+
+
+def test_a_signal_during_a_restarts_stop_lets_the_stop_finish_and_starts_nothing(layout, monkeypatch, capsys):
+    stopped = []
+
+    def engine_stop(self, quiet=False):
+        signal.raise_signal(signal.SIGTERM)
+        stopped.append("engine")
+
+    monkeypatch.setattr(ApiCtl, "check_config", lambda self: None)
+    monkeypatch.setattr(commands.EngineCtl, "stop", engine_stop)
+    monkeypatch.setattr(ApiCtl, "stop", lambda self, quiet=False: stopped.append("api"))
+    monkeypatch.setattr(Services, "start", lambda self: pytest.fail("the restart went on to start"))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: pytest.fail("the TERM was not handled"))
+    try:
+        assert Services(layout).restart() == 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped == ["engine", "api"] and "nothing was started" in capsys.readouterr().err
+
+
+def test_a_signal_noted_before_a_restarts_start_begins_starts_nothing(layout, monkeypatch):
+    monkeypatch.setattr(ApiCtl, "check_config", lambda self: None)
+    monkeypatch.setattr(Services, "stop", lambda self: 0)
+    monkeypatch.setattr(commands.EngineCtl, "refuse_unsupervised",
+                        lambda self: signal.raise_signal(signal.SIGHUP))  # after the stop, before the start's first step
+    monkeypatch.setattr(commands.EngineCtl, "launch", lambda self: pytest.fail("the restart started the engine"))
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: pytest.fail("the HUP was not handled"))
+    try:
+        assert Services(layout).restart() == 130
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_ctrl_c_during_restart_engines_stop_finishes_the_stop_and_starts_nothing(layout, monkeypatch, capsys):
+    stopped = []
+
+    def engine_stop(self, quiet=False):
+        signal.raise_signal(signal.SIGINT)
+        stopped.append("engine")  # the pid file goes only here: an exception above would leave it
+
+    monkeypatch.setattr(commands.EngineCtl, "stop", engine_stop)
+    monkeypatch.setattr(commands.EngineCtl, "launch", lambda self: pytest.fail("restart-engine started the engine"))
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pytest.fail("the Ctrl-C was not handled"))
+    try:
+        assert Services(layout).restart_engine() == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert stopped == ["engine"] and "the engine is stopped" in capsys.readouterr().err
+    assert not (layout.run_dir / "launch.lock").exists()
+
+
+def test_a_hangup_while_restart_engine_starts_the_engine_undoes_the_start(layout, monkeypatch, capsys):
+    stopped = []
+    monkeypatch.setattr(commands.EngineCtl, "stop", lambda self, quiet=False: stopped.append("engine"))
+    monkeypatch.setattr(commands.EngineCtl, "refuse_running", lambda self: None)
+
+    def launch(self):  # the terminal closes while the engine loads
+        signal.raise_signal(signal.SIGHUP)
+        pytest.fail("the HUP did not interrupt the start")
+
+    monkeypatch.setattr(commands.EngineCtl, "launch", launch)
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: pytest.fail("the HUP was not handled"))
+    try:
+        assert Services(layout).restart_engine() == 130
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert stopped == ["engine", "engine"]  # the stop half, then the undoing of the start half
+    assert "the engine is stopped" in capsys.readouterr().err
+
+
+def test_an_api_mid_hand_over_is_the_running_api_and_an_old_format_one_is_marked(layout, spawn, monkeypatch, signals):
+    old = spawn("-m", "api")
+    layout.api_pid.write_text(f"{old}\n")  # an older launch.sh's one-line file
+    seen = []
+
+    class Killed(Exception):
+        pass
+
+    def start(self, *args):  # moved aside, the new API not yet recorded: a status runs, then kill -9
+        seen.append(PidFile(layout.run_dir / f"api.draining.{old}").record())
+        seen.append(api_status(layout, ApiCtl(layout))[0])
+        seen.append(status(layout))
+        raise Killed
+
+    monkeypatch.setattr(ApiCtl, "start", start)
+    monkeypatch.setattr(ApiCtl, "health", lambda self: "200")
+    monkeypatch.setattr(status_mod, "engine_status", lambda layout, engine: ("up", []))
+    with pytest.raises(Killed):
+        ApiCtl(layout).hand_over(old)
+    record, api_state, code = seen
+    assert record.handing_over and record.handover_since is not None and record.start == process_start(old)
+    assert api_state == "up" and code == 0
+
+    api = ApiCtl(layout)
+    draining_file = PidFile(layout.run_dir / f"api.draining.{old}")
+    assert api.overdue(draining_file, slack=-1e6) is None  # never taken for an older launch.sh's rename
+    api.reap_drained()  # finished as a hand-over: no new API, so the old one is the API again
+    assert signals == [] and api.pids.read() == old and api.pids.record().handover_since is None
+
+
+def test_a_stopped_api_being_replaced_gets_kill_at_once(layout, spawn, monkeypatch, request):
+    frozen = spawn("-m", "api")
+    os.killpg(frozen, signal.SIGSTOP)
+    assert poll(lambda: procs.group_frozen(frozen), 10)
+    signals = request.getfixturevalue("signals")
+    monkeypatch.setattr(ApiCtl, "watch_drain", lambda self, d: None)
+    draining_file = PidFile(layout.run_dir / f"api.draining.{frozen}")
+    draining_file.write(frozen)
+    ApiCtl(layout)._retire(draining_file, frozen)
+    assert signals == [(-frozen, signal.SIGKILL)]
+
+    live = spawn("-m", "api")
+    signals.clear()
+    ApiCtl(layout)._retire(PidFile(layout.run_dir / f"api.draining.{live}"), live)
+    assert signals == [(-live, signal.SIGTERM)]  # a running one drains as before
+
+
+def test_status_names_a_stopped_api_and_the_next_command_kills_it(layout, spawn, monkeypatch):
+    frozen = spawn("-m", "api")
+    os.killpg(frozen, signal.SIGSTOP)
+    assert poll(lambda: procs.group_frozen(frozen), 10)
+    PidFile(layout.api_pid).write(frozen)
+    state, lines = api_status(layout, ApiCtl(layout))
+    assert state == "degraded" and "STOPPED (SIGSTOP)" in lines[0]
+
+    layout.api_pid.unlink()
+    pids = draining(layout, frozen, time.time())  # told to stop just now: far from its deadline
+    fine, lines = draining_status(layout, ApiCtl(layout))
+    assert not fine and "STOPPED (SIGSTOP)" in "\n".join(lines)
+    ApiCtl(layout).reap_drained()
+    assert poll(lambda: not group_alive(frozen), 10) and not pids.path.exists()
+
+
+def test_the_drain_watcher_kills_a_stopped_api_without_waiting_for_its_deadline(layout, spawn, monkeypatch):
+    frozen = spawn("-m", "api")
+    os.killpg(frozen, signal.SIGSTOP)
+    assert poll(lambda: procs.group_frozen(frozen), 10)
+    pids = draining(layout, frozen, time.time())
+    killed = []
+    monkeypatch.setattr(drain_watch, "stop_group", lambda pid, grace: killed.append(pid) or True)
+    waits = lambda s: pytest.fail("the watcher waited for the deadline")  # noqa: E731
+    monkeypatch.setattr(drain_watch, "time", SimpleNamespace(time=time.time, strftime=time.strftime, sleep=waits))
+    assert drain_watch.watch(pids.path, 600) == 0
+    assert killed == [frozen] and not pids.path.exists()
+
+
+def test_a_ctrl_c_during_the_entry_points_imports_is_one_line(monkeypatch, capsys):
+    import importlib.abc
+    import runpy
+
+    class Interrupting(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "ops.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "ops.cli", raising=False)
+    monkeypatch.delitem(sys.modules, "ops.__main__", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_module("ops", run_name="__main__")
+    assert ended.value.code == 130 and capsys.readouterr().err == "launch.sh: interrupted\n"
+
+
+@pytest.mark.parametrize("text", ["99999999999999999999\n", f"{2**31}\nstart x\n", "\u00b2\n"])
+def test_a_pid_beyond_any_pid_is_a_malformed_file(layout, text, capsys):
+    assert Record.parse(text) is None
+    layout.api_pid.write_text(text)
+    assert status(layout) in (1, 3)  # no OverflowError
+    assert not layout.api_pid.exists()
