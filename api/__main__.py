@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from api.app import create_app
-from api.auth import api_keys
 from api.serve import listen, server
 from config import ConfigError, load_settings
+from config.keys import api_keys
 from ipc import raise_open_file_limit
 
 # --log-file rotation: api.log plus this many rotated copies of at most LOG_MAX_BYTES each.

@@ -10,41 +10,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
-from pathlib import Path
 
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import Unauthorized
-from config import ConfigError, Settings
-from config.settings import REPO_ROOT
-
-
-def read_keys_file(path: str | Path) -> list[str]:
-    """The keys of an API_KEYS_FILE: one per line; blank lines and lines starting with # are skipped.
-
-    Read by the API only (the engine's ranks, on other hosts, never need the file).
-    """
-    resolved = Path(path).expanduser()
-    if not resolved.is_absolute():
-        resolved = REPO_ROOT / resolved
-    try:
-        text = resolved.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"API_KEYS_FILE={str(path)!r} cannot be read ({exc}): give a file with one API key "
-                          "per line") from None
-    keys = [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")]
-    if not keys:
-        raise ConfigError(f"API_KEYS_FILE={str(path)!r} holds no key: put one API key per line")
-    return keys
-
-
-def api_keys(settings: Settings) -> list[str]:
-    """Every accepted key: API_KEY, then those of API_KEYS_FILE."""
-    keys = [settings.API_KEY] if settings.API_KEY else []
-    if settings.API_KEYS_FILE:
-        keys += read_keys_file(settings.API_KEYS_FILE)
-    return keys
+from config import Settings
+from config.keys import api_keys
 
 
 def _digest(token: bytes) -> bytes:

@@ -17,13 +17,13 @@ from starlette.routing import Route
 from api.anthropic import protocol as anthropic
 from api.openai import protocol, tokens
 from api.responses import protocol as responses_protocol
-from api.auth import api_keys
 from api.ollama import protocol as ollama
 from api.ollama.models import OLLAMA_VERSION
 from api.ollama.render import NDJSON
 from api.ollama.serving import LATEST
 from api.openai.serving import MODEL_ALIAS
 from config import Settings
+from config.keys import api_keys
 
 REF = "#/components/schemas/{name}"
 # Ollama's schemas share names with OpenAI's (Message, ModelList, ...): theirs are prefixed

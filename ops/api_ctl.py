@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 from config import ConfigError
+from config.keys import api_keys
 from ops.interrupt import deferred
 from ops.layout import API_START_TIMEOUT, API_STOP_GRACE, Die, Layout, ceil_seconds, log_size, say, show_log_tail
 from ops.pidfile import PidFile, Record, stop_recorded
@@ -89,8 +90,6 @@ class ApiCtl:
     def check_config(self) -> None:
         """The checks the API makes as it starts (API_KEYS_FILE readable, with a key), made before anything
         is stopped or started: a setting the API would refuse leaves what runs as it is."""
-        from api.auth import api_keys  # the gateway's package: no MLX in it
-
         try:
             api_keys(self.settings)
         except ConfigError as exc:
