@@ -16,7 +16,8 @@ from config.keys import api_keys
 from ops.interrupt import deferred
 from ops.layout import API_START_TIMEOUT, API_STOP_GRACE, Die, Layout, ceil_seconds, log_size, say, show_log_tail
 from ops.pidfile import PidFile, Record, stop_recorded
-from ops.procs import (Unreadable, group_alive, group_frozen, http_status, poll, process_start, signal_group,
+from ops.procs import (Unreadable, group_alive, group_frozen_for_good, http_status, poll, process_start,
+                       signal_group,
                        spawn_group, stop_group)
 
 # A replaced API that still runs this long after its drain deadline got KILL at once (it is frozen).
@@ -195,7 +196,7 @@ class ApiCtl:
             if record.handing_over:
                 self._finish_hand_over(pids, pid)
                 continue
-            if group_frozen(pid):
+            if group_frozen_for_good(pid):
                 say(f"the previous API (process group {pid}), replaced by restart-api, is stopped (SIGSTOP) and "
                     "can never finish draining, yet takes connections on the shared port: killing it")
                 if stop_group(pid, OVERDUE_KILL_GRACE):  # its stopped processes get KILL at once
@@ -225,14 +226,10 @@ class ApiCtl:
         self._retire(draining, old)
 
     def _retire(self, draining: PidFile, old: int) -> None:
-        """Tell the replaced API to drain and stop, and watch that it does. A stopped (SIGSTOP) one can act on
-        no TERM, and would hang the connections the shared port gives it until its deadline: KILL at once."""
+        """Tell the replaced API to drain and stop, and watch that it does (the watcher also ends one that stays
+        stopped by SIGSTOP: it can act on no TERM, and would hang the connections the shared port gives it)."""
         draining.mark_stopping()
-        if group_frozen(old):
-            say(f"the previous API (process group {old}) is stopped (SIGSTOP): it cannot drain; killing it")
-            signal_group(old, signal.SIGKILL)
-        else:
-            signal_group(old, signal.SIGTERM)
+        signal_group(old, signal.SIGTERM)
         self.watch_drain(draining)
 
     def _mark_handing_over(self, record: Record, old: int) -> None:

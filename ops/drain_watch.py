@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ops.pidfile import PidFile
-from ops.procs import group_frozen, stop_group
+from ops.procs import FROZEN_READINGS, group_frozen, stop_group
 
 CHECK_EVERY = 1.0  # seconds between looks at the replaced API
 KILL_GRACE = 1.0  # seconds between the TERM and the KILL of an overdue API
@@ -23,12 +23,14 @@ def watch(path: Path, seconds: float) -> int:
     if record is None:
         return 0
     deadline = (record.stopping_since or time.time()) + seconds
+    frozen = 0  # readings in a row that found it stopped (SIGSTOP): such an API can never drain
     while True:
         record, pid, why = pids.judge()
         if pid is None:
             pids.drop(record)  # drained and gone (or stale): its file goes with it
             return 0
-        if time.time() >= deadline or group_frozen(pid):  # a stopped (SIGSTOP) API can never drain
+        frozen = frozen + 1 if group_frozen(pid) else 0
+        if time.time() >= deadline or frozen >= FROZEN_READINGS:  # one reading may be a debugger's pause
             break
         time.sleep(CHECK_EVERY)
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ops.drain_watch: the previous API (process group {pid}) still "

@@ -68,7 +68,7 @@ class Record:
     def parse(cls, text: str) -> Record | None:
         lines = text.strip().splitlines()
         first = lines[0].strip() if lines else ""
-        if not (first.isascii() and first.isdigit()) or int(first) > PID_MAX:
+        if not (first.isascii() and first.isdigit()) or len(first) > 10 or int(first) > PID_MAX:
             return None
         fields = dict(line.strip().partition(" ")[::2] for line in lines[1:])
         return cls(int(first), fields.get("start") or None, _number(fields.get("stopping-since")),

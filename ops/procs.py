@@ -172,6 +172,22 @@ def group_frozen(pgid: int) -> bool:
     return bool(members) and all(state == "T" for state in members.values())
 
 
+# Readings of group_frozen, one second apart, before a stopped group counts as frozen for good: macOS's ps also
+# shows T for a process a debugger or a sampler (py-spy, spindump) holds for a moment.
+FROZEN_READINGS = 3
+FROZEN_SPACING = 1.0
+
+
+def group_frozen_for_good(pgid: int, readings: int = FROZEN_READINGS, spacing: float = FROZEN_SPACING) -> bool:
+    """group_frozen on every one of readings, spacing seconds apart."""
+    for i in range(readings):
+        if i:
+            time.sleep(spacing)
+        if not group_frozen(pgid):
+            return False
+    return True
+
+
 def process_alive(pid: int) -> bool:
     """True while pid itself runs, not as a zombie; a pid that ps cannot list while kill -0 finds it counts
     as running (a failed ps is no proof that a supervisor is gone)."""

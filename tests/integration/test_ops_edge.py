@@ -168,7 +168,7 @@ def test_restart_api_to_a_port_another_program_holds_keeps_the_old_api_serving()
         launch.stop()
 
 
-def test_a_frozen_replaced_api_is_killed_at_once():
+def test_a_frozen_replaced_api_is_killed_without_waiting_for_its_deadline():
     launch = Launch(API_DRAIN_TIMEOUT="1")
     launch.start()
     try:
@@ -176,10 +176,9 @@ def test_a_frozen_replaced_api_is_killed_at_once():
         os.killpg(old_api, signal.SIGSTOP)  # frozen: it could never act on the TERM of the hand-over
         r = launch.run("restart-api", timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "is stopped (SIGSTOP): it cannot drain; killing it" in r.stderr, r.stderr
         launch.groups.add(launch.group("api"))
         assert launch.group("api") != old_api
-        # KILLed by the hand-over itself, off the port; its draining file removed by the watcher
+        # KILLed by the watcher once it has looked stopped a few times, off the port, its draining file removed
         wait_for(lambda: gone([old_api]) and not list((launch.root / "run").glob("api.draining.*")), 30,
                  "the frozen replaced API to be killed and its file removed")
         r = launch.run("status", timeout=60)
