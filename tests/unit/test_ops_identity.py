@@ -289,18 +289,10 @@ def failing_api(message: str):
     return start
 
 
-@pytest.mark.parametrize(("message", "old_listen", "falls_back"), [
-    ("Cannot assign requested address", None, False),  # API_HOST not of this host
-    ("Permission denied", None, False),  # a privileged port
-    ("Address already in use", "127.0.0.1:1", False),  # a new API_PORT another program holds
-    ("Address already in use", None, True),  # the old API holds our very address without SO_REUSEPORT
-])
-def test_restart_api_stops_the_old_api_only_when_it_holds_the_address(layout, spawn, monkeypatch, capsys, message,
-                                                                     old_listen, falls_back):
-    old = spawn("-m", "api")
-    PidFile(layout.api_pid).write(old, listen=old_listen or ApiCtl(layout).listen, drain=1.0)
-    before = layout.api_pid.read_text()
-    done = []
+def restart_api_beside(layout, monkeypatch, old: int, message: str) -> tuple[int, list[str]]:
+    """restart-api with a new API that exits with message: its exit code, and what it did the plain way, in
+    order ("stop old": the old API, group old, was stopped; "launch": a new one was started after)."""
+    done: list[str] = []
     monkeypatch.setattr(ApiCtl, "start", failing_api(message))
     monkeypatch.setattr(ApiCtl, "refuse_running", lambda self: None)
     monkeypatch.setattr(ApiCtl, "launch", lambda self, want: done.append("launch") or 4242)
@@ -314,7 +306,21 @@ def test_restart_api_stops_the_old_api_only_when_it_holds_the_address(layout, sp
             real_stop(self, quiet)
 
     monkeypatch.setattr(ApiCtl, "stop", stop)
-    code = Services(layout).restart_api()
+    return Services(layout).restart_api(), done
+
+
+@pytest.mark.parametrize(("message", "old_listen", "falls_back"), [
+    ("Cannot assign requested address", None, False),  # API_HOST not of this host
+    ("Permission denied", None, False),  # a privileged port
+    ("Address already in use", "127.0.0.1:1", False),  # a new API_PORT another program holds
+    ("Address already in use", None, True),  # the old API holds our very address without SO_REUSEPORT
+])
+def test_restart_api_stops_the_old_api_only_when_it_holds_the_address(layout, spawn, monkeypatch, capsys, message,
+                                                                     old_listen, falls_back):
+    old = spawn("-m", "api")
+    PidFile(layout.api_pid).write(old, listen=old_listen or ApiCtl(layout).listen, drain=1.0)
+    before = layout.api_pid.read_text()
+    code, done = restart_api_beside(layout, monkeypatch, old, message)
     if falls_back:
         assert code == 0 and done == ["stop old", "launch"]
     else:
@@ -331,21 +337,7 @@ def test_an_old_api_whose_pid_file_does_not_say_where_it_listens_is_replaced_the
         layout, spawn, monkeypatch, capsys, message, falls_back):
     old = spawn("-m", "api")
     layout.api_pid.write_text(f"{old}\n")  # as an older launch.sh wrote it: the pid alone
-    done = []
-    monkeypatch.setattr(ApiCtl, "start", failing_api(message))
-    monkeypatch.setattr(ApiCtl, "refuse_running", lambda self: None)
-    monkeypatch.setattr(ApiCtl, "launch", lambda self, want: done.append("launch") or 4242)
-    monkeypatch.setattr(commands.EngineCtl, "info", lambda self: None)
-    real_stop = ApiCtl.stop
-
-    def stop(self, quiet=False):
-        if self.pids.read() == old:
-            done.append("stop old")
-        else:
-            real_stop(self, quiet)
-
-    monkeypatch.setattr(ApiCtl, "stop", stop)
-    code = Services(layout).restart_api()
+    code, done = restart_api_beside(layout, monkeypatch, old, message)
     err = capsys.readouterr().err
     if falls_back:  # one piece of advice: the plain restart it does, no "keeps serving", no "run restart"
         assert code == 0 and done == ["stop old", "launch"]
