@@ -11,7 +11,8 @@ import copy
 import logging
 from typing import Any
 
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
+import mlx.core as mx
+from mlx_lm.models.cache import CacheList, KVCache, can_trim_prompt_cache, trim_prompt_cache
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,39 @@ def _first_tokens(cache: KVCache, length: int) -> KVCache:
     out.values = cache.values[..., :length, :]
     out.offset = length
     return out
+
+
+def _own_arrays(layer: Any) -> list[mx.array]:
+    """Give a layer cache's arrays buffers of their own, returning them (to evaluate together).
+
+    A cache extracted from the batch holds lazy slices of the whole batch's buffer: kept as they are, one
+    entry pins every row's KV while counting only its own. mx.contiguous copies a view into a buffer of its
+    exact size once evaluated (a whole buffer stays as it is)."""
+    if isinstance(layer, CacheList):  # a layer made of caches
+        return [a for inner in layer.caches for a in _own_arrays(inner)]
+    out = []
+    for name, value in vars(layer).items():
+        if isinstance(value, mx.array):
+            value = mx.contiguous(value)
+            out.append(value)
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, mx.array | None) for v in value):
+            value = type(value)(None if v is None else mx.contiguous(v) for v in value)
+            out.extend(v for v in value if v is not None)
+        else:
+            continue
+        setattr(layer, name, value)
+    return out
+
+
+def compact(cache: list[Any], length: int) -> list[Any]:
+    """The first `length` tokens of a per-layer cache, in evaluated buffers holding exactly what nbytes counts.
+
+    A plain KVCache keeps only those tokens (its buffer grows in steps of 256 and a trim only moves the offset);
+    the caller has already trimmed other kinds."""
+    cache = [_first_tokens(c, length) if type(c) is KVCache and c.keys is not None else c for c in cache]
+    arrays = [a for layer in cache for a in _own_arrays(layer)]
+    mx.eval(arrays)
+    return cache
 
 
 class PrefixEntries:
@@ -61,7 +95,7 @@ class PrefixEntries:
             return
         if have > length:
             trim_prompt_cache(cache, have - length)
-        self.entries[entry] = cache
+        self.entries[entry] = compact(cache, length)
 
     def take(self, entry: int, length: int) -> list[Any]:
         """A private copy of the entry's first `length` tokens, for a new sequence to extend. Plain KV caches

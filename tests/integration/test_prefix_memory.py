@@ -1,0 +1,67 @@
+"""The prefix cache holds the memory it reports: after a burst of concurrent requests, each rank's MLX active
+memory grows by what that rank says its prefix cache entries take, not by the batch buffers they were cut from.
+
+An entry extracted from the batch is a slice of the whole batch's buffer until it is copied; kept lazily, each
+entry pinned every row's KV while counting only its own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+
+import httpx
+import pytest
+
+from tests.harness import Stack, wait_for
+
+BURST = 32
+PROMPT_TOKENS = 1930
+# the demo model's EOS ids are banned, so every request runs to its own max_tokens
+NO_EOS = {"0": -100, "2": -100}
+# what else may stay allocated between two idle moments (logits, samplers' small arrays, MLX bookkeeping)
+SLACK = 4 << 20
+
+
+def idle_states(stack: Stack) -> list[dict]:
+    """Every rank's report, taken after the engine has been idle for a whole report interval."""
+    def settled():
+        first = stack.probe()
+        if not first or first["active"] or first["queued"]:
+            return None
+        steps = [r["step"] for r in first["rank_states"]]
+        again = wait_for(lambda: (i := stack.probe()) and min(r["report_age"] for r in i["rank_states"]) < 0.5
+                         and i, 10, "a fresh rank report")
+        return again["rank_states"] if [r["step"] for r in again["rank_states"]] == steps else None
+    return wait_for(settled, 120, "the engine to be idle")
+
+
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.multirank)])
+def test_after_a_concurrent_burst_each_rank_holds_what_it_reports(ranks):
+    stack = Stack(extra={"KV_MEMORY_BYTES": str(64 << 20)})
+    engine = stack.start_engine(ranks=ranks)
+    api = stack.start_api()
+    try:
+        rng = random.Random(23)
+        prompts = [[rng.randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for _ in range(BURST)]
+        before = idle_states(stack)
+
+        def complete(i: int) -> None:
+            r = httpx.post(stack.base_url + "/v1/completions", timeout=600, json={
+                "model": "default", "prompt": prompts[i], "max_tokens": 10 + i * 15, "temperature": 0,
+                "logit_bias": NO_EOS})
+            assert r.status_code == 200, r.text
+
+        with cf.ThreadPoolExecutor(BURST) as pool:
+            list(pool.map(complete, range(BURST)))
+        after = idle_states(stack)
+        for was, now in zip(before, after):
+            grew = now["active_memory"] - was["active_memory"]
+            held = now["prompt_cache_bytes"] - was["prompt_cache_bytes"]
+            assert held > 8 << 20, f"rank {now['rank']}: the burst left only {held} bytes of prefix cache"
+            assert grew <= held + SLACK, (
+                f"rank {now['rank']}: MLX active memory grew by {grew >> 20} MiB over the burst, while the prefix "
+                f"cache reports {held >> 20} MiB")
+    finally:
+        api.stop()
+        engine.stop()
