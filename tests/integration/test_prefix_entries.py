@@ -46,3 +46,39 @@ def test_taking_the_whole_entry_twice_gives_two_independent_copies():
     a[0].update_and_fetch(mx.ones((1, 1, 1, 4)), mx.ones((1, 1, 1, 4)))
     assert cache_length(a) == 41 and cache_length(b) == 40
     assert mx.array_equal(b[0].keys, entries.entries[1][0].keys[..., :40, :])
+
+
+def _batch_of_each_kind(rows: int, tokens: int) -> dict[str, object]:
+    """A batch cache of every kind mlx-lm batches, `tokens` deep for each of `rows` sequences."""
+    from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
+
+    kv = mx.random.normal((rows, 4, tokens, 16))
+    plain = BatchKVCache([0] * rows)
+    plain.update_and_fetch(kv, kv + 1)
+    window = BatchRotatingKVCache(max_size=4 * tokens, left_padding=[0] * rows)
+    window.update_and_fetch(kv, kv + 1)
+    state = ArraysCache(2)
+    state.cache = [mx.random.normal((rows, 3, 64)), mx.random.normal((rows, 4, 16, 16))]
+    return {"kv": plain, "rotating": window, "arrays": state}
+
+
+def test_a_kept_entry_of_every_cache_kind_holds_what_it_counts_not_the_batch_it_came_from():
+    import gc
+
+    from engine.lockstep.prefix import compact
+
+    for kind in ("kv", "rotating", "arrays"):
+        gc.collect()
+        mx.clear_cache()
+        base = mx.get_active_memory()
+        batch = _batch_of_each_kind(8, 512)[kind]
+        mx.eval([a for a in vars(batch).values() if isinstance(a, mx.array)] + list(getattr(batch, "cache", [])))
+        layer = batch.extract(3)
+        length = layer.offset if hasattr(layer, "offset") else 0
+        kept = compact([layer], length)
+        del batch, layer
+        gc.collect()
+        mx.clear_cache()
+        counted = sum(c.nbytes for c in kept)
+        held = mx.get_active_memory() - base
+        assert counted > 0 and held <= counted + 4096, f"{kind}: {held} bytes held for {counted} counted"
