@@ -22,9 +22,6 @@ import numpy as np
 # pay; below this, the entries would only crowd the index.
 MIN_REUSE_TOKENS = 4
 _WIDTH = array("I").itemsize
-# A new entry supersedes the one its sequence started from when it left at most this many of its tokens
-# unused (or a quarter of them): the tail of the last answer, re-tokenised differently.
-SUPERSEDED_TAIL = 256
 # A waiting prompt that shares this many more tokens with a prompt being prefilled than with any entry
 # waits for that prefill and starts from its KV, instead of computing the same tokens alongside it.
 SHARE_MIN_TOKENS = 256
@@ -65,6 +62,7 @@ def common_prefix(a: bytes, b: bytes) -> int:
 @dataclass
 class Entry:
     tokens: bytes  # token_bytes of the tokens its KV covers
+    prompt: int = 0  # how many of them were the sequence's prompt (the rest it generated)
     nbytes: int = 0  # known once the store has been applied
 
     @property
@@ -127,19 +125,21 @@ class PrefixIndex:
         """A sequence joins the batch with this prompt (counted with the cache on or off)."""
         self.stats.prompt_tokens += len(tokens)
 
-    def add(self, tokens: list[int], source: int = 0, reused: int = 0) -> int | None:
+    def add(self, tokens: list[int], source: int = 0, reused: int = 0, prompt: int = -1) -> int | None:
         """A new entry for a sequence's tokens (its KV stored by the next plan); None when not worth keeping.
 
-        Entries whose tokens are a prefix of the new one are now redundant (the new one serves every lookup
-        they would) and are evicted. So is the entry the sequence started from (source, of which it reused
-        `reused` tokens) when the sequence took nearly all of it: a conversation's next turn supersedes the
-        last, even where the answer, sent back as text, tokenises differently from how it was sampled. A
-        sequence that took only an early part (another conversation with the same system prompt) leaves it."""
+        `prompt` of the tokens were the sequence's prompt (all of them by default). Entries whose tokens are a
+        prefix of the new one are now redundant (the new one serves every lookup they would) and are evicted.
+        So is the entry the sequence started from (source, of which it reused `reused` tokens) when the
+        sequence really continues it: it holds that entry's whole prompt and parts only in what that entry
+        generated (a conversation's next turn, whose last answer came back as text and tokenised
+        differently). A sequence that parts earlier is a sibling (another conversation on the same system
+        prompt, a regenerated answer): both stay, and LRU and the byte budget choose between them."""
         if len(tokens) < MIN_REUSE_TOKENS:
             return None
         key = token_bytes(tokens)
         old = self.entries.get(source)
-        if old is not None and old.length - reused <= max(SUPERSEDED_TAIL, old.length // 4):
+        if old is not None and reused >= old.prompt:
             self._evict(source)
         for entry_id, entry in list(self.entries.items()):
             if key.startswith(entry.tokens):
@@ -149,7 +149,7 @@ class PrefixIndex:
                 return None  # an entry already covers it
         entry_id = self.next_id
         self.next_id += 1
-        self.entries[entry_id] = Entry(tokens=key)
+        self.entries[entry_id] = Entry(tokens=key, prompt=len(tokens) if prompt < 0 else min(prompt, len(tokens)))
         self.stats.stored += 1
         return entry_id
 

@@ -269,7 +269,7 @@ class Scheduler:
         if not req.insert.keep or not req.sampled:
             return
         tokens = req.insert.tokens + req.sampled[:-1]
-        entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len)
+        entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len, len(req.insert.tokens))
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
 

@@ -221,3 +221,27 @@ def test_the_default_budget_is_a_quarter_of_what_the_smallest_rank_has_left():
     assert prompt_cache_budget(0, ranks) == 0
     assert prompt_cache_budget(123, ranks) == 123
     assert prompt_cache_budget(-1, [RankState(rank=0)]) == 0  # memory unknown: off
+
+
+def test_conversations_taking_turns_on_one_system_prompt_each_keep_their_history():
+    # Two (then twelve) conversations share a system prompt and take turns: each turn must compute only
+    # its new user message and the last answer, however many turns came before, not its whole history.
+    for conversations in (2, 12):
+        sched = make(10**9)
+        history = {c: SYSTEM + [2000 + c] * 5 for c in range(conversations)}
+        computed = {c: [] for c in range(conversations)}
+        for turn in range(5):
+            for c in range(conversations):
+                answer = [3000 + 100 * c + turn + k for k in range(20)]
+                insert, _, _ = run(sched, f"c{c}t{turn}", history[c], answer + [EOS])
+                computed[c].append(len(history[c]) - insert.cache_len)
+                history[c] = history[c] + answer + [4000 + c] * 5  # the answer, then the next user message
+        for c, counts in computed.items():
+            assert max(counts[1:]) <= 26, f"{conversations} conversations: conversation {c} computed {counts}"
+
+
+def test_a_regenerated_answer_leaves_the_first_answer_cached():
+    sched = make(10**9)
+    _, _, first = run(sched, "a", SYSTEM + [7], [50, 51, 52, EOS])
+    _, _, again = run(sched, "b", SYSTEM + [7], [60, 61, EOS])  # the same prompt, another answer
+    assert again.evicts == [] and len(sched.prefix.entries) == 2
