@@ -15,6 +15,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import Unauthorized
+from api.tenancy import salt_for, set_salt
 from config import Settings
 from config.keys import api_keys
 
@@ -36,12 +37,16 @@ class RequireAPIKey:
         self._digests = [_digest(k.encode()) for k in (*keys, *([key] if key else []))]
         if not self._digests:
             raise ValueError("RequireAPIKey needs at least one key")
+        # several keys: several tenants, each with a prefix cache of its own (api/tenancy.py)
+        self._tenants = len(set(self._digests)) > 1
 
     def accepts(self, token: bytes) -> bool:
         presented = _digest(token)
         ok = False
         for digest in self._digests:  # no early exit: every key costs the same
             ok |= hmac.compare_digest(presented, digest)
+        if ok and self._tenants:
+            set_salt(salt_for(presented))
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

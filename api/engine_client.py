@@ -20,6 +20,7 @@ from api.errors import (
     RequestTooLarge,
     from_wire,
 )
+from api.tenancy import salted
 
 A = TypeVar("A", bound=ipc.Msg)
 
@@ -174,7 +175,7 @@ class SocketEngineClient:
         deadline = anyio.current_time() + timeout
         conn = await self._connect()
         try:
-            await _send_request(conn, msg)
+            await _send_request(conn, salted(msg))
             reply = await _recv(conn, deadline, timeout)
         except ipc.ConnectionClosed:
             # send() found the engine gone (e.g. it stopped right after the handshake)

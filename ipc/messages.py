@@ -155,6 +155,9 @@ class Generate(Msg):
     json_schema: dict[str, Any] | None = None
     # chat template switch for reasoning models; None leaves the template's default
     enable_thinking: bool | None = None
+    # prefix cache entries are shared only among requests with the same salt (the API sets one per API key
+    # when it accepts several), so one tenant's cached_tokens say nothing of another's prompts
+    cache_salt: str = ""
 
 
 class Started(Msg):

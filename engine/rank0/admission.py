@@ -76,7 +76,7 @@ class Admission:
                 insert=insert, outbox=outbox, prompt_tokens=len(tokens), deadline=deadline,
                 detok=detok, splitter=TextSplitter(self.rules, machine, initial, tools, gen.parallel_tool_calls),
                 group=gen.request_id, index=i, top_logprobs=p.top_logprobs,
-                texts=self.texts if p.logprobs else None, echo=echo,
+                texts=self.texts if p.logprobs else None, echo=echo, tenant=gen.cache_salt,
             ))
         return out
 

@@ -63,6 +63,7 @@ def common_prefix(a: bytes, b: bytes) -> int:
 class Entry:
     tokens: bytes  # token_bytes of the tokens its KV covers
     prompt: int = 0  # how many of them were the sequence's prompt (the rest it generated)
+    tenant: str = ""  # only requests of the same tenant (Generate.cache_salt) reuse or supersede it
     nbytes: int = 0  # known once the store has been applied
 
     @property
@@ -99,10 +100,10 @@ class PrefixIndex:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries.values())
 
-    def lookup(self, tokens: list[int]) -> tuple[int, int]:
-        """(entry id, tokens to reuse) for a new prompt: the longest common prefix, leaving at least the last
-        prompt token to compute (its logits start the generation); (0, 0) when nothing is worth reusing."""
-        best, best_len = self.best(token_bytes(tokens), len(tokens) - 1)
+    def lookup(self, tokens: list[int], tenant: str = "") -> tuple[int, int]:
+        """(entry id, tokens to reuse) for a new prompt of tenant's: the longest common prefix, leaving at least
+        the last prompt token to compute (its logits start the generation); (0, 0) when nothing is worth reusing."""
+        best, best_len = self.best(token_bytes(tokens), len(tokens) - 1, tenant)
         self.count(tokens)
         if best_len < MIN_REUSE_TOKENS:
             self.stats.misses += 1
@@ -112,10 +113,12 @@ class PrefixIndex:
         self.entries.move_to_end(best)
         return best, best_len
 
-    def best(self, key: bytes, limit: int) -> tuple[int, int]:
-        """(entry id, common prefix in tokens, at most limit) of the entry sharing the most with key; no stats."""
+    def best(self, key: bytes, limit: int, tenant: str = "") -> tuple[int, int]:
+        """(entry id, common prefix in tokens, at most limit) of tenant's entry sharing the most with key; no stats."""
         best, best_len = 0, 0
         for entry_id, entry in self.entries.items():
+            if entry.tenant != tenant:
+                continue
             n = min(common_prefix(entry.tokens, key), limit)
             if n > best_len:
                 best, best_len = entry_id, n
@@ -125,7 +128,8 @@ class PrefixIndex:
         """A sequence joins the batch with this prompt (counted with the cache on or off)."""
         self.stats.prompt_tokens += len(tokens)
 
-    def add(self, tokens: list[int], source: int = 0, reused: int = 0, prompt: int = -1) -> int | None:
+    def add(self, tokens: list[int], source: int = 0, reused: int = 0, prompt: int = -1,
+            tenant: str = "") -> int | None:
         """A new entry for a sequence's tokens (its KV stored by the next plan); None when not worth keeping.
 
         `prompt` of the tokens were the sequence's prompt (all of them by default). Entries whose tokens are a
@@ -134,7 +138,8 @@ class PrefixIndex:
         sequence really continues it: it holds that entry's whole prompt and parts only in what that entry
         generated (a conversation's next turn, whose last answer came back as text and tokenised
         differently). A sequence that parts earlier is a sibling (another conversation on the same system
-        prompt, a regenerated answer): both stay, and LRU and the byte budget choose between them."""
+        prompt, a regenerated answer): both stay, and LRU and the byte budget choose between them. Only the
+        tenant's own entries are compared: another tenant's never make one redundant."""
         if len(tokens) < MIN_REUSE_TOKENS:
             return None
         key = token_bytes(tokens)
@@ -142,6 +147,8 @@ class PrefixIndex:
         if old is not None and reused >= old.prompt:
             self._evict(source)
         for entry_id, entry in list(self.entries.items()):
+            if entry.tenant != tenant:
+                continue
             if key.startswith(entry.tokens):
                 self._evict(entry_id)
             elif entry.tokens.startswith(key):
@@ -149,7 +156,8 @@ class PrefixIndex:
                 return None  # an entry already covers it
         entry_id = self.next_id
         self.next_id += 1
-        self.entries[entry_id] = Entry(tokens=key, prompt=len(tokens) if prompt < 0 else min(prompt, len(tokens)))
+        self.entries[entry_id] = Entry(tokens=key, prompt=len(tokens) if prompt < 0 else min(prompt, len(tokens)),
+                                       tenant=tenant)
         self.stats.stored += 1
         return entry_id
 

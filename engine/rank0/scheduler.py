@@ -53,6 +53,7 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
     done: bool = False
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    tenant: str = ""  # Generate.cache_salt: the prefix cache entries this request may reuse and share
     sampled: list[int] = field(default_factory=list)  # every token the batch sampled (kept for the prefix cache)
     _key: bytes | None = None
 
@@ -199,7 +200,7 @@ class Scheduler:
             req = self.waiting.popleft()
             self.running[req.rid] = req
             if self.prefix.enabled:
-                entry, reuse = self.prefix.lookup(req.insert.tokens)
+                entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant)
                 req.cached_tokens = reuse
                 req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True)
             else:
@@ -248,9 +249,9 @@ class Scheduler:
         then that prompt's KV is kept when its prefill ends, and req waits to start from it. Concurrent
         requests with one system prompt compute it once."""
         limit = len(req.insert.tokens) - 1
-        _, cached = self.prefix.best(req.key, limit)
+        _, cached = self.prefix.best(req.key, limit, req.tenant)
         for other in self.running.values():
-            if other.insert.keep and not other.sampled and not other.done:
+            if other.insert.keep and not other.sampled and not other.done and other.tenant == req.tenant:
                 if min(common_prefix(other.key, req.key), limit) - cached >= SHARE_MIN_TOKENS:
                     self.wanted.add(other.rid)
                     return True
@@ -259,7 +260,7 @@ class Scheduler:
     def _prompt_done(self, req: Request) -> None:
         """A prompt others wait for has been prefilled: keep its KV as an entry (the next plan stores it)."""
         self.wanted.discard(req.rid)
-        entry = self.prefix.add(req.insert.tokens)
+        entry = self.prefix.add(req.insert.tokens, tenant=req.tenant)
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(req.insert.tokens)))
 
@@ -269,7 +270,7 @@ class Scheduler:
         if not req.insert.keep or not req.sampled:
             return
         tokens = req.insert.tokens + req.sampled[:-1]
-        entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len, len(req.insert.tokens))
+        entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len, len(req.insert.tokens), req.tenant)
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
 

@@ -245,3 +245,14 @@ def test_a_regenerated_answer_leaves_the_first_answer_cached():
     _, _, first = run(sched, "a", SYSTEM + [7], [50, 51, 52, EOS])
     _, _, again = run(sched, "b", SYSTEM + [7], [60, 61, EOS])  # the same prompt, another answer
     assert again.evicts == [] and len(sched.prefix.entries) == 2
+
+
+def test_a_tenant_never_reuses_or_supersedes_another_tenants_entries():
+    index = PrefixIndex(10**9)
+    mine = index.add(SYSTEM + [7, 8, 9], tenant="a")
+    index.applied({mine: 303})
+    assert index.lookup(SYSTEM + [7, 8, 9, 10], tenant="b") == (0, 0)
+    assert index.lookup(SYSTEM + [7, 8, 9, 10], tenant="a") == (mine, 303)
+    # b's own copy of the same tokens is an entry of its own, and a's stays
+    theirs = index.add(SYSTEM + [7, 8, 9, 10], tenant="b")
+    assert theirs is not None and set(index.entries) == {mine, theirs} and not index.take_evictions()
