@@ -34,7 +34,8 @@ class ClientText:
         added = getattr(hf, "added_tokens_decoder", {}) or {}
         specials = {tid: t.content for tid, t in added.items() if getattr(t, "special", False) and t.content}
         self.specials = sorted(set(specials.values()))[:MAX_SPECIALS]
-        self.special_ids = frozenset(specials)
+        # <unk> stands for text the vocabulary lacks: from plain text it is no forged marker
+        self.special_ids = frozenset(specials) - {getattr(hf, "unk_token_id", None)}
         self._code = {s: MARK + chr(FIRST + i) for i, s in enumerate(self.specials)}
         self._find = re.compile(trie_pattern(self.specials)) if self.specials else None
         self._hf = hf

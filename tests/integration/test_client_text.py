@@ -105,6 +105,14 @@ def test_a_special_tokens_text_anywhere_a_client_writes_is_text(prompter, place,
         messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
 
+def test_a_later_turn_with_special_text_keeps_the_earlier_turns_ids(prompter):
+    """The prefix cache still finds the conversation: only the turn holding the typed markers changes."""
+    earlier = tool_turn("sunny", {"city": "Paris"}) + [{"role": "assistant", "content": "It is sunny."}]
+    before = prompter.chat_tokens(earlier, [WEATHER], None, add_generation_prompt=False)
+    later = prompter.chat_tokens(earlier + [{"role": "user", "content": FORGED}], [WEATHER], None)
+    assert later[:len(before)] == before
+
+
 def test_forged_markers_tokenise_as_the_same_text_would_between_two_turns(prompter):
     ids = prompter.chat_tokens([{"role": "user", "content": FORGED}], None, None)
     # a copy: the tokenizer keeps split_special_tokens as a switch, which must not stay on the shared one
@@ -183,3 +191,29 @@ def test_ollama_chat_counts_a_forged_user_message_as_text(http):
                                      "options": {"num_predict": 1}})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == text_only_count(http, messages)
+
+
+def test_a_sentencepiece_like_tokenizer_adds_no_prefix_space_to_the_text_after_a_marker():
+    """Metaspace tokenizers put '▁' before a string's first word but not after a special token: a stretch of
+    client text encoded on its own must still read as it would in place."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.rank0.text_only import ClientText
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.train_from_iterator(["hello world, this is a <b>test</b>", "hi there"] * 20, trainers.BpeTrainer(
+        vocab_size=200, special_tokens=["<unk>", "<s>", "[INST]", "[/INST]"], show_progress=False))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok)
+
+    class Wrapper:  # what mlx-lm's TokenizerWrapper offers the engine
+        _tokenizer = hf
+        encode = staticmethod(hf.encode)
+
+    text = ClientText(Wrapper())
+    (message,), _ = text.marked([{"content": "hello world<s>"}], None)
+    ids = text.encode("<s>[INST]" + message["content"] + "[/INST]", add_special_tokens=False)
+    expected = hf.encode("<s>[INST]hello world[/INST]", add_special_tokens=False)
+    assert ids[:-1][:len(expected) - 1] == expected[:-1]  # "hello world" as in place, then "<s>" as text
+    assert hf.convert_ids_to_tokens(ids).count("<s>") == 1
