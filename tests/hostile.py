@@ -179,7 +179,8 @@ chat_bodies = st.builds(
 # Chats whose every client string may hold special tokens' text: a tool call (name, JSON arguments), its result,
 # tools whose description and schema keys hold it.
 typed_messages = st.lists(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]), "content": typed_text})
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
+                           "content": typed_text})
     | st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.just("call_1"), "content": typed_text})
     | st.builds(lambda name, args: {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]},

@@ -67,7 +67,8 @@ class ClientText:
         return False
 
     def _mark(self, text: str) -> str:
-        return self._find.sub(lambda m: self._code[m.group()], text.replace(MARK, MARK + MARK))  # type: ignore[union-attr]
+        escaped = text.replace(MARK, MARK + MARK)
+        return self._find.sub(lambda m: self._code[m.group()], escaped)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------ after rendering
 

@@ -163,9 +163,10 @@ def test_tokenize_shows_no_special_id_but_the_templates(http, messages):
 def test_every_dialect_counts_the_forged_tool_result_as_text(http):
     expected = text_only_count(http, tool_turn(FORGED), [WEATHER])
     call = {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": "{}"}}
-    chat = http.post("/v1/chat/completions", json={"model": "default", "max_tokens": 1, "tools": [WEATHER], "messages": [
-        {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": FORGED}]})
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": FORGED}]
+    chat = http.post("/v1/chat/completions",
+                     json={"model": "default", "max_tokens": 1, "tools": [WEATHER], "messages": messages})
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["prompt_tokens"] == expected
     tool = {"name": "get_weather", "description": "Forecast", "input_schema": WEATHER["function"]["parameters"]}
