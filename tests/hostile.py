@@ -6,10 +6,12 @@ Shared by tests/integration/test_hostile_engine.py and bench/hostile.py (the lon
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import strategies as st
 
+from engine.demo.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
 from ipc import Detokenize, Generate, SamplingParams, Tokenize
 
 VOCAB = 1024  # the demo model's vocabulary: top_k and token ids around it are the interesting ones
@@ -33,6 +35,24 @@ def mostly(good: st.SearchStrategy, bad: st.SearchStrategy, odds: int = 16) -> s
     return st.integers(0, odds - 1).flatmap(lambda i: bad if i == 0 else good)
 
 
+# Text a client types, with the text of the demo tokenizer's special and added tokens in it: it must stay text.
+typed_text = st.lists(st.sampled_from(SPECIAL_TOKENS + ADDED_TOKENS) | st.text(max_size=8), max_size=6).map("".join)
+
+
+def without_specials(value: Any) -> Any:
+    """value with every special token's text taken out of its strings (keys too): the same chat, whose only
+    special tokens are the ones its template writes."""
+    if isinstance(value, str):
+        for s in SPECIAL_TOKENS:
+            value = value.replace(s, "")
+        return value
+    if isinstance(value, dict):
+        return {without_specials(k): without_specials(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_specials(v) for v in value]
+    return value
+
+
 VALID_SCHEMAS = [
     {"type": "object"},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
@@ -47,7 +67,8 @@ schemas = mostly(st.sampled_from(VALID_SCHEMAS),
 
 names = mostly(st.sampled_from(["get_weather", "lookup", "f"]), st.sampled_from(["", "a" * 80]) | small_text)
 tool = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
-    {"name": names}, optional={"description": small_text, "parameters": mostly(schemas, json_values),
+    {"name": names}, optional={"description": mostly(small_text, typed_text, odds=4),
+                               "parameters": mostly(schemas, json_values),
                                "strict": st.booleans()})})
 tools = st.none() | st.lists(mostly(tool, st.dictionaries(small_text, json_values, max_size=2)), min_size=1,
                              max_size=3)
@@ -57,9 +78,9 @@ tool_choices = mostly(st.none() | st.sampled_from(["auto", "none", "required"])
                       st.sampled_from(["sometimes", ""]) | st.dictionaries(small_text, json_values, max_size=2))
 
 good_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
-                                      "content": st.text(max_size=40)})
+                                      "content": mostly(st.text(max_size=40), typed_text, odds=3)})
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "banana"]) | st.integers(0, 3)
-contents = (small_text | st.none() | st.integers()
+contents = (small_text | typed_text | st.none() | st.integers()
             | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": small_text}),
                        max_size=2))
 bad_message = st.fixed_dictionaries({"role": roles, "content": contents}, optional={
@@ -67,7 +88,7 @@ bad_message = st.fixed_dictionaries({"role": roles, "content": contents}, option
     "tool_calls": st.lists(st.fixed_dictionaries({"id": small_text, "type": st.just("function"), "function":
                            st.fixed_dictionaries({"name": names, "arguments": small_text | json_values})}),
                            max_size=2) | json_values,
-    "reasoning_content": small_text})
+    "reasoning_content": small_text | typed_text})
 messages = st.lists(mostly(good_message, bad_message), min_size=1, max_size=4) | st.just([])
 
 
@@ -154,6 +175,22 @@ chat_bodies = st.builds(
         something_else=json_values,
     ),
 )
+
+# Chats whose every client string may hold special tokens' text: a tool call (name, JSON arguments), its result,
+# tools whose description and schema keys hold it.
+typed_messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
+                           "content": typed_text})
+    | st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.just("call_1"), "content": typed_text})
+    | st.builds(lambda name, args: {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]},
+        typed_text, st.dictionaries(typed_text, typed_text, max_size=2)),
+    min_size=1, max_size=4)
+typed_tools = st.lists(st.builds(lambda text, key: {"type": "function", "function": {
+    "name": "f", "description": text,
+    "parameters": {"type": "object", "properties": {key: {"type": "string", "description": text}}}}},
+    typed_text, typed_text), min_size=1, max_size=2)
+typed_chats = st.fixed_dictionaries({"messages": typed_messages}, optional={"tools": typed_tools})
 
 # Rank 0's Tokenize and Detokenize: the same chats and tools as a Generate's, and ids around the vocabulary's edge.
 token_ids = mostly(st.lists(st.integers(0, VOCAB - 1), max_size=40),

@@ -17,6 +17,7 @@ from engine.rank0.kv_budget import KVBudget
 from engine.rank0.logprobs import TokenTexts
 from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.scheduler import Request
+from engine.rank0.text_only import ClientText
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
 # Tool formats a forced tool_choice can be enforced for by grammar (engine/decoding/constrained.py).
@@ -129,6 +130,7 @@ class Prompter:
         self.context_length = limits.context_length
         self.vocab_size = limits.vocab_size
         self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars, kv)
+        self.client_text = ClientText(tokenizer)
 
     def tokens(self, gen: Generate) -> list[int]:
         """The prompt's token ids; raises Refused."""
@@ -157,11 +159,17 @@ class Prompter:
         if continue_final_message:
             options["continue_final_message"] = True
         try:
+            # special strings a client typed (<|im_end|>...) are marked, to be encoded as text
+            marked = self.client_text.marked(messages, tools)
+            if marked is not None:
+                messages, tools = marked
             text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt, **options)
         except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
             raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if marked is None:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self.client_text.encode(text, add_special_tokens)
 
     def tokenize(self, msg: Tokenize) -> Tokenized:
         """The answer to a Tokenize: the ids a Generate of the same prompt would run; raises Refused."""

@@ -126,3 +126,21 @@ def test_any_tokenize_or_detokenize_body_answers_or_gets_a_4xx_and_the_engine_se
     if r.status_code != 200:
         assert r.json()["error"]["message"], r.text
     still_serving(small_stack)
+
+
+def _special_tokens(small_stack: Stack, body: dict) -> tuple[int, int]:
+    """(status, how many of the prompt's tokens are special) for /tokenize of body's chat."""
+    with httpx.Client(timeout=60) as http:
+        r = http.post(small_stack.base_url + "/tokenize", json={**body, "return_token_strs": True})
+    assert r.status_code < 500, r.text
+    strs = r.json()["token_strs"] if r.status_code == 200 else []
+    return r.status_code, sum(s in hostile.SPECIAL_TOKENS for s in strs)
+
+
+@hostile_settings
+@given(body=hostile.typed_chats)
+def test_special_tokens_text_in_a_chat_adds_no_special_token(small_stack, body):
+    status, typed = _special_tokens(small_stack, body)
+    event(f"/tokenize {status}")
+    if status == 200:
+        assert _special_tokens(small_stack, hostile.without_specials(body)) == (200, typed)
