@@ -4,7 +4,9 @@ uvicorn closes a kept-alive connection that stays idle, but not one that never c
 request headers, and it caps requests rather than open connections; `EdgeProtocol` adds both.
 `listen()` binds with SO_REUSEPORT so a new API can start on the port of the one it replaces
 (`launch.sh restart-api`); `DrainingServer` lets the old one finish its streams, then ends the
-ones still open with an error event and `[DONE]`.
+ones still open with an error event and `[DONE]`. While it drains, a request that reaches it on a
+kept-alive connection is answered with `Connection: close`: only an idle connection's keep-alive
+timeout closes one unasked, and never with a request already waiting in its socket.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import socket
 from pathlib import Path
 
 import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.flow_control import CLOSE_HEADER
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from api.bodies import encode
 from api.errors import APIError, RequestTimeout, TooManyConnections
@@ -54,6 +58,7 @@ class EdgeProtocol(H11Protocol):
     _got_bytes = False
     _refused = False
     _leftover = False  # the header timer runs for the rest of a body whose request was answered already
+    _draining = False  # the server stops: every response from now on closes its connection
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -102,6 +107,36 @@ class EdgeProtocol(H11Protocol):
         self._headers_done()
         super().connection_lost(exc)
 
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._draining:
+            _close_after(self.cycle)
+
+    def shutdown(self) -> None:
+        """The server drains. uvicorn would close an idle kept-alive connection here, resetting a request the
+        client may be sending on it that very moment: it stays open instead, its next request is answered with
+        Connection: close, and its keep-alive timeout closes it if none comes. A response under way whose
+        headers are not sent yet says Connection: close too; one already streaming keeps its connection, whose
+        next request is answered and closes it."""
+        self._draining = True
+        if not self._refused:
+            _close_after(self.cycle)
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self._unread():  # the next request arrived as the connection expired: it is read and answered
+            self.timeout_keep_alive_task = None
+            return
+        super().timeout_keep_alive_handler()
+
+    def _unread(self) -> bool:
+        """Bytes (or the client's close) wait in the socket unread: closing it now would reset them."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self.transport.is_closing():
+            return False
+        poller = select.poll()  # not select.select: a descriptor may be above FD_SETSIZE
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+
     def _arm(self) -> None:
         if self._header_timer is not None:
             self._header_timer.cancel()
@@ -120,7 +155,16 @@ class EdgeProtocol(H11Protocol):
             return
         if self._got_bytes:
             self.transport.write(self.too_slow)
+        elif self._unread():  # the first byte arrived just now: its request gets the whole deadline
+            return
         self.transport.close()
+
+
+def _close_after(cycle: RequestResponseCycle | None) -> None:
+    """cycle's response, not begun yet, says Connection: close and its connection closes after it (uvicorn
+    adds the header when the request carries it), so its client sends nothing more on it."""
+    if cycle is not None and not cycle.response_started and CLOSE_HEADER not in cycle.scope["headers"]:
+        cycle.scope["headers"].append(CLOSE_HEADER)
 
 
 def edge_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:

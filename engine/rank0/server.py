@@ -24,6 +24,7 @@ from config import Settings
 from engine.rank0 import errors, validate
 from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
+from engine.rank0.lanes import TokenizerLanes
 from engine.rank0.outbox import DONE, Outbox
 from engine.rank0.scheduler import Counters, Submit, Withdraw
 from ipc import (
@@ -52,12 +53,6 @@ log = logging.getLogger(__name__)
 # 1.14 from one run to the next. One rank writes every connection directly: 9-11 % faster at 1 and 8 streams.
 MULTIRANK_DIRECT_CONNECTIONS = 0
 FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
-# Tokenize/Detokenize requests, and generate requests whose frame is larger than BIG_PROMPT_BYTES, worked on at
-# once (each in a worker thread, off the event loop): a tokenizer holds ~200 bytes per byte of text at its peak,
-# so 8 MB prompts arriving together queue rather than take gigabytes each at once. Smaller prompts (a 64k-token
-# conversation is ~250 KB) never wait for them.
-TOKENIZER_WORKERS = 1
-BIG_PROMPT_BYTES = 256 * 1024
 EXTRA_FRAME = ("this connection already carries a request: send each request on a connection of its own "
                "(closing a connection cancels its request)")
 
@@ -77,7 +72,7 @@ class EngineServer:
         self._live: set[str] = set()  # request ids with an open generation; touched on the event loop only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: anyio.Event | None = None
-        self._tokenizer_slots: anyio.CapacityLimiter | None = None  # made on the event loop
+        self._lanes: TokenizerLanes | None = None  # made on the event loop
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
@@ -123,7 +118,7 @@ class EngineServer:
         self._loop = asyncio.get_running_loop()
         ignore_settled_wakeups(self._loop)
         self._stop = anyio.Event()
-        self._tokenizer_slots = anyio.CapacityLimiter(TOKENIZER_WORKERS)
+        self._lanes = TokenizerLanes()
         async with anyio.create_task_group() as tg:
             await tg.start(lambda task_status: serve_unix(
                 self.settings.socket_path, self._handle, max_frame=self.settings.MAX_FRAME_BYTES,
@@ -169,12 +164,13 @@ class EngineServer:
         """Answer a Tokenize or Detokenize from a worker thread; the plan and the other ranks never see it.
         A client that leaves while its request waits for a worker takes the request with it."""
         name = type(msg).__name__.lower()
+        size = conn.last_frame_bytes
         reply: Msg | None = None
         complaint: list[Msg] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_peer, conn, "", tg.cancel_scope, complaint)
             try:
-                reply = await anyio.to_thread.run_sync(work, msg, limiter=self._tokenizer_slots)
+                reply = await self._lanes.run(work, msg, size)
             except Refused as exc:
                 reply = exc.error
             except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
@@ -220,15 +216,14 @@ class EngineServer:
 
     async def _admit_and_stream(self, conn: FramedStream, gen: Generate) -> None:
         rid = gen.request_id
-        big = conn.last_frame_bytes > BIG_PROMPT_BYTES
+        size = conn.last_frame_bytes
         tokens: list[int] | None = None
         complaint: list[Msg] = []  # why the request ends early, for its client
         async with anyio.create_task_group() as tg:
             # A client that leaves while its prompt waits for a tokenizer slot takes it out of the queue.
             tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
             try:
-                tokens = await anyio.to_thread.run_sync(self.prompter.tokens, gen,
-                                                        limiter=self._tokenizer_slots if big else None)
+                tokens = await self._lanes.run(self.prompter.tokens, gen, size)
             except Refused as exc:
                 complaint.append(exc.to(rid))
             tg.cancel_scope.cancel()

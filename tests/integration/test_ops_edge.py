@@ -10,12 +10,15 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 
 import httpx
 
 from tests.harness import http_status
 from tests.launch_stack import Launch, gone, live_processes, wait_for
 
+HAND_OVERS = 6
+KEPT_ALIVE_CLIENTS = 12
 LONG = {"max_tokens": 4000, "logit_bias": {"0": -100, "2": -100}}  # no EOS: runs to max_tokens (~20 s here)
 
 
@@ -73,6 +76,53 @@ def test_restart_api_hands_over_without_cutting_open_streams():
         wait_for(lambda: gone([previous]), 15, "an idle replaced API to exit")
         assert http_status(launch.url + "/health") == 200
     finally:
+        launch.stop()
+
+
+def _kept_alive_client(url: str, i: int, stop: threading.Event, outcomes: list) -> None:
+    """Requests back to back on one kept-alive connection (a new one only once the server closes it): small
+    streamed completions, or /v1/models, which the API answers by itself in a moment."""
+    body = {"model": "default", "prompt": "hi", "max_tokens": 8, "stream": True}
+    with httpx.Client(base_url=url, timeout=30, limits=httpx.Limits(max_connections=1)) as http:
+        while not stop.is_set():
+            try:
+                r = http.post("/v1/completions", json=body) if i % 2 else http.get("/v1/models")
+                outcomes.append(True if r.status_code == 200 else f"{r.status_code} {r.text[:200]}")
+            except httpx.HTTPError as exc:
+                outcomes.append(f"{type(exc).__name__}: {exc!r}")
+
+
+def test_restart_api_answers_every_request_that_arrives_on_a_kept_alive_connection():
+    # A request sent on an idle kept-alive connection just as the replaced API starts draining reaches it:
+    # it is answered (with Connection: close), never cut by a silent close or a reset.
+    launch = Launch()
+    launch.start()
+    stop, outcomes = threading.Event(), []
+    clients = [threading.Thread(target=_kept_alive_client, args=(launch.url, i, stop, outcomes), daemon=True)
+               for i in range(KEPT_ALIVE_CLIENTS)]
+    try:
+        for t in clients:
+            t.start()
+        apis = [launch.group("api")]
+        for _ in range(HAND_OVERS):
+            seen = len(outcomes)
+            wait_for(lambda: len(outcomes) >= seen + 4 * KEPT_ALIVE_CLIENTS, 60, "the clients to send requests")
+            r = launch.run("restart-api", timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            apis.append(launch.group("api"))
+            launch.groups.add(apis[-1])
+        seen = len(outcomes)
+        wait_for(lambda: len(outcomes) >= seen + 4 * KEPT_ALIVE_CLIENTS, 60, "the clients to send requests")
+        stop.set()
+        for t in clients:
+            t.join(60)
+        assert not any(t.is_alive() for t in clients)
+        failed = [o for o in outcomes if o is not True]
+        assert not failed, f"{len(failed)} of {len(outcomes)} requests failed over {HAND_OVERS} hand-overs: {failed[:5]}"
+        assert len(set(apis)) == HAND_OVERS + 1
+        wait_for(lambda: gone(apis[:-1]), 30, "the replaced APIs to exit")
+    finally:
+        stop.set()
         launch.stop()
 
 
