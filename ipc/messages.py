@@ -200,6 +200,9 @@ class Delta(Msg):
     reasoning: str = ""
     tool_calls: list[ToolCall] = []
     logprobs: list[TokenLogprob] = []
+    # prompt tokens whose KV came from the prefix cache: known once the choice joins the batch, when the engine
+    # sends its first Delta (empty but for an echoed prompt), so a stream's first event can report them
+    cached_tokens: int = 0
 
 
 class Finish(Msg):

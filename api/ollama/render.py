@@ -78,10 +78,11 @@ class OllamaRenderer(Renderer):
         self.admitted = self.first = self.ended = 0
 
     def mark(self, ev: ipc.Delta | ipc.Finish | None = None) -> None:
-        """Admitted (no event yet), then each event: the first and the last one time the stages."""
+        """Admitted (no event yet), then each event: the first token and the last event time the stages (the
+        Delta a request gets as it joins the batch, before its prefill, carries no token)."""
         now = time.monotonic_ns()
         self.admitted = self.admitted or now
-        if ev is not None:
+        if ev is not None and (ev.completion_tokens or isinstance(ev, ipc.Finish)):
             self.first = self.first or now
             if isinstance(ev, ipc.Finish):
                 self.ended = now
