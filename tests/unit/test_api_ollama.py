@@ -72,7 +72,7 @@ async def test_chat_body(engine, client):
         "model": "test-model", "message": {"role": "assistant", "content": "Hello world"}}
     gen = engine.generates[0]
     assert gen.kind == "chat" and gen.messages == [{"role": "user", "content": "Hi"}]
-    assert gen.params.max_tokens == 512 and gen.params.temperature == 1.0  # the /v1 defaults
+    assert gen.params.max_tokens == 32768 and gen.params.temperature == 1.0  # the /v1 defaults
 
 
 async def test_the_body_names_the_model_as_asked(engine, client):
@@ -138,11 +138,13 @@ async def test_think_switches_the_template(engine, client, think, enabled):
     assert engine.generates[0].enable_thinking is enabled
 
 
-@pytest.mark.parametrize(("num_predict", "max_tokens"), [(-1, 32768), (-2, 32768), (None, 512), (1, 1)])
+@pytest.mark.parametrize(("num_predict", "max_tokens"), [(-1, 32768), (-2, 32768), (None, 32768), (1, 1)])
 async def test_num_predict(engine, client, num_predict, max_tokens):
     r = await client.post("/api/chat", json={**CHAT, "options": {"num_predict": num_predict, "seed": -1}})
     assert r.status_code == 200
     assert engine.generates[0].params.max_tokens == max_tokens and engine.generates[0].params.seed is None
+    # no limit from the client: the engine fits the server's ceiling to the context and the KV budget
+    assert engine.generates[0].params.max_tokens_default is (num_predict != 1)
 
 
 async def test_a_message_without_content_and_a_null_option(engine, client):

@@ -375,7 +375,8 @@ async def test_prompt_tokens_from_the_prefix_cache_are_cached_tokens(engine, cli
 
 async def test_without_max_output_tokens_the_answer_may_run_to_the_servers_limit(engine, client):
     await client.post("/v1/responses", json=BODY)
-    assert engine.generates[0].params.max_tokens == 32768  # MAX_TOKENS_LIMIT, not MAX_TOKENS_DEFAULT
+    assert engine.generates[0].params.max_tokens == 32768  # MAX_TOKENS_LIMIT
+    assert engine.generates[0].params.max_tokens_default  # which the engine fits to the context and KV budget
 
 
 async def test_max_output_tokens_makes_an_incomplete_response(engine, client):
