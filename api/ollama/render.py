@@ -39,6 +39,18 @@ logger = logging.getLogger(__name__)
 NDJSON = "application/x-ndjson"
 
 
+# the engine's names for what an Ollama request calls otherwise (api/spelling.py): sampling sits in options
+ENGINE_NAMES = [
+    ("max_tokens", "options.num_predict"),
+    ("repetition_penalty", "options.repeat_penalty"),
+    *((name, f"options.{name}") for name in ("temperature", "top_p", "top_k", "min_p", "stop", "presence_penalty",
+                                             "frequency_penalty")),
+    ("response_format", "format"),
+]
+# /api/generate sends a prompt, which the engine renders as a chat
+GENERATE_NAMES = [*ENGINE_NAMES, ("messages", "prompt")]
+
+
 def error_body(err: APIError) -> dict[str, Any]:
     """Ollama's error: {"error": "message"}, the body of an answer and a stream's last line."""
     return {"error": err.message}

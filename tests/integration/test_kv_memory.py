@@ -97,6 +97,15 @@ def test_a_request_that_can_never_fit_gets_400_naming_the_numbers_and_the_engine
     anthropic = httpx.post(stack.base_url + "/v1/messages", timeout=60, json={
         "model": "default", "max_tokens": 5000, "messages": [{"role": "user", "content": "Too long."}]})
     assert anthropic.status_code == 400 and "KV_MEMORY_BYTES" in anthropic.json()["error"]["message"]
+    # each dialect's refusal names the parameter its client sent
+    responses = httpx.post(stack.base_url + "/v1/responses", timeout=60,
+                           json={"model": "default", "max_output_tokens": 5000, "input": "Too long."})
+    assert responses.status_code == 400 and responses.json()["error"]["param"] == "max_output_tokens"
+    assert "lower max_output_tokens" in responses.json()["error"]["message"]
+    ollama = httpx.post(stack.base_url + "/api/chat", timeout=60, json={
+        "model": "default", "stream": False, "options": {"num_predict": 5000},
+        "messages": [{"role": "user", "content": "Too long."}]})
+    assert ollama.status_code == 400 and "lower options.num_predict" in ollama.json()["error"]
     assert ask(client, "Still here?", 20).choices[0].finish_reason == "length"
 
 

@@ -303,3 +303,20 @@ async def test_request_timeout_still_ends_a_pinging_stream(engine, make_client, 
             r = await client.post("/v1/messages", json={**BODY, "stream": True})
     name, data = events_of(r.text)[-1]
     assert name == "error" and data["error"]["type"] == "timeout_error"
+
+
+async def test_an_engine_refusal_names_anthropics_parameters_not_openais(engine, client):
+    engine.refuse(ipc.Error(status=400, param="tools[0].function.parameters",
+                            message="tools[0].function.parameters (function 'weather') must be a JSON schema object"))
+    r = await client.post("/v1/messages", json={**BODY, "tools": [WEATHER]})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "tools[0].input_schema (function 'weather') must be a JSON schema object"
+    engine.refuse(ipc.Error(status=400, param="stop", message="a stop string must have 1 to 1024 characters"))
+    r = await client.post("/v1/messages", json={**BODY, "stop_sequences": ["x" * 2000]})
+    assert r.json()["error"]["message"] == "a stop_sequences string must have 1 to 1024 characters"
+
+
+async def test_a_tool_without_a_name_is_refused_naming_anthropics_field(engine, client):
+    r = await client.post("/v1/messages", json={**BODY, "tools": [{**WEATHER, "name": ""}]})
+    assert r.status_code == 400 and "tools[0].name" in r.json()["error"]["message"]
+    assert "function" not in r.json()["error"]["message"] and not engine.generates

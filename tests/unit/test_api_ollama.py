@@ -429,3 +429,21 @@ async def test_models_while_the_engine_is_down(make_client):
                                          (213_376, "213K"), (999, "999")])
 def test_parameter_size_spelling(n, text):
     assert human_number(n) == text
+
+
+async def test_an_engine_refusal_names_ollamas_parameters_not_openais(engine, client):
+    engine.refuse(ipc.Error(status=400, message="at most 16 stop strings, got 17", param="stop"))
+    assert_error(await client.post("/api/chat", json=CHAT), 400, "options.stop")
+    engine.refuse(ipc.Error(status=400, code="kv_memory_exceeded", param="max_tokens", message=(
+        "this request's KV cache would need ... (3 prompt + 5000 max_tokens, in steps of 256) ...; lower max_tokens, "
+        "shorten the prompt or raise KV_MEMORY_BYTES")))
+    message = assert_error(await client.post("/api/generate", json=GENERATE), 400, "5000 options.num_predict",
+                           "lower options.num_predict")
+    assert "max_tokens" not in message
+    engine.refuse(ipc.Error(status=400, code="context_length_exceeded", param="messages",
+                            message="the prompt has 9 tokens; shorten the prompt"))
+    # a prompt, rendered as a chat on the engine; its message says nothing of messages
+    assert_error(await client.post("/api/generate", json=GENERATE), 400, "shorten the prompt")
+    # the server's own refusals name Ollama's parameters already: left as they are
+    assert_error(await client.post("/api/chat", json={**CHAT, "options": {"num_predict": -5}}), 400,
+                 "'options.num_predict'")
