@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -13,19 +12,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from api.anthropic.errors import error_body as anthropic_error_body
 from api.anthropic.routes import AnthropicRoutes
 from api.access import AccessLog, access_record, escape, request_id_header
 from api.auth import api_key_guard, ops_guard
 from api.cors import cors_middleware
 from api.dashboard import Dashboard
+from api.dialects import error_body
 from api.bodies import json_response
 from api.engine_client import SocketEngineClient
 from api.errors import APIError, MethodNotAllowed, NotFound
 from api.generation import CLIENT_CLOSED
 from api.health import Health
 from api.metrics import Metrics
-from api.ollama.render import error_body as ollama_error_body
 from api.ollama.routes import OllamaRoutes
 from api.openai.routes import OpenAIRoutes
 from api.openai.tokens import TokenRoutes
@@ -106,16 +104,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _render(err, exc.headers, request.url.path)
 
 
-# Each dialect's error envelope, by path prefix; everything else answers OpenAI's
-_ENVELOPES: list[tuple[str, Callable[[APIError], dict[str, Any]]]] = [
-    ("/v1/messages", anthropic_error_body),
-    ("/api/", ollama_error_body),
-]
-
-
 def _render(err: APIError, headers: Mapping[str, str] | None = None, path: str = "") -> Response:
-    envelope = next((body for prefix, body in _ENVELOPES if path.startswith(prefix)), APIError.body)
-    response = json_response(envelope(err), err.status)
+    response = json_response(error_body(err, path), err.status)
     response.headers.update(headers or {})
     response.headers.update(err.headers)
     return response

@@ -32,7 +32,8 @@ class Generation:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
-        # prompt tokens the engine took from its prefix cache (known once a choice finishes)
+        # prompt tokens the engine took from its prefix cache (known from the first event: the engine sends a
+        # Delta as each choice joins the batch)
         self.cached_tokens = 0
         self.done = False
         self._conn = conn
@@ -51,12 +52,12 @@ class Generation:
             # completion_tokens counts per choice (n > 1 interleaves them)
             tokens_arrived(msg.completion_tokens - self._tokens_seen.get(msg.index, 0))
             self._tokens_seen[msg.index] = msg.completion_tokens
+            self.cached_tokens = max(self.cached_tokens, msg.cached_tokens)
             if isinstance(msg, ipc.Delta):
                 self.completion_tokens = msg.completion_tokens
                 return msg
             self.done = True
             self.prompt_tokens, self.completion_tokens = msg.prompt_tokens, msg.completion_tokens
-            self.cached_tokens = max(self.cached_tokens, msg.cached_tokens)
             return msg
         except APIError:
             self.done = True

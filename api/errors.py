@@ -14,6 +14,8 @@ class APIError(Exception):
     type: str = "server_error"
     code: str | None = None
     retry_after: int | None = None
+    # the engine's refusal, which names OpenAI chat's parameters (api/spelling.py gives a dialect's names)
+    from_engine: bool = False
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -152,4 +154,6 @@ def from_wire(err: ipc.Error) -> APIError:
         cls = _BY_STATUS.get(err.status, GenerationFailed)
     # a 429 keeps OpenAI's code whatever the engine's reason (queue_full); its message says which
     code = None if cls is Overloaded else err.code
-    return cls(err.message, param=err.param, code=code)
+    exc = cls(err.message, param=err.param, code=code)
+    exc.from_engine = True
+    return exc

@@ -24,6 +24,7 @@ from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from api.bodies import encode
+from api.dialects import error_body
 from api.errors import APIError, RequestTimeout, TooManyConnections
 from api.generation import end_open_streams
 from config import Settings
@@ -34,11 +35,14 @@ log = logging.getLogger(__name__)
 # Seconds the ended streams get to send their error event and [DONE] before they are cut.
 FLUSH_SECONDS = 5.0
 LINGER_SECONDS = 1.0  # a refused connection is read (and discarded) this long before it is closed
+HEAD_BYTES = 2048  # of a request's start, kept until its headers are complete: its request line names the dialect
 
 
-def _response(status: bytes, err: APIError) -> bytes:
-    """A whole HTTP/1.1 response that closes the connection, written before any request was parsed."""
-    body = encode(err.body())
+def _response(status: bytes, err: APIError, start: bytes) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, written before any request was parsed: its error
+    in the dialect of the path in the request line that starts `start` (OpenAI's without one)."""
+    line = start.split(b"\n", 1)[0].split(b" ")
+    body = encode(error_body(err, line[1].decode("latin-1") if len(line) > 1 else ""))
     extra = [f"{k.lower()}: {v}".encode() for k, v in err.headers.items() if k.lower() != "connection"]
     head = [b"HTTP/1.1 " + status, b"content-type: application/json", *extra, b"connection: close",
             b"content-length: %d" % len(body)]
@@ -51,8 +55,10 @@ class EdgeProtocol(H11Protocol):
 
     header_timeout = 10.0
     max_connections = 512
-    too_slow = b""  # the whole 408 response
-    too_many = b""  # the whole 503 response
+    too_slow: APIError = RequestTimeout("")  # the 408's error
+    too_many: APIError = TooManyConnections("")  # the 503's error
+    _head = b""  # the first bytes of the request whose headers are awaited
+    _answered = False
     _header_timer: asyncio.TimerHandle | None = None
     _waiting_cycle: object = None
     _got_bytes = False
@@ -63,19 +69,29 @@ class EdgeProtocol(H11Protocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
-            # Refused before it can hold anything: no request parsed, no task started. The close
-            # lingers a moment, reading what the client still sends, so it gets the 503, not a reset.
+            # Refused before it can hold anything: no request parsed, no task started. It is answered
+            # when its request line comes (or after a moment without one).
             self._waiting_cycle = False
             self._refused = True
-            transport.write(self.too_many)
-            if transport.can_write_eof():
-                transport.write_eof()
-            self.loop.call_later(LINGER_SECONDS, transport.close)
+            self.loop.call_later(LINGER_SECONDS, self._refuse)
             return
         self._arm()
 
+    def _refuse(self) -> None:
+        """The 503; the close lingers a moment, reading what the client still sends, so it gets it, not a reset."""
+        if self._answered or self.transport.is_closing():
+            return
+        self._answered = True
+        self.transport.write(_response(b"503 Service Unavailable", self.too_many, self._head))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
+            self._head = (self._head + data)[:HEAD_BYTES]
+            if b"\n" in self._head or len(self._head) >= HEAD_BYTES:
+                self._refuse()
             return
         if self._waiting_cycle is not False:
             # The rest of a body whose request was answered before it was read (a 404, a 413) is no new
@@ -86,6 +102,8 @@ class EdgeProtocol(H11Protocol):
                 self._arm()
             self._leftover = leftover
             self._got_bytes = self._got_bytes or not leftover
+            if not leftover and len(self._head) < HEAD_BYTES:
+                self._head += data[:HEAD_BYTES - len(self._head)]
         super().data_received(data)
         if self._waiting_cycle is not False and self.cycle is not self._waiting_cycle:
             self._headers_done()
@@ -145,6 +163,7 @@ class EdgeProtocol(H11Protocol):
     def _headers_done(self) -> None:
         self._waiting_cycle = False
         self._leftover = False
+        self._head = b""
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -154,7 +173,7 @@ class EdgeProtocol(H11Protocol):
         if self.transport.is_closing():
             return
         if self._got_bytes:
-            self.transport.write(self.too_slow)
+            self.transport.write(_response(b"408 Request Timeout", self.too_slow, self._head))
         elif self._unread():  # the first byte arrived just now: its request gets the whole deadline
             return
         self.transport.close()
@@ -168,11 +187,10 @@ def _close_after(cycle: RequestResponseCycle | None) -> None:
 
 
 def edge_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """EdgeProtocol with these limits and the answers it gives when they are reached."""
-    too_slow = _response(b"408 Request Timeout", RequestTimeout(
-        f"the request headers did not arrive within HTTP_HEADER_TIMEOUT={header_timeout:g} s"))
-    too_many = _response(b"503 Service Unavailable", TooManyConnections(
-        f"the server has too many open connections (MAX_CONNECTIONS={max_connections}); retry shortly"))
+    """EdgeProtocol with these limits and the errors it answers with when they are reached."""
+    too_slow = RequestTimeout(f"the request headers did not arrive within HTTP_HEADER_TIMEOUT={header_timeout:g} s")
+    too_many = TooManyConnections(
+        f"the server has too many open connections (MAX_CONNECTIONS={max_connections}); retry shortly")
     return type("EdgeProtocol", (EdgeProtocol,), {"header_timeout": header_timeout, "max_connections": max_connections,
                                                   "too_slow": too_slow, "too_many": too_many})
 

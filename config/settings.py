@@ -62,7 +62,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     HOSTFILE: str = ""
     BACKEND: Literal["ring", "jaccl", "mpi"] = "ring"
     RING_PORT: Port = 32323
-    MAX_TOKENS_DEFAULT: Positive = 512
+    # a cap on requests that set no max_tokens; 0: none (they run to the context's end or the KV budget's)
+    MAX_TOKENS_DEFAULT: Annotated[int, Meta(ge=0)] = 0
     MAX_TOKENS_LIMIT: Positive = 32768
     REQUEST_TIMEOUT: Seconds = 600.0
     MAX_BATCH: Positive = 32
@@ -143,7 +144,7 @@ HINTS = {
     "RING_PORT": "an integer from 1 to 65535",
     "LOG_LEVEL": "one of DEBUG, INFO, WARNING, ERROR",
     "BACKEND": "one of ring, jaccl, mpi",
-    "MAX_TOKENS_DEFAULT": "a positive integer",
+    "MAX_TOKENS_DEFAULT": "0 (no cap) or a positive integer",
     "MAX_TOKENS_LIMIT": "a positive integer",
     "MAX_BATCH": "a positive integer",
     "MAX_QUEUE": "a positive integer",

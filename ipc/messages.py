@@ -134,6 +134,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # per-token logprobs, and how many alternatives each (chat: top_logprobs; completions: logprobs)
     logprobs: bool = False
     top_logprobs: int = 0
+    # the client set no limit: max_tokens is the server's own ceiling, which the engine lowers to what the
+    # context and the KV budget leave instead of refusing the request
+    max_tokens_default: bool = False
 
 
 class Generate(Msg):
@@ -203,6 +206,9 @@ class Delta(Msg):
     reasoning: str = ""
     tool_calls: list[ToolCall] = []
     logprobs: list[TokenLogprob] = []
+    # prompt tokens whose KV came from the prefix cache: known once the choice joins the batch, when the engine
+    # sends its first Delta (empty but for an echoed prompt), so a stream's first event can report them
+    cached_tokens: int = 0
 
 
 class Finish(Msg):

@@ -86,6 +86,9 @@ class Stack:
             API_HOST="127.0.0.1",
             API_PORT=str(self.api_port),
             RING_PORT=str(free_port_run(8)),
+            # the demo model rarely ends on its own: requests that give no max_tokens stop here, not at the
+            # context's end (a test of that path sets it to 0, the default)
+            MAX_TOKENS_DEFAULT="512",
         )
         env.update({k: str(v) for k, v in self.extra.items()})
         env.update(more)

@@ -19,6 +19,14 @@ _TYPES = {
 }
 
 
+# the engine's names for what an Anthropic request calls otherwise (api/spelling.py)
+ENGINE_NAMES = [
+    (r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),
+    (r"tools\[(\d+)\]\.function\.name", r"tools[\1].name"),
+    ("stop", "stop_sequences"),
+]
+
+
 def error_type(err: APIError) -> str:
     if err.status in _TYPES:
         return _TYPES[err.status]

@@ -48,7 +48,7 @@ class InputMessage(Struct, kw_only=True):
 class Tool(Struct, kw_only=True):
     """A client tool (input_schema); server tools (web_search_..., no input_schema) are left out."""
 
-    name: str
+    name: Annotated[str, Meta(min_length=1)]
     description: str | UnsetType = UNSET
     input_schema: dict[str, Any] | UnsetType = UNSET
     type: str | UnsetType = UNSET

@@ -20,16 +20,21 @@ PING_SECONDS = 10.0
 
 async def message_stream(gen: Generation, n: int, renderer: Renderer,
                          record: AccessRecord) -> AsyncGenerator[bytes, None]:
-    """The events of one admitted generation; an error after the headers is an `event: error`."""
-    start = Message(id=renderer.request_id, model=renderer.model, content=[],
-                    usage=Usage(input_tokens=gen.prompt_tokens, output_tokens=0))
-    yield named_event("message_start", {"type": "message_start", "message": start})
-    yield named_event("ping", {"type": "ping"})
+    """The events of one admitted generation; an error after the headers is an `event: error`.
+
+    message_start waits for the engine's first event (sent as the request joins the batch, before its
+    prefill), which says how much of the prompt the prefix cache holds: its usage is then the final one.
+    A request queued behind a full batch gets pings meanwhile (Anthropic's SDKs skip pings wherever they come)."""
+    started = False
     choice = Choice(0)
     blocks = BlockWriter()
     try:
         while choice.finish_reason is None:
             ev = await next_event_or_idle(gen, PING_SECONDS)
+            if not started and ev is not None:
+                started = True
+                yield _message_start(gen, renderer)
+                yield named_event("ping", {"type": "ping"})
             if ev is None:
                 yield named_event("ping", {"type": "ping"})
                 continue
@@ -40,12 +45,21 @@ async def message_stream(gen: Generation, n: int, renderer: Renderer,
             yield frame
         delta = {"type": "message_delta",
                  "delta": {"stop_reason": stop_reason(choice), "stop_sequence": stop_sequence(choice)},
-                 # the prefix cache's share of the prompt is known once the engine has generated
                  "usage": {"input_tokens": gen.prompt_tokens - gen.cached_tokens, "output_tokens": gen.completion_tokens,
                            "cache_read_input_tokens": gen.cached_tokens}}
         yield named_event("message_delta", delta)
         yield named_event("message_stop", {"type": "message_stop"})
     except APIError as exc:
+        if not started:  # the error event still follows a message_start, as clients expect
+            yield _message_start(gen, renderer)
         record.outcome = exc.code or exc.type
         logger.warning("%s: stream ended with an error: %s", gen.request_id, escape(exc.message))
         yield error_event(exc)
+
+
+def _message_start(gen: Generation, renderer: Renderer) -> bytes:
+    """Anthropic's usage counts the prompt's uncached tokens as input_tokens, the prefix cache's as cache reads."""
+    usage = Usage(input_tokens=gen.prompt_tokens - gen.cached_tokens, output_tokens=0,
+                  cache_read_input_tokens=gen.cached_tokens)
+    start = Message(id=renderer.request_id, model=renderer.model, content=[], usage=usage)
+    return named_event("message_start", {"type": "message_start", "message": start})

@@ -39,6 +39,18 @@ logger = logging.getLogger(__name__)
 NDJSON = "application/x-ndjson"
 
 
+# the engine's names for what an Ollama request calls otherwise (api/spelling.py): sampling sits in options
+ENGINE_NAMES = [
+    ("max_tokens", "options.num_predict"),
+    ("repetition_penalty", "options.repeat_penalty"),
+    *((name, f"options.{name}") for name in ("temperature", "top_p", "top_k", "min_p", "stop", "presence_penalty",
+                                             "frequency_penalty")),
+    ("response_format", "format"),
+]
+# /api/generate sends a prompt, which the engine renders as a chat
+GENERATE_NAMES = [*ENGINE_NAMES, ("messages", "prompt")]
+
+
 def error_body(err: APIError) -> dict[str, Any]:
     """Ollama's error: {"error": "message"}, the body of an answer and a stream's last line."""
     return {"error": err.message}
@@ -78,10 +90,11 @@ class OllamaRenderer(Renderer):
         self.admitted = self.first = self.ended = 0
 
     def mark(self, ev: ipc.Delta | ipc.Finish | None = None) -> None:
-        """Admitted (no event yet), then each event: the first and the last one time the stages."""
+        """Admitted (no event yet), then each event: the first token and the last event time the stages (the
+        Delta a request gets as it joins the batch, before its prefill, carries no token)."""
         now = time.monotonic_ns()
         self.admitted = self.admitted or now
-        if ev is not None:
+        if ev is not None and (ev.completion_tokens or isinstance(ev, ipc.Finish)):
             self.first = self.first or now
             if isinstance(ev, ipc.Finish):
                 self.ended = now

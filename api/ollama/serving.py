@@ -18,7 +18,7 @@ import msgspec
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
 from api.ollama.protocol import ChatRequest, Format, GenerateRequest, Message, Options, Think
-from api.openai.serving import MODEL_ALIAS, check_depth, max_tokens_within
+from api.openai.serving import MODEL_ALIAS, check_depth, max_tokens_within, server_max_tokens
 from config import Settings
 
 # Ollama names a model "name:tag"; a name without a tag means ":latest"
@@ -117,6 +117,7 @@ def sampling(options: Options | None, settings: Settings, logprobs: bool | None,
     stop = o.stop if isinstance(o.stop, list) else [o.stop] if o.stop else []
     return ipc.SamplingParams(
         max_tokens=_max_tokens(o.num_predict, settings),
+        max_tokens_default=o.num_predict in (None, -1, -2),
         temperature=1.0 if o.temperature is None else o.temperature,
         top_p=1.0 if o.top_p is None else o.top_p,
         top_k=0 if o.top_k is None or o.top_k < 0 else o.top_k,
@@ -134,9 +135,10 @@ def sampling(options: Options | None, settings: Settings, logprobs: bool | None,
 
 
 def _max_tokens(num_predict: int | None, settings: Settings) -> int:
-    """Absent: MAX_TOKENS_DEFAULT, as on /v1; Ollama's -1 (no limit) and -2 (fill the context): MAX_TOKENS_LIMIT."""
+    """Absent, Ollama's -1 (no limit) and -2 (fill the context): as many as the context and the KV budget allow
+    (server_max_tokens), as on /v1."""
     if num_predict in (-1, -2):
-        return settings.MAX_TOKENS_LIMIT
+        return server_max_tokens(settings)
     if num_predict is not None and num_predict < 1:
         raise InvalidRequest(f"Invalid value for 'options.num_predict': {num_predict}; send a number of tokens "
                              "(1 or more), or -1 for as many as this server allows.", param="options.num_predict")

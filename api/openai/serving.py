@@ -76,14 +76,14 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
     check_model(req.model, settings)
     refuse_unsupported(req, REFUSED_CHAT)
     if req.max_completion_tokens is not None:
-        max_tokens = max_tokens_within(req.max_completion_tokens, "max_completion_tokens", settings)
+        limit, param = req.max_completion_tokens, "max_completion_tokens"
     else:
-        max_tokens = max_tokens_within(req.max_tokens, "max_tokens", settings)
+        limit, param = req.max_tokens, "max_tokens"
     tools = engine_tools(req.tools)
     return ipc.Generate(
         request_id=request_id,
         kind="chat",
-        params=_sampling(req, max_tokens, logprobs=bool(req.logprobs), top=req.top_logprobs or 0),
+        params=_sampling(req, limit, param, settings, logprobs=bool(req.logprobs), top=req.top_logprobs or 0),
         messages=[engine_message(m) for m in req.messages],
         tools=tools,
         tool_choice=_tool_choice(req.tool_choice, tools),
@@ -105,8 +105,8 @@ def completion_generate(req: CompletionRequest, request_id: str, settings: Setti
     return ipc.Generate(
         request_id=request_id,
         kind="completion",
-        params=_sampling(req, max_tokens_within(req.max_tokens, "max_tokens", settings),
-                         logprobs=req.logprobs is not None, top=req.logprobs or 0),
+        params=_sampling(req, req.max_tokens, "max_tokens", settings, logprobs=req.logprobs is not None,
+                         top=req.logprobs or 0),
         prompt=_engine_prompt(req.prompt),
         echo=bool(req.echo),
     )
@@ -154,8 +154,9 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
 
 
 def max_tokens_within(value: int | None, param: str, settings: Settings) -> int:
+    """The client's limit, refused past MAX_TOKENS_LIMIT; with none, the server's own (server_max_tokens)."""
     if value is None:
-        return settings.MAX_TOKENS_DEFAULT
+        return server_max_tokens(settings)
     if value > settings.MAX_TOKENS_LIMIT:
         raise InvalidRequest(
             f"Invalid value for '{param}': {value} exceeds this server's limit of {settings.MAX_TOKENS_LIMIT}.",
@@ -164,10 +165,18 @@ def max_tokens_within(value: int | None, param: str, settings: Settings) -> int:
     return value
 
 
-def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int, *, logprobs: bool,
-              top: int) -> ipc.SamplingParams:
+def server_max_tokens(settings: Settings) -> int:
+    """What a request that sets no limit may generate, as OpenAI's endpoints have it: until the model stops or the
+    context ends (MAX_TOKENS_LIMIT, or MAX_TOKENS_DEFAULT when the operator set one); the engine lowers it to
+    what the KV budget holds (SamplingParams.max_tokens_default)."""
+    return settings.MAX_TOKENS_DEFAULT or settings.MAX_TOKENS_LIMIT
+
+
+def _sampling(req: ChatCompletionRequest | CompletionRequest, limit: int | None, param: str, settings: Settings, *,
+              logprobs: bool, top: int) -> ipc.SamplingParams:
     return ipc.SamplingParams(
-        max_tokens=max_tokens,
+        max_tokens=max_tokens_within(limit, param, settings),
+        max_tokens_default=limit is None,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         # -1 is vLLM's spelling of "no top-k"; 0 is mlx-lm's.

@@ -242,6 +242,16 @@ class ResponseRenderer(Renderer):
                              total_tokens=prompt_tokens + completion_tokens)
 
 
+# the engine's names for what a Responses request calls otherwise (api/spelling.py)
+ENGINE_NAMES = [
+    ("max_tokens", "max_output_tokens"),
+    ("response_format", "text.format"),
+    (r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].parameters"),
+    (r"tools\[(\d+)\]\.function\.name", r"tools[\1].name"),
+    ("messages", "input"),
+]
+
+
 def response_error(exc: APIError) -> ResponseError:
     """The response's error after the headers went out: OpenAI's server_error for a failure of ours."""
     code = "server_error" if exc.status >= 500 else (exc.code or "invalid_prompt")

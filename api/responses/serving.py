@@ -90,10 +90,10 @@ def responses_generate(req: ResponsesRequest, request_id: str, settings: Setting
     logprobs = LOGPROBS_INCLUDE in (req.include or ()) or bool(req.top_logprobs)
     effort = req.reasoning.effort if req.reasoning else None
     params = ipc.SamplingParams(
-        # absent, as OpenAI's Responses API has it, the answer may run to the context's end (MAX_TOKENS_LIMIT at
-        # most): agents such as Codex send no limit and report a turn cut short as an error
-        max_tokens=max_tokens_within(req.max_output_tokens if req.max_output_tokens is not None
-                                     else settings.MAX_TOKENS_LIMIT, "max_output_tokens", settings),
+        # absent, as OpenAI's Responses API has it, the answer may run to the context's end: agents such as Codex
+        # send no limit and report a turn cut short as an error
+        max_tokens=max_tokens_within(req.max_output_tokens, "max_output_tokens", settings),
+        max_tokens_default=req.max_output_tokens is None,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         seed=req.seed,

@@ -42,9 +42,14 @@ class Admission:
         """The choices of gen, ready for the scheduler; raises Refused."""
         p = gen.params
         max_tokens = min(p.max_tokens, self.context_length - len(tokens))
-        too_big = self.kv.refusal(len(tokens), max_tokens, p.n)
+        room = self.kv.room(len(tokens), p.n)
+        if p.max_tokens_default and room is not None:  # no limit from the client: as many as the budget holds
+            max_tokens = max(1, min(max_tokens, room))
+        too_big = self.kv.refusal(len(tokens), max_tokens, p.n, client_limit=not p.max_tokens_default)
         if too_big:  # it would wait forever: even alone, with the prefix cache empty, it does not fit
-            raise Refused(too_big, "max_tokens", "kv_memory_exceeded")
+            # a limit the server chose is not the client's to lower: its prompt is what does not fit
+            param = "max_tokens" if not p.max_tokens_default else "messages" if gen.kind == "chat" else "prompt"
+            raise Refused(too_big, param, "kv_memory_exceeded")
         bad = [t for t in p.logit_bias if not 0 <= t < self.vocab_size]
         if bad:
             raise Refused(f"logit_bias names token id {bad[0]}, outside the vocabulary (0..{self.vocab_size - 1})",

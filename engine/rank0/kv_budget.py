@@ -92,17 +92,25 @@ class KVBudget:
         """The most KV one sequence can take on a rank: its prompt and every token it may generate."""
         return self.token_bytes * steps(prompt_tokens + max_tokens)
 
-    def refusal(self, prompt_tokens: int, max_tokens: int, n: int = 1) -> str | None:
+    def room(self, prompt_tokens: int, n: int = 1) -> int | None:
+        """The most tokens each of n sequences of this prompt may generate, alone in the batch with the prefix
+        cache empty (0 or less: not even one); None without a budget."""
+        if not self.enabled:
+            return None
+        return (self.budget // (n * self.token_bytes)) // KV_STEP * KV_STEP - prompt_tokens
+
+    def refusal(self, prompt_tokens: int, max_tokens: int, n: int = 1, *, client_limit: bool = True) -> str | None:
         """Why a request's n choices could never fit, even alone in the batch with the prefix cache empty;
-        None when they can."""
+        None when they can. Without a client_limit, max_tokens was the server's choice: lowering it is no advice."""
         if not self.enabled:
             return None
         need = n * self.sequence(prompt_tokens, max_tokens)
         if need <= self.budget:
             return None
         choices = f"{n} choices x " if n > 1 else ""
+        fixes = ["lower max_tokens"] * client_limit + ["shorten the prompt"] + ["ask for fewer choices (n)"] * (n > 1)
         return (f"this request's KV cache would need up to {need} bytes ({size(need)}) per rank: {choices}"
                 f"{steps(prompt_tokens + max_tokens)} tokens ({prompt_tokens} prompt + {max_tokens} max_tokens, in "
                 f"steps of {KV_STEP}) x {self.token_bytes} bytes per token, but the engine's KV memory budget is "
-                f"{self.budget} bytes ({size(self.budget)}) per rank (KV_MEMORY_BYTES); lower max_tokens, shorten "
-                "the prompt" + (", ask for fewer choices (n)" if n > 1 else "") + " or raise KV_MEMORY_BYTES")
+                f"{self.budget} bytes ({size(self.budget)}) per rank (KV_MEMORY_BYTES); {', '.join(fixes)} or raise "
+                "KV_MEMORY_BYTES")

@@ -206,8 +206,7 @@ class Scheduler:
             else:
                 self.prefix.count(req.insert.tokens)
             inserts.append(req.insert)
-            if req.echo:
-                self._send(req, Piece(content=req.echo))
+            self._send(req, Piece(content=req.echo))  # it joined: the client learns its cached tokens now
         # One update, so the socket thread never sees a sequence in neither count (or both).
         with self.counters.lock:
             self.counters.waiting -= len(inserts)
@@ -350,7 +349,8 @@ class Scheduler:
         logprobs, req.logprobs = req.logprobs, []
         self.events.append((req.outbox, Delta(
             request_id=req.group or req.rid, text=piece.content, completion_tokens=req.completion_tokens,
-            index=req.index, reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs)))
+            index=req.index, reasoning=piece.reasoning, tool_calls=piece.tool_calls, logprobs=logprobs,
+            cached_tokens=req.cached_tokens)))
 
     def _close(self, req: Request, error: Error | None, finish: str | None = None, piece: Piece | None = None,
                stop_sequence: str | None = None) -> None:

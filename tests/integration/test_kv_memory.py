@@ -22,7 +22,7 @@ NO_EOS = {"0": -100, "2": -100}
 
 @pytest.fixture(scope="module")
 def stack():
-    s = Stack(extra={"KV_MEMORY_BYTES": str(BUDGET)})
+    s = Stack(extra={"KV_MEMORY_BYTES": str(BUDGET), "MAX_TOKENS_DEFAULT": "0"})
     engine, api = s.start_engine(), s.start_api()
     yield s
     api.stop()
@@ -97,4 +97,57 @@ def test_a_request_that_can_never_fit_gets_400_naming_the_numbers_and_the_engine
     anthropic = httpx.post(stack.base_url + "/v1/messages", timeout=60, json={
         "model": "default", "max_tokens": 5000, "messages": [{"role": "user", "content": "Too long."}]})
     assert anthropic.status_code == 400 and "KV_MEMORY_BYTES" in anthropic.json()["error"]["message"]
+    # each dialect's refusal names the parameter its client sent
+    responses = httpx.post(stack.base_url + "/v1/responses", timeout=60,
+                           json={"model": "default", "max_output_tokens": 5000, "input": "Too long."})
+    assert responses.status_code == 400 and responses.json()["error"]["param"] == "max_output_tokens"
+    assert "lower max_output_tokens" in responses.json()["error"]["message"]
+    ollama = httpx.post(stack.base_url + "/api/chat", timeout=60, json={
+        "model": "default", "stream": False, "options": {"num_predict": 5000},
+        "messages": [{"role": "user", "content": "Too long."}]})
+    assert ollama.status_code == 400 and "lower options.num_predict" in ollama.json()["error"]
     assert ask(client, "Still here?", 20).choices[0].finish_reason == "length"
+
+
+def prompt_of(stack, tokens: int) -> tuple[str, int]:
+    """A user message whose chat prompt is close to `tokens` tokens, and its exact count."""
+    def count(text: str) -> int:
+        r = httpx.post(stack.base_url + "/tokenize", timeout=60,
+                       json={"model": "default", "messages": [{"role": "user", "content": text}]})
+        return r.json()["count"]
+
+    per_thousand_words = count(" ".join(f"w{i}" for i in range(1000)))
+    text = " ".join(f"w{i % 1000}" for i in range(tokens * 1000 // per_thousand_words))
+    return text, count(text)
+
+
+def test_without_a_client_limit_the_answer_runs_to_what_the_budget_leaves_in_every_dialect(stack, client):
+    """Chat without max_tokens, Responses without max_output_tokens (Codex), Ollama's num_predict -1: the
+    server's own ceiling is fitted to the KV budget, never refused for it."""
+    text, prompt = prompt_of(stack, 3800)
+    room = BUDGET // TOKEN_BYTES - prompt  # 4096 tokens in all
+    assert 0 < room < 512
+    chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": text}],
+                                          logit_bias=NO_EOS, temperature=0)
+    assert chat.usage.prompt_tokens == prompt
+    assert (chat.choices[0].finish_reason, chat.usage.completion_tokens) == ("length", room)
+    responses = httpx.post(stack.base_url + "/v1/responses", timeout=300,
+                           json={"model": "default", "input": text, "temperature": 0})
+    assert responses.status_code == 200, responses.text
+    assert responses.json()["usage"]["output_tokens"] <= room
+    ollama = httpx.post(stack.base_url + "/api/chat", timeout=300, json={
+        "model": "default", "stream": False, "messages": [{"role": "user", "content": text}],
+        "options": {"num_predict": -1, "temperature": 0}})
+    assert ollama.status_code == 200, ollama.text
+    assert ollama.json()["done"] and ollama.json()["eval_count"] <= room
+
+
+def test_a_prompt_that_alone_outgrows_the_budget_is_refused_naming_the_prompt_not_a_limit_never_sent(stack, client):
+    openai = pytest.importorskip("openai")
+    text, prompt = prompt_of(stack, 5000)
+    assert prompt > BUDGET // TOKEN_BYTES
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="default", messages=[{"role": "user", "content": text}])
+    err = refused.value
+    assert err.code == "kv_memory_exceeded" and err.param == "messages"
+    assert "shorten the prompt" in err.message and "lower max_tokens" not in err.message

@@ -52,6 +52,17 @@ def test_headers_sent_too_slowly_get_408_and_the_connection_is_closed(api):
     assert "HTTP_HEADER_TIMEOUT=1 s" in error["message"] and error["code"] == "request_timeout"
 
 
+@pytest.mark.parametrize(("path", "shape"), [
+    ("/v1/messages", lambda body: body["type"] == "error" and body["error"]["type"] == "invalid_request_error"),
+    ("/api/chat", lambda body: list(body) == ["error"] and "HTTP_HEADER_TIMEOUT" in body["error"]),
+])
+def test_the_408_of_slow_headers_takes_the_shape_of_the_requests_dialect(api, path, shape):
+    with connect(api) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\n".encode())  # and never the rest
+        reply = read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 408 ") and shape(json.loads(reply.split(b"\r\n\r\n", 1)[1]))
+
+
 def test_an_idle_kept_alive_connection_is_closed(api):
     with connect(api) as sock:
         sock.sendall(REQUEST)
@@ -134,6 +145,14 @@ def test_connections_past_the_cap_are_refused_with_503_and_served_again_once_fre
             assert reply.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in reply.lower()
             error = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
             assert error["code"] == "too_many_connections" and "MAX_CONNECTIONS=3" in error["message"]
+            # a request that says where it goes gets its dialect's error (Anthropic's here)
+            with connect(s) as extra:
+                extra.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: test\r\n")
+                reply = read_until_closed(extra)
+            assert reply.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in reply.lower()
+            body = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+            assert body["type"] == "error" and body["error"]["type"] == "overloaded_error"
+            assert "MAX_CONNECTIONS=3" in body["error"]["message"]
         # Once the clients close theirs, the API serves again.
         wait_for(lambda: not too_many_connections(s), 10, "the API to accept connections again")
         assert httpx.get(s.base_url + "/health", timeout=10).status_code == 503  # no engine: 503, yet served

@@ -47,7 +47,7 @@ class FakeEngine:
         self.script: Script = self._reply
         self._pieces = ["Hello", " world"]
         self._finish_reason = "stop"
-        self.cached_tokens = 0  # what Finish says the prefix cache held of the 7-token prompt
+        self.cached_tokens = 0  # what the first Delta and Finish say the prefix cache held of the 7-token prompt
 
     # ---- scripts a test picks
 
@@ -93,6 +93,8 @@ class FakeEngine:
     async def _reply(self, conn: ipc.FramedStream, msg: ipc.Generate) -> None:
         rid = msg.request_id
         await conn.send(ipc.Started(request_id=rid, prompt_tokens=7))
+        # as rank 0 does when the request joins the batch
+        await conn.send(ipc.Delta(request_id=rid, text="", completion_tokens=0, cached_tokens=self.cached_tokens))
         for i, piece in enumerate(self._pieces, 1):
             await conn.send(ipc.Delta(request_id=rid, text=piece, completion_tokens=i))
         await conn.send(

@@ -31,10 +31,12 @@ def play(engine, *events: ipc.Delta | ipc.Finish) -> None:
 
 
 def slow_prefill(engine, seconds: float) -> None:
-    """Script the fake engine: Started, then nothing for `seconds` (a long prefill), then one token's Finish."""
+    """Script the fake engine: Started, the Delta of joining the batch, then nothing for `seconds` (a long
+    prefill), then one token's Finish."""
 
     async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
         await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
+        await conn.send(ipc.Delta(request_id=msg.request_id, text="", completion_tokens=0))
         await anyio.sleep(seconds)
         await conn.send(ipc.Finish(request_id=msg.request_id, finish_reason="stop", prompt_tokens=7,
                                    completion_tokens=1, text="ok"))

@@ -248,6 +248,30 @@ async def test_prompt_tokens_from_the_prefix_cache_are_cache_reads(engine, clien
     events = events_of((await client.post("/v1/messages", json={**BODY, "stream": True})).text)
     (delta,) = [data for name, data in events if name == "message_delta"]
     assert delta["usage"] == {"input_tokens": 2, "output_tokens": 2, "cache_read_input_tokens": 5}
+    # message_start already splits the prompt so: a client reading it alone does not over-count
+    assert events[0][1]["message"]["usage"] == {"input_tokens": 2, "output_tokens": 0, "cache_read_input_tokens": 5,
+                                                "cache_creation_input_tokens": 0}
+
+
+async def test_a_queued_request_pings_until_it_joins_the_batch_then_starts_with_its_cache_reads(
+        engine, client, monkeypatch):
+    monkeypatch.setattr("api.anthropic.streaming.PING_SECONDS", 0.05)
+
+    async def queued(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
+        rid = msg.request_id
+        await conn.send(ipc.Started(request_id=rid, prompt_tokens=7))
+        await anyio.sleep(0.4)  # waiting for a batch slot: the engine does not know the cached share yet
+        await conn.send(ipc.Delta(request_id=rid, text="", completion_tokens=0, cached_tokens=5))
+        await conn.send(ipc.Finish(request_id=rid, finish_reason="stop", prompt_tokens=7, completion_tokens=1,
+                                   cached_tokens=5, text="ok"))
+
+    engine.script = queued
+    events = events_of((await client.post("/v1/messages", json={**BODY, "stream": True})).text)
+    names = [name for name, _ in events]
+    start = names.index("message_start")
+    assert start >= 2 and set(names[:start]) == {"ping"}
+    assert events[start][1]["message"]["usage"]["cache_read_input_tokens"] == 5
+    assert events[start][1]["message"]["usage"]["input_tokens"] == 2
 
 
 async def test_count_tokens_tokenizes_the_prompt_create_would_send_without_a_generation(engine, client):
@@ -279,3 +303,20 @@ async def test_request_timeout_still_ends_a_pinging_stream(engine, make_client, 
             r = await client.post("/v1/messages", json={**BODY, "stream": True})
     name, data = events_of(r.text)[-1]
     assert name == "error" and data["error"]["type"] == "timeout_error"
+
+
+async def test_an_engine_refusal_names_anthropics_parameters_not_openais(engine, client):
+    engine.refuse(ipc.Error(status=400, param="tools[0].function.parameters",
+                            message="tools[0].function.parameters (function 'weather') must be a JSON schema object"))
+    r = await client.post("/v1/messages", json={**BODY, "tools": [WEATHER]})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "tools[0].input_schema (function 'weather') must be a JSON schema object"
+    engine.refuse(ipc.Error(status=400, param="stop", message="a stop string must have 1 to 1024 characters"))
+    r = await client.post("/v1/messages", json={**BODY, "stop_sequences": ["x" * 2000]})
+    assert r.json()["error"]["message"] == "a stop_sequences string must have 1 to 1024 characters"
+
+
+async def test_a_tool_without_a_name_is_refused_naming_anthropics_field(engine, client):
+    r = await client.post("/v1/messages", json={**BODY, "tools": [{**WEATHER, "name": ""}]})
+    assert r.status_code == 400 and "tools[0].name" in r.json()["error"]["message"]
+    assert "function" not in r.json()["error"]["message"] and not engine.generates

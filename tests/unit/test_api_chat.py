@@ -83,7 +83,17 @@ async def test_engine_gets_plain_messages_and_sampling_params(engine, client):
     )
 
 
-async def test_max_tokens_defaults_to_the_setting(engine, make_client):
+async def test_without_max_tokens_the_answer_is_not_cut_at_a_default_but_may_run_as_far_as_fits(engine, client):
+    """As OpenAI's API: no limit but the context's (and here the KV budget's, which the engine fits it to)."""
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    assert (await client.post("/v1/completions", json={"model": "test-model", "prompt": "Hi"})).status_code == 200
+    for gen in engine.generates:
+        assert (gen.params.max_tokens, gen.params.max_tokens_default) == (32768, True)  # MAX_TOKENS_LIMIT
+    assert (await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 9})).status_code == 200
+    assert (engine.generates[-1].params.max_tokens, engine.generates[-1].params.max_tokens_default) == (9, False)
+
+
+async def test_max_tokens_default_caps_requests_without_a_limit(engine, make_client):
     async with make_client(MAX_TOKENS_DEFAULT=77) as client:
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
     assert engine.generates[0].params.max_tokens == 77

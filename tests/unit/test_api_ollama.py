@@ -72,7 +72,7 @@ async def test_chat_body(engine, client):
         "model": "test-model", "message": {"role": "assistant", "content": "Hello world"}}
     gen = engine.generates[0]
     assert gen.kind == "chat" and gen.messages == [{"role": "user", "content": "Hi"}]
-    assert gen.params.max_tokens == 512 and gen.params.temperature == 1.0  # the /v1 defaults
+    assert gen.params.max_tokens == 32768 and gen.params.temperature == 1.0  # the /v1 defaults
 
 
 async def test_the_body_names_the_model_as_asked(engine, client):
@@ -138,11 +138,13 @@ async def test_think_switches_the_template(engine, client, think, enabled):
     assert engine.generates[0].enable_thinking is enabled
 
 
-@pytest.mark.parametrize(("num_predict", "max_tokens"), [(-1, 32768), (-2, 32768), (None, 512), (1, 1)])
+@pytest.mark.parametrize(("num_predict", "max_tokens"), [(-1, 32768), (-2, 32768), (None, 32768), (1, 1)])
 async def test_num_predict(engine, client, num_predict, max_tokens):
     r = await client.post("/api/chat", json={**CHAT, "options": {"num_predict": num_predict, "seed": -1}})
     assert r.status_code == 200
     assert engine.generates[0].params.max_tokens == max_tokens and engine.generates[0].params.seed is None
+    # no limit from the client: the engine fits the server's ceiling to the context and the KV budget
+    assert engine.generates[0].params.max_tokens_default is (num_predict != 1)
 
 
 async def test_a_message_without_content_and_a_null_option(engine, client):
@@ -427,3 +429,21 @@ async def test_models_while_the_engine_is_down(make_client):
                                          (213_376, "213K"), (999, "999")])
 def test_parameter_size_spelling(n, text):
     assert human_number(n) == text
+
+
+async def test_an_engine_refusal_names_ollamas_parameters_not_openais(engine, client):
+    engine.refuse(ipc.Error(status=400, message="at most 16 stop strings, got 17", param="stop"))
+    assert_error(await client.post("/api/chat", json=CHAT), 400, "options.stop")
+    engine.refuse(ipc.Error(status=400, code="kv_memory_exceeded", param="max_tokens", message=(
+        "this request's KV cache would need ... (3 prompt + 5000 max_tokens, in steps of 256) ...; lower max_tokens, "
+        "shorten the prompt or raise KV_MEMORY_BYTES")))
+    message = assert_error(await client.post("/api/generate", json=GENERATE), 400, "5000 options.num_predict",
+                           "lower options.num_predict")
+    assert "max_tokens" not in message
+    engine.refuse(ipc.Error(status=400, code="context_length_exceeded", param="messages",
+                            message="the prompt has 9 tokens; shorten the prompt"))
+    # a prompt, rendered as a chat on the engine; its message says nothing of messages
+    assert_error(await client.post("/api/generate", json=GENERATE), 400, "shorten the prompt")
+    # the server's own refusals name Ollama's parameters already: left as they are
+    assert_error(await client.post("/api/chat", json={**CHAT, "options": {"num_predict": -5}}), 400,
+                 "'options.num_predict'")

@@ -375,7 +375,8 @@ async def test_prompt_tokens_from_the_prefix_cache_are_cached_tokens(engine, cli
 
 async def test_without_max_output_tokens_the_answer_may_run_to_the_servers_limit(engine, client):
     await client.post("/v1/responses", json=BODY)
-    assert engine.generates[0].params.max_tokens == 32768  # MAX_TOKENS_LIMIT, not MAX_TOKENS_DEFAULT
+    assert engine.generates[0].params.max_tokens == 32768  # MAX_TOKENS_LIMIT
+    assert engine.generates[0].params.max_tokens_default  # which the engine fits to the context and KV budget
 
 
 async def test_max_output_tokens_makes_an_incomplete_response(engine, client):
@@ -549,3 +550,15 @@ async def test_the_api_key_is_a_bearer_token(engine, make_client):
         assert_error(r, 401, code="invalid_api_key")
         r = await client.post("/v1/responses", json=BODY, headers={"authorization": "Bearer sekret"})
         assert r.status_code == 200
+
+
+async def test_an_engine_refusal_names_the_responses_parameters_not_chats(engine, client):
+    engine.refuse(ipc.Error(status=400, code="kv_memory_exceeded", param="max_tokens", message=(
+        "this request's KV cache would need ... (3 prompt + 5000 max_tokens, in steps of 256) ...; lower max_tokens, "
+        "shorten the prompt or raise KV_MEMORY_BYTES")))
+    r = await client.post("/v1/responses", json={**BODY, "max_output_tokens": 5000})
+    error = assert_error(r, 400, code="kv_memory_exceeded", param="max_output_tokens")
+    assert "5000 max_output_tokens" in error["message"] and "lower max_output_tokens" in error["message"]
+    engine.refuse(ipc.Error(status=400, param="response_format", message="cannot enforce response_format: ..."))
+    r = await client.post("/v1/responses", json=BODY)
+    assert assert_error(r, 400, param="text.format")["message"] == "cannot enforce text.format: ..."

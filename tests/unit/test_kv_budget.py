@@ -86,6 +86,17 @@ def test_a_request_that_can_never_fit_is_refused_with_the_numbers_and_the_fixes(
         assert fix in message
     assert "fewer choices (n)" in kv.refusal(500, 500, n=2)
     assert KVBudget(0, 1024).refusal(10**6, 10**6) is None  # no limit
+    # a limit the server chose is not the client's to lower
+    assert "lower max_tokens" not in kv.refusal(3000, 1, client_limit=False)
+
+
+def test_a_request_without_a_limit_may_generate_what_the_budget_leaves_after_its_prompt():
+    kv = KVBudget(1 << 20, 1024)  # 1024 tokens
+    assert kv.room(300) == 724 and kv.refusal(300, kv.room(300)) is None
+    assert kv.refusal(300, kv.room(300) + 1) is not None
+    assert kv.room(300, n=2) == 512 - 300  # each choice its share, in the cache's steps
+    assert kv.room(1100) < 1
+    assert KVBudget(0, 1024).room(300) is None  # no budget: only the context limits it
 
 
 # ---- the scheduler

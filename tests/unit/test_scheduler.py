@@ -14,6 +14,7 @@ from engine.lockstep.plan import Insert
 from engine.lockstep.results import StepResults
 from engine.rank0.errors import shutting_down
 from engine.rank0.piece import Piece
+from engine.rank0.prefix_index import PrefixIndex
 from engine.rank0.scheduler import Counters, Request, Scheduler
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
@@ -84,8 +85,14 @@ def plan(sched: Scheduler):
     return sched.next_plan(fingerprint=0, token_check=0, idle=not sched.has_work())
 
 
+def joined(msg: object) -> bool:
+    """The Delta a choice gets as it joins the batch: no token yet (and no text here, with no echo)."""
+    return isinstance(msg, Delta) and msg.completion_tokens == 0 and not msg.text
+
+
 def events(sched: Scheduler) -> list[tuple[object, object]]:
-    return sched.take_events()
+    """The scheduler's events, the join Deltas left out (test_a_choice_joining_the_batch_... covers them)."""
+    return [(box, msg) for box, msg in sched.take_events() if not joined(msg)]
 
 
 def messages(sched: Scheduler) -> list:
@@ -248,6 +255,30 @@ def test_a_failed_choice_ends_its_whole_group_with_one_error_and_others_go_on() 
     nxt = plan(sched)
     assert nxt.removes == ["g/1"]  # the failed choice is already gone from every rank's batch
     assert counters.active == 1
+
+
+def test_a_choice_joining_the_batch_is_told_at_once_how_much_of_its_prompt_the_prefix_cache_holds() -> None:
+    """A stream reports the cached share of the prompt at its start (Anthropic's message_start): each choice
+    gets a Delta when it joins, before its prefill, carrying the prompt tokens found in the prefix cache."""
+    sched = Scheduler(8, {EOS}, Counters(), extract, PrefixIndex(10**9))
+    prompt = list(range(100, 400))
+    for rid, answer in (("a", [50, EOS]), ("b", [60, EOS])):
+        outbox: list = []
+        assert sched.counters.admit(1, capacity=100)
+        sched.submit([Request(insert=Insert(rid=rid, tokens=prompt + [7], max_tokens=8), outbox=outbox,
+                              prompt_tokens=301, deadline=math.inf, detok=Detok(), splitter=TextSplitter(),
+                              group=rid)])
+        plan(sched)
+        (first,) = [msg for _, msg in sched.take_events()]
+        assert isinstance(first, Delta) and (first.text, first.completion_tokens) == ("", 0)
+        for token in answer:
+            sched.absorb(StepResults(tokens=[(rid, token, "stop" if token == EOS else None)]))
+        (finish,) = [msg for _, msg in sched.take_events() if isinstance(msg, Finish)]
+        assert first.cached_tokens == finish.cached_tokens
+        stored = plan(sched)
+        sched.prefix.applied({i: e.length for i, e in sched.prefix.entries.items()})
+        assert stored.stores or rid == "b"
+    assert first.cached_tokens == 300  # "b" reused "a"'s prompt but its last token
 
 
 def test_echo_sends_the_prompt_before_the_first_token() -> None:
