@@ -174,8 +174,8 @@ class Grammars:
         # an endless one (references that require themselves) fails there, so derive it here first.
         if not probe.consume_tokens(probe.compute_ff_tokens()) or probe.is_error():
             self._forget(grammar)
-            log.debug("grammar's forced start failed: %s", probe.get_error())
             error = probe.get_error()
+            log.debug("grammar's forced start failed: %s", error)
             raise GrammarError("no finite value can satisfy it" if "ff_tokens" in error else _limit_or(error))
 
     def processor(self, grammar: str) -> GrammarProcessor:
@@ -238,13 +238,13 @@ def _must_end(schema: Any, what: str, param: str | None = None) -> None:
                            "required, or allow an empty array)", param)
 
 
-def _limit_or(error: str, otherwise: str | None = None) -> str:
+def _limit_or(error: str) -> str:
     """llguidance's error, or the sentence a client can act on when the grammar exceeded LIMITS."""
     if any(mark in error for mark in _TOO_BIG):
         log.debug("grammar exceeds llguidance's limits: %s", error)
         return (f"it is too complex to enforce on every rank (more than {MAX_GRAMMAR_SYMBOLS:,} grammar symbols "
                 f"or {STEP_MAX_ITEMS:,} parser items a step); simplify the schema")
-    return error if otherwise is None else otherwise
+    return error
 
 
 def _reason(error: str) -> str:

@@ -30,7 +30,8 @@ def request(dialect: str, schema: dict) -> tuple[str, dict]:
             "format": {"type": "json_schema", "name": "x", "schema": schema}}}
     if dialect == "anthropic forced tool":
         return "/v1/messages", {"model": "default", "max_tokens": 16, "messages": MESSAGES,
-                                "tools": [{"name": "f", "input_schema": schema}], "tool_choice": {"type": "tool", "name": "f"}}
+                                "tools": [{"name": "f", "input_schema": schema}],
+                                "tool_choice": {"type": "tool", "name": "f"}}
     assert dialect == "ollama format"
     return "/api/chat", {"model": "default", "messages": MESSAGES, "format": schema, "options": {"num_predict": 16}}
 
