@@ -62,7 +62,41 @@ VALID_SCHEMAS = [
     {},
 ]
 BROKEN_SCHEMAS = [{"$ref": "#/$defs/missing"}, {"type": "nonsense"}, {"type": "object", "required": 5}]
-schemas = mostly(st.sampled_from(VALID_SCHEMAS),
+
+
+def _cycle(kind: str, needed: int, escape: bool, named: bool) -> dict[str, Any]:
+    """A schema that refers to itself: an object with a property "next" of itself (required when needed),
+    or an array of itself with minItems needed; escape adds a null way out. Some end, some never do."""
+    ref = "#/$defs/node" if named else "#"
+    if kind == "object":
+        node: dict[str, Any] = {"type": "object", "properties": {"value": {"type": "integer"}, "next": {"$ref": ref}},
+                                "required": ["next"] if needed else ["value"]}
+    else:
+        node = {"type": "array", "items": {"$ref": ref}, "minItems": needed}
+    if escape:
+        node = {"anyOf": [node, {"type": "null"}]}
+    return {"$defs": {"node": node}, "$ref": ref} if named else node
+
+
+cyclic_schemas = st.builds(_cycle, st.sampled_from(["object", "array"]), st.integers(0, 2), st.booleans(),
+                           st.booleans())
+
+
+def _held_to(schema: dict[str, Any], as_tool: bool, stream: bool, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": max_tokens, "stream": stream}
+    if as_tool:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+        body["tool_choice"] = {"type": "function", "function": {"name": "f"}}
+    else:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    return body
+
+
+# A plain chat whose output is held to a schema that refers to itself, as a response_format or a forced
+# tool: whether its recursion can end decides between an answer and a 400, never a 500.
+schema_bodies = st.builds(_held_to, cyclic_schemas, st.booleans(), st.booleans(), st.integers(1, 8))
+schemas = mostly(st.sampled_from(VALID_SCHEMAS) | cyclic_schemas,
                  st.sampled_from(BROKEN_SCHEMAS) | st.dictionaries(small_text, json_values, max_size=3), odds=4)
 
 names = mostly(st.sampled_from(["get_weather", "lookup", "f"]), st.sampled_from(["", "a" * 80]) | small_text)

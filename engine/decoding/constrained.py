@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine import mlx_compat
+from engine.decoding.finite import endless_ref
 from engine.lockstep.plan import GRAMMAR_CACHE_SIZE
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,20 @@ TOOL_OPTIONS: dict[str, Any] = {**JSON_OPTIONS, "lenient": True}
 # A function declared without parameters takes none, as OpenAI reads it: its arguments are {}.
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 # Compiling a grammar happens on every rank inside the step (a follower learns it from the plan), so
-# it holds up the whole batch: rank 0 refuses a grammar that takes longer than this to compile.
-COMPILE_LIMIT_SECONDS = 2.0
+# it holds up the whole batch: rank 0 refuses a grammar of more symbols than this (a 3,900-property
+# object has 31,000 and compiles in about a second here). A count, not a clock, so that whether a
+# schema is refused does not depend on how busy the machine is.
+MAX_GRAMMAR_SYMBOLS = 30_000
+# llguidance bounds the Earley items of a mask step by step_max_items (50,000), but a row a token
+# commits by max_items_in_row (2,000 by default): a row the mask computed could then be refused when
+# its token was consumed (any object of 500 optional properties did so at its first key). One bound
+# for both makes the matcher accept every token its mask allows.
+STEP_MAX_ITEMS = 50_000
+LIMITS = llguidance.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SYMBOLS, step_max_items=STEP_MAX_ITEMS,
+                                   max_items_in_row=STEP_MAX_ITEMS)
+# llguidance's errors when a grammar exceeds one of its limits (llguidance/parser/src/api.rs and earley).
+_TOO_BIG = ("grammar size (number of symbols) too big", "initial lexer configuration (grammar) too big",
+            "schema too large", "Too many items", "Current row has")
 
 
 class GrammarError(ValueError):
@@ -86,6 +99,7 @@ class Grammars:
 
     def json_grammar(self, schema: dict[str, Any]) -> str:
         """Grammar text for one JSON value matching schema, checked; raises GrammarError."""
+        _must_end(schema, "invalid JSON schema")
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
             self.check(grammar)
@@ -112,6 +126,7 @@ class Grammars:
             'calls: call ("\\n" call)*' if parallel and named is None else "calls: call",
         ]
         if json_schema is not None and choice == "auto":
+            _must_end(json_schema, "response_format is not a JSON schema that can be enforced", "response_format")
             answer = {**json_schema, "x-guidance": JSON_OPTIONS}
             lines[0] = f"start: calls | %json {json.dumps(answer)}"
             schemas.append(("response_format", "response_format", answer))
@@ -140,23 +155,28 @@ class Grammars:
         return json.dumps(marker)
 
     def check(self, grammar: str) -> None:
-        """Raise GrammarError unless grammar compiles in time and admits some text: rank 0 checks before
-        any rank builds a matcher (a schema whose references only loop compiles, then allows no token)."""
+        """Raise GrammarError unless grammar compiles within LIMITS and admits some text: rank 0 checks
+        before any rank builds a matcher."""
         t0 = time.monotonic()
         compiled = self._compile(grammar)
         took = time.monotonic() - t0
         if compiled.is_error():
-            raise GrammarError(compiled.get_error())
-        if took > COMPILE_LIMIT_SECONDS:
-            self._forget(grammar)
-            raise GrammarError(f"it is too complex to enforce: compiling it took {took:.1f} s, more than the "
-                               f"{COMPILE_LIMIT_SECONDS:g} s every rank may spend on one; simplify the schema")
+            raise GrammarError(_limit_or(compiled.get_error()))
+        if took > 1.0:
+            log.info("a grammar of %d characters took %.1f s to compile", len(grammar), took)
         probe = compiled.deep_copy()
         probe.compute_bitmask()
-        if probe.is_error():
+        if probe.is_error():  # a schema whose references only loop compiles, then allows no token
             self._forget(grammar)
             log.debug("grammar allows no first token: %s", probe.get_error())
             raise GrammarError("no value can satisfy it")
+        # The text every value starts with is what the first consumed token makes the matcher derive:
+        # an endless one (references that require themselves) fails there, so derive it here first.
+        if not probe.consume_tokens(probe.compute_ff_tokens()) or probe.is_error():
+            self._forget(grammar)
+            error = probe.get_error()
+            log.debug("grammar's forced start failed: %s", error)
+            raise GrammarError("no finite value can satisfy it" if "ff_tokens" in error else _limit_or(error))
 
     def processor(self, grammar: str) -> GrammarProcessor:
         """The logits processor that enforces grammar for one request (a copy of the compiled grammar)."""
@@ -169,7 +189,7 @@ class Grammars:
                 self._compiled.move_to_end(grammar)
                 return compiled
         # Outside the lock: a long compile on rank 0's admission thread must not stall the step thread.
-        compiled = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
+        compiled = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0, limits=LIMITS)
         if not compiled.is_error():
             with self._lock:
                 self._compiled[grammar] = compiled
@@ -200,11 +220,31 @@ def _tool_bodies(tools: list[dict[str, Any]], named: str | None) -> tuple[list[s
             params = {"type": "object"}
         # The arguments are a %json of their own rather than a property of one wrapper schema, so
         # the tool's schema stays a root and its "#/$defs/..." references resolve in it.
+        _must_end(params, f"{param} (function {name!r}) is not a JSON schema that can be enforced", param)
         params = {**params, "x-guidance": TOOL_OPTIONS}
         head = json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
         bodies.append(f'{json.dumps(head)} %json {json.dumps(params)} "}}"')
         schemas.append((f"{param} (function {name!r})", param, params))
     return bodies, schemas
+
+
+def _must_end(schema: Any, what: str, param: str | None = None) -> None:
+    """Raise GrammarError when schema has no finite value (the grammar would run on without end)."""
+    ref = endless_ref(schema)
+    if ref is not None:
+        where = "the schema" if ref == "#" else f"{ref!r}"
+        raise GrammarError(f"{what}: no finite value can satisfy it: every value of {where} must contain "
+                           "another one, without end; make the recursive property optional (leave it out of "
+                           "required, or allow an empty array)", param)
+
+
+def _limit_or(error: str) -> str:
+    """llguidance's error, or the sentence a client can act on when the grammar exceeded LIMITS."""
+    if any(mark in error for mark in _TOO_BIG):
+        log.debug("grammar exceeds llguidance's limits: %s", error)
+        return (f"it is too complex to enforce on every rank (more than {MAX_GRAMMAR_SYMBOLS:,} grammar symbols "
+                f"or {STEP_MAX_ITEMS:,} parser items a step); simplify the schema")
+    return error
 
 
 def _reason(error: str) -> str:
@@ -217,7 +257,8 @@ def _reason(error: str) -> str:
 
 
 class GrammarFailed(RuntimeError):
-    """The matcher refused a token its own mask allowed: the output can no longer match the grammar."""
+    """The matcher failed mid-output (a limit of LIMITS reached, or a token its mask allowed refused):
+    the output can no longer be kept to the grammar. Understood, so logged without a traceback."""
 
 
 class GrammarProcessor:
@@ -242,15 +283,25 @@ class GrammarProcessor:
                 if self.matcher.is_stopped():
                     break
                 self.matcher.consume_token(token)
-        if self.matcher.is_error():
-            # The error quotes the grammar (the client's schema) and the text so far: DEBUG only. The
-            # request ends with an error rather than with output that breaks its schema.
-            log.debug("grammar matcher error: %s", self.matcher.get_error())
-            raise GrammarFailed("the output could not be kept to the requested format (the grammar "
-                                "refused a token its own mask allowed)")
+        self._fail_on_error()
+        mask = self.matcher.compute_bitmask()
+        self._fail_on_error()  # a mask past a limit allows nothing: no token is sampled from it
         width = logits.shape[-1]
         allowed = np.zeros(width, dtype=bool)
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
         n = min(width, bits.size)
         allowed[:n] = bits[:n].astype(bool)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    def _fail_on_error(self) -> None:
+        if not self.matcher.is_error():
+            return
+        # The error quotes the grammar (the client's schema) and the text so far: DEBUG only. The
+        # request ends with an error rather than with output that breaks its schema.
+        error = self.matcher.get_error()
+        log.debug("grammar matcher error: %s", error)
+        if any(mark in error for mark in _TOO_BIG):
+            raise GrammarFailed("the requested format proved too complex to enforce at this point of the output "
+                                f"(more than {STEP_MAX_ITEMS:,} parser items a step); simplify the schema")
+        raise GrammarFailed("the output could not be kept to the requested format (the grammar refused a token "
+                            "its own mask allowed)")

@@ -8,7 +8,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from engine import mlx_compat
-from engine.decoding.constrained import Grammars
+from engine.decoding.constrained import GrammarFailed, Grammars
 from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
 from engine.lockstep.plan import Plan, fingerprint, token_checksum
 from engine.lockstep.prefix import PrefixEntries
@@ -35,7 +35,10 @@ class _Guard:
             return self.fn(*args)
         except Exception as exc:
             if self.rid not in self.failures:
-                log.exception("request %s: its sampling raised; ending it", self.rid)
+                if isinstance(exc, GrammarFailed):  # the client's grammar, not the engine, gave out
+                    log.warning("request %s: %s; ending it", self.rid, exc)
+                else:
+                    log.exception("request %s: its sampling raised; ending it", self.rid)
                 self.failures[self.rid] = _reason(exc)
             return self.fallback(*args)
 

@@ -232,11 +232,19 @@ def wide_schema(properties: int) -> dict:
 
 
 def test_a_schema_too_costly_to_compile_on_every_rank_is_refused_and_the_engine_serves_on(stack):
-    body = {"model": "default", "messages": CHAT, "max_tokens": 2,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": wide_schema(5000)}}}
-    r = post(stack, body)
+    def held_to(schema: dict) -> dict:
+        return {"model": "default", "messages": CHAT, "max_tokens": 2,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+    # Refused by its size in grammar symbols, not by how long this machine took to compile it.
+    r = post(stack, held_to(wide_schema(5000)))
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
-    assert "too complex" in r.json()["error"]["message"]
+    assert "too complex" in r.json()["error"]["message"] and "simplify" in r.json()["error"]["message"]
+    served_normally(stack.socket)
+    # Under that size a wide schema is served, its first key included (a key llguidance's mask allowed
+    # and its parser then refused, when a committed row had a smaller bound than a mask step).
+    r = post(stack, held_to(wide_schema(3000)))
+    assert r.status_code == 200, r.text
     served_normally(stack.socket)
 
 

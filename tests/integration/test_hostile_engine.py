@@ -96,6 +96,21 @@ def test_any_chat_body_runs_or_gets_a_4xx_and_the_engine_serves_on(small_stack, 
 
 
 @hostile_settings
+@given(body=hostile.schema_bodies)
+def test_any_schema_with_reference_cycles_runs_or_gets_a_400_naming_it(small_stack, body):
+    with httpx.Client(timeout=60) as http, http.stream(
+            "POST", small_stack.base_url + "/v1/chat/completions", json=body) as r:
+        r.read()
+        event(f"{r.status_code}")
+        if r.status_code == 200:
+            assert '"error"' not in r.text, r.text  # a stream ends in data: {"error": ...} when it fails
+        else:
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] in ("response_format", "tools[0].function.parameters"), r.text
+    still_serving(small_stack)
+
+
+@hostile_settings
 @given(msg=hostile.tokenizes | hostile.detokenizes)
 def test_any_socket_tokenize_or_detokenize_answers_or_gets_a_4xx_and_the_engine_serves_on(small_stack, msg):
     frames = wire.run(small_stack.socket, msg, max_frames=1, timeout=60)
