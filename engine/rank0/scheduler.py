@@ -26,6 +26,9 @@ from ipc.messages import TokenLogprob
 
 log = logging.getLogger(__name__)
 
+# the reason a step gives for a choice whose grammar failed mid-output (engine/decoding/constrained.py)
+GRAMMAR_FAILED = "GrammarFailed"
+
 # (sampled token, its logprob row, how many alternatives) per asking choice -> one TokenLogprob each;
 # the first argument is the choices' token texts (engine/rank0/logprobs.py: extract).
 ExtractLogprobs = Callable[[Any, list[tuple[int, Any, int]]], list[TokenLogprob]]
@@ -321,9 +324,14 @@ class Scheduler:
         if req is None or req.done:
             return
         self.running.pop(req.rid, None)
-        error = errors.generation_failed(
-            req.group or req.rid, f"generation failed on the engine ({reason}); the request was ended and the "
-                                  "engine keeps serving; retry, and report it if it happens again")
+        rid = req.group or req.rid
+        if reason.startswith(GRAMMAR_FAILED):  # the client's schema gave out, not the engine: a 400
+            error = errors.invalid_request(reason.removeprefix(GRAMMAR_FAILED).lstrip(": "), None,
+                                           "schema_too_complex", rid)
+        else:
+            error = errors.generation_failed(
+                rid, f"generation failed on the engine ({reason}); the request was ended and the "
+                     "engine keeps serving; retry, and report it if it happens again")
         self._close(req, error)
         if req.group:
             self.cancel(req.group, error)  # its other choices stop too: nobody reads them any more

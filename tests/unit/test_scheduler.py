@@ -257,6 +257,18 @@ def test_a_failed_choice_ends_its_whole_group_with_one_error_and_others_go_on() 
     assert counters.active == 1
 
 
+def test_a_grammar_that_gives_out_mid_output_ends_its_request_with_a_400_not_a_500() -> None:
+    sched, _ = make()
+    out: list = []
+    admit(sched, request("g", outbox=out))
+    plan(sched)
+    reason = "GrammarFailed: the requested format proved too complex to enforce at this point; simplify the schema"
+    sched.absorb(StepResults(tokens=[], failed={"g": reason}))
+    (error,) = [m for _, m in events(sched)]
+    assert isinstance(error, Error) and (error.status, error.code) == (400, "schema_too_complex")
+    assert error.message.startswith("the requested format proved too complex")
+
+
 def test_a_choice_joining_the_batch_is_told_at_once_how_much_of_its_prompt_the_prefix_cache_holds() -> None:
     """A stream reports the cached share of the prompt at its start (Anthropic's message_start): each choice
     gets a Delta when it joins, before its prefill, carrying the prompt tokens found in the prefix cache."""
