@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class Msg(
