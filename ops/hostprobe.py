@@ -60,8 +60,9 @@ def model_facts(model: str, root: Path) -> dict:
     if model.startswith(DEMO_PREFIX):
         # generated on each host, deterministically: the same generator version makes the same model
         gen = root / "engine" / "demo"
-        files = sorted(f for f in gen.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
-        if not files:
+        files = sorted(f for d in (gen, root / "engine" / "modelgen") for f in d.rglob("*")
+                       if f.is_file() and "__pycache__" not in f.parts)
+        if not gen.is_dir():
             return {"ok": False, "problem": f"the demo model generator {gen} is missing"}
         names = demo_models(root)
         if model[len(DEMO_PREFIX):] not in names:
