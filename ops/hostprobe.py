@@ -88,7 +88,8 @@ def model_facts(model: str, root: Path) -> dict:
     return {"ok": False, "problem": f"MODEL {model} is not in the Hugging Face cache ({repo}): download it on this host"}
 
 
-def _generated_facts(model: str, root: Path, prefix: str, kind: str, names_file: str, listed: str) -> dict:
+def _generated_facts(model: str, root: Path, prefix: str, kind: str, names_file: str,
+                     listed: str) -> dict:
     gen = root / Path(names_file).parent
     if not gen.is_dir():
         return {"ok": False, "problem": f"the {kind} model generator {gen} is missing"}

@@ -59,7 +59,8 @@ def build(config: dict, hidden: int, quiet_ids: list[int], quantized: bool):
     model = arch.Model(arch.ModelArgs.from_dict(config))
     family = config["model_type"]
     params = sorted(tree_flatten(model.parameters()))
-    model.update(tree_unflatten([(n, mx.array(_value(family, n, tuple(p.shape), hidden, quiet_ids))) for n, p in params]))
+    values = [(n, mx.array(_value(family, n, tuple(p.shape), hidden, quiet_ids))) for n, p in params]
+    model.update(tree_unflatten(values))
     if not quantized:
         return model, config
     # On the CPU: the quantized bytes are then one function of the float weights on every host.
