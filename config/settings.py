@@ -251,7 +251,8 @@ def _explain(exc: msgspec.ValidationError, raw: Mapping[str, str]) -> str:
 
 def _check(s: Settings) -> None:
     if not s.MODEL:
-        raise ConfigError("MODEL is empty: set it to demo-tiny, demo-small, a local model folder or a Hugging Face repo id")
+        raise ConfigError("MODEL is empty: set it to demo-tiny, demo-small, a zoo model (python -m engine.zoo --list), "
+                          "a local model folder or a Hugging Face repo id")
     if not s.hosts and not s.HOSTFILE:
         raise ConfigError(f"HOSTS={s.HOSTS!r} names no host: give comma-separated hosts, e.g. 127.0.0.1 or 10.0.0.1,10.0.0.2")
     for host in s.hosts:

@@ -17,6 +17,7 @@ from ipc.messages import ModelFacts
 log = logging.getLogger(__name__)
 
 DEMO_PREFIX = "demo-"
+ZOO_PREFIX = "zoo-"
 NO_TOKENIZER_LIMIT = int(1e30)  # what Hugging Face tokenizers use for "no maximum length"
 
 
@@ -36,8 +37,16 @@ class LoadedModel:
 
 
 def resolve(settings: Settings) -> str | Path:
-    """A demo name becomes its generated folder; a local path must exist; anything else is a repo id."""
+    """A demo or zoo name becomes its generated folder; a local path must exist; anything else is a repo id."""
     name = settings.MODEL
+    if name.startswith(ZOO_PREFIX):
+        from engine.zoo import ZOO_MODELS, ensure_zoo_model
+
+        zoo = name[len(ZOO_PREFIX):]
+        if zoo not in ZOO_MODELS:
+            raise ModelError(f"MODEL={name!r} is not a zoo model: use one of "
+                             + ", ".join(ZOO_PREFIX + n for n in ZOO_MODELS))
+        return ensure_zoo_model(zoo, settings.model_cache_dir)
     if name.startswith(DEMO_PREFIX):
         from engine.demo import DEMO_MODELS, ensure_demo_model
 

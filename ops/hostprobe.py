@@ -25,6 +25,12 @@ from pathlib import Path
 CODE_DIRS = ("api", "engine", "ipc", "config", "ops")
 CODE_FILES = ("pyproject.toml", "launch.sh")
 DEMO_PREFIX = "demo-"
+# Models each host generates itself, deterministically: (prefix, generator package under engine/,
+# the plain-data module naming its models, the tuple there). The same generator makes the same model.
+GENERATED = (
+    (DEMO_PREFIX, "demo", "engine/demo/specs.py", "DEMO_MODELS"),
+    ("zoo-", "zoo", "engine/zoo/names.py", "ZOO_MODELS"),
+)
 
 
 def file_hash(path: Path) -> str:
@@ -57,18 +63,9 @@ def hf_cache() -> Path:
 
 def model_facts(model: str, root: Path) -> dict:
     """{"ok": bool, "identity": what must match across hosts, "problem": why not ok}."""
-    if model.startswith(DEMO_PREFIX):
-        # generated on each host, deterministically: the same generator version makes the same model
-        gen = root / "engine" / "demo"
-        files = sorted(f for f in gen.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
-        if not files:
-            return {"ok": False, "problem": f"the demo model generator {gen} is missing"}
-        names = demo_models(root)
-        if model[len(DEMO_PREFIX):] not in names:
-            return {"ok": False, "problem": f"MODEL={model!r} is not a demo model: use one of "
-                                            f"{', '.join(DEMO_PREFIX + n for n in names)}"}
-        digest = hashlib.sha256("".join(file_hash(f) for f in files).encode()).hexdigest()
-        return {"ok": True, "identity": f"{model} generator v{generator_version(root)} {digest[:8]}"}
+    for prefix, kind, names_file, listed in GENERATED:
+        if model.startswith(prefix):
+            return _generated_facts(model, root, prefix, kind, names_file, listed)
     if model.startswith(("/", ".", "~")):
         path = Path(model).expanduser()
         path = path if path.is_absolute() else root / path
@@ -91,19 +88,35 @@ def model_facts(model: str, root: Path) -> dict:
     return {"ok": False, "problem": f"MODEL {model} is not in the Hugging Face cache ({repo}): download it on this host"}
 
 
-def demo_models(root: Path) -> tuple[str, ...]:
-    """The demo model names (without "demo-") the host's generator makes; its specs module is plain data."""
+def _generated_facts(model: str, root: Path, prefix: str, kind: str, names_file: str,
+                     listed: str) -> dict:
+    gen = root / Path(names_file).parent
+    if not gen.is_dir():
+        return {"ok": False, "problem": f"the {kind} model generator {gen} is missing"}
+    names = generated_models(root, names_file, listed)
+    if model[len(prefix):] not in names:
+        return {"ok": False, "problem": f"MODEL={model!r} is not a {kind} model: use one of "
+                                        f"{', '.join(prefix + n for n in names)}"}
+    # the generator and the floor it builds on (engine/modelgen: the tokenizer, the draws)
+    files = sorted(f for d in (gen, root / "engine" / "modelgen") for f in d.rglob("*")
+                   if f.is_file() and "__pycache__" not in f.parts)
+    digest = hashlib.sha256("".join(file_hash(f) for f in files).encode()).hexdigest()
+    return {"ok": True, "identity": f"{model} generator v{generator_version(root, kind)} {digest[:8]}"}
+
+
+def generated_models(root: Path, names_file: str, listed: str) -> tuple[str, ...]:
+    """The model names (without their prefix) the host's generator makes; that module is plain data."""
     try:
-        return tuple(runpy.run_path(str(root / "engine" / "demo" / "specs.py"))["DEMO_MODELS"])
+        return tuple(runpy.run_path(str(root / names_file))[listed])
     except (OSError, KeyError, SyntaxError):
         return ()
 
 
-def generator_version(root: Path) -> str:
-    """The demo model generator's VERSION, as the generator itself states it (in this host's project)."""
+def generator_version(root: Path, kind: str) -> str:
+    """A model generator's VERSION (engine.demo or engine.zoo), as it states it (in this host's project)."""
     python = root / ".venv" / "bin" / "python"
     cmd = [str(python) if python.exists() else sys.executable, "-c",
-           "from engine.demo import VERSION; print(VERSION)"]
+           f"from engine.{kind} import VERSION; print(VERSION)"]
     try:
         r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):

@@ -1,12 +1,10 @@
-"""The demo models' sizes, and the seed every random draw of the generator derives from."""
+"""The demo models' sizes (plain data: `launch.sh check` reads DEMO_MODELS without importing the project)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 DEMO_MODELS = ("tiny", "small")
-
-SEED = 0x6D6C78  # "mlx"
 
 
 @dataclass(frozen=True)
@@ -18,7 +16,7 @@ class Spec:
     head_dim: int
     intermediate: int
     vocab: int
-    filler_words: int  # pseudo-words added to the tokenizer corpus (engine/demo/tokenizer.py)
+    filler_words: int  # pseudo-words added to the tokenizer corpus (engine/modelgen/tokenizer.py)
 
 
 SPECS = {

@@ -1,22 +1,11 @@
-"""The demo model's random weights: uniform draws keyed by tensor name, identical on every platform."""
+"""The demo model's random weights: uniform draws keyed by tensor name (engine.modelgen.draws)."""
 
 from __future__ import annotations
 
 import math
-import zlib
 
-from engine.demo.specs import SEED, Spec
-
-
-def _uniform(name: str, shape: tuple[int, ...], std: float):
-    import numpy as np
-
-    # One stream per tensor, keyed by its name: a tensor's values do not depend on which other
-    # tensors exist. Uniform rather than normal: numpy's normal sampler calls exp() and log(), and
-    # libm may differ by an ulp between macOS and Linux; this is integer bits and IEEE arithmetic
-    # (math.sqrt is correctly rounded everywhere, pow is not).
-    rng = np.random.default_rng([SEED, zlib.crc32(name.encode())])
-    return ((rng.random(shape, dtype=np.float64) * 2.0 - 1.0) * (std * math.sqrt(3.0))).astype(np.float32)
+from engine.demo.specs import Spec
+from engine.modelgen.draws import uniform as _uniform
 
 
 def weights(spec: Spec, config: dict, quiet_ids: list[int]) -> dict:

@@ -63,15 +63,15 @@ def test_concurrent_generation_through_the_cli(tmp_path: Path) -> None:
 def test_loser_of_the_rename_race_discards_its_copy(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Deterministic version of the race: this caller sees no model, generates one, and finds
     # the target already in place when it renames.
-    from engine.demo import store as demo_model
+    from engine.modelgen import store
 
-    real, calls = demo_model._is_complete, []
+    real, calls = store._is_complete, []
 
-    def blind_first_time(path: Path) -> bool:
+    def blind_first_time(path: Path, *args) -> bool:
         calls.append(path)
-        return len(calls) > 1 and real(path)
+        return len(calls) > 1 and real(path, *args)
 
-    monkeypatch.setattr(demo_model, "_is_complete", blind_first_time)
+    monkeypatch.setattr(store, "_is_complete", blind_first_time)
     before = _digests(tiny)
     assert ensure_demo_model("tiny", tiny.parent) == tiny
     assert len(calls) > 1 and _digests(tiny) == before

@@ -26,6 +26,15 @@ def test_check_refuses_a_demo_model_the_generator_does_not_make() -> None:
     assert model_facts("demo-tiny", REPO_ROOT)["ok"]
 
 
+def test_check_knows_the_zoo_and_refuses_a_name_it_does_not_make() -> None:
+    facts = model_facts("zoo-qwen3_5", REPO_ROOT)
+    assert not facts["ok"] and "is not a zoo model" in facts["problem"], facts
+    assert "zoo-qwen3.5" in facts["problem"] and "zoo-gpt-oss-4bit" in facts["problem"], facts
+    hybrid, sliding = model_facts("zoo-qwen3.5", REPO_ROOT), model_facts("zoo-gpt-oss-4bit", REPO_ROOT)
+    assert hybrid["ok"] and sliding["ok"] and hybrid["identity"].startswith("zoo-qwen3.5 generator v1 ")
+    assert hybrid["identity"] != sliding["identity"]
+
+
 def test_a_regular_file_at_the_socket_path_is_never_removed(socket_path: str) -> None:
     path = Path(socket_path)
     path.write_text("precious")

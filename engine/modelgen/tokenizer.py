@@ -1,10 +1,10 @@
-"""The demo tokenizer: byte-level BPE trained on corpus.txt, with Qwen's special and added tokens."""
+"""The generated models' tokenizer: byte-level BPE trained on corpus.txt, with Qwen's special and added tokens."""
 
 from __future__ import annotations
 
 from importlib import resources
 
-from engine.demo.specs import SEED
+from engine.modelgen.draws import SEED
 
 # Qwen's layout: the ChatML tokens are special (dropped by decode(skip_special_tokens=True)); the
 # think and tool tokens are plain added tokens, so they survive decoding and the server's parsers see
@@ -100,3 +100,36 @@ def quiet_ids(vocab: dict[str, int]) -> list[int]:
         if any(not ch.isprintable() and ch not in "\n\t" for ch in text):
             quiet.add(idx)
     return sorted(quiet)
+
+
+def tokenizer_config(context_length: int) -> dict:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": context_length,
+        "bos_token": None,
+        "eos_token": IM_END,
+        "pad_token": ENDOFTEXT,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "tool_parser_type": "json_tools",
+        "chat_template": chat_template(),
+    }
+
+
+def write_tokenizer(out, vocab_size: int, filler_words: int, context_length: int) -> dict[str, int]:
+    """Train the tokenizer and write its files (tokenizer.json, its config, the special tokens and the
+    generation config) into `out`; return its vocabulary."""
+    from engine.modelgen.store import write_json
+
+    tok = train_tokenizer(vocab_size, filler_words)
+    tok.save(str(out / "tokenizer.json"), pretty=False)
+    vocab = tok.get_vocab()
+    eos_id, pad_id = vocab[IM_END], vocab[ENDOFTEXT]
+    write_json(out / "generation_config.json", {"bos_token_id": None, "eos_token_id": [eos_id, pad_id],
+                                                "pad_token_id": pad_id})
+    write_json(out / "tokenizer_config.json", tokenizer_config(context_length))
+    write_json(out / "special_tokens_map.json", {"eos_token": IM_END, "pad_token": ENDOFTEXT})
+    return vocab

@@ -1,0 +1,65 @@
+"""Zoo models on disk: generated into the demo models' cache folder once, found there afterwards."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from engine.modelgen.store import ensure, write_json
+from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
+from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, config
+from engine.zoo.names import QUANTIZED_SUFFIX, ZOO_MODELS
+
+# Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
+# the generated files, so an old cached copy is never mistaken for the current one.
+VERSION = 1
+MARKER_FILE = "zoo-model.json"
+PREFIX = "zoo-"
+# demo-tiny's tokenizer exactly, so token ids compare between the demo model and every zoo model.
+VOCAB, FILLER_WORDS = 1024, 0
+
+
+def _generate(name: str, out: Path) -> dict:
+    """Write every file of zoo model `name` into the existing directory `out`; return the marker."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import get_total_parameters, save_config
+
+    from engine.zoo.weights import build
+
+    started = time.perf_counter()
+    family = name.removesuffix(QUANTIZED_SUFFIX)
+    vocab = write_tokenizer(out, VOCAB, FILLER_WORDS, CONTEXT_LENGTH)
+    eos_id = vocab[IM_END]
+    model, cfg = build(config(family, VOCAB, eos_id, vocab[ENDOFTEXT]), HIDDEN, quiet_ids(vocab),
+                       quantized=name != family)
+    tensors = dict(sorted(tree_flatten(model.parameters())))
+    mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
+    save_config(cfg, out / "config.json")  # mlx-lm's own writer: sorted keys, its quantization entries
+    marker = {
+        "name": name,
+        "version": VERSION,
+        "model_type": cfg["model_type"],
+        "parameters": get_total_parameters(model),
+        "vocab_size": VOCAB,
+        "eos_token_id": eos_id,
+        "dtype": "float32",
+        "quantization": cfg.get("quantization"),
+    }
+    # Written last: a directory without it is unfinished and never used.
+    write_json(out / MARKER_FILE, marker)
+    marker["seconds"] = time.perf_counter() - started  # returned, not written: files stay reproducible
+    return marker
+
+
+def zoo_model_path(name: str, cache_dir: Path) -> Path:
+    """Where zoo model `name` (without "zoo-") lives, or will live, under `cache_dir`."""
+    if name not in ZOO_MODELS:
+        raise ValueError(f"unknown zoo model {name!r}; accepted: {', '.join(ZOO_MODELS)}")
+    return Path(cache_dir) / f"{PREFIX}{name}-v{VERSION}"
+
+
+def ensure_zoo_model(name: str, cache_dir: Path) -> Path:
+    """Return the path of zoo model `name`, generating it first if `cache_dir` lacks it (safe when
+    several local ranks call it at once: see engine.modelgen.store.ensure)."""
+    return ensure(zoo_model_path(name, cache_dir), lambda out: _generate(name, out), MARKER_FILE, VERSION)

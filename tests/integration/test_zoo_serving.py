@@ -1,0 +1,35 @@
+"""Each zoo model served by the real engine on one rank answers a chat request, prefix cache off.
+
+SERVED lists the zoo models this holds for; add a model (or a setting: the prefix cache on, two
+ranks) to the lists as the engine learns to serve it."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.zoo import ZOO_MODELS
+from tests.harness import Stack
+
+SERVED = ZOO_MODELS
+CACHE_OFF = {"PROMPT_CACHE_BYTES": "0"}
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_serves_one_chat_request_with_the_prefix_cache_off(name: str) -> None:
+    openai = pytest.importorskip("openai")
+    stack = Stack(extra={"MODEL": "zoo-" + name, **CACHE_OFF})
+    engine = stack.start_engine()
+    try:
+        api = stack.start_api()
+        try:
+            with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+                reply = client.chat.completions.create(
+                    model="zoo-" + name, max_tokens=12, temperature=0,
+                    messages=[{"role": "user", "content": "Tell me a story about a cluster of Macs. " * 2}])
+        finally:
+            api.stop()
+    finally:
+        engine.stop()
+    assert reply.choices[0].message.content and reply.usage.completion_tokens == 12
+    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
+    assert "ERROR" not in log and "Traceback" not in log, log[-2000:]
