@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import REPO
+from tests.harness import REPO, Stack
 
 AGENTS = REPO / "tests" / "agents"
 BIN = AGENTS / "node_modules" / ".bin"
@@ -39,6 +39,17 @@ def clis() -> Path:
                            timeout=600, stdin=subprocess.DEVNULL)
         assert r.returncode == 0, f"npm ci in {AGENTS} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     return BIN
+
+
+@pytest.fixture(scope="module")
+def stack():
+    # No server-chosen output cap (the product's default): Codex sends no max_output_tokens and fails on a
+    # response the server cut short, so its turn must run to the model's own end, as against OpenAI.
+    s = Stack(extra={"MAX_TOKENS_DEFAULT": "0"})
+    engine, api = s.start_engine(), s.start_api()
+    yield s
+    api.stop()
+    engine.stop()
 
 
 @pytest.fixture(scope="module")
