@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from engine.demo.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
+from engine.modelgen.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
 from ipc import Detokenize, Generate, SamplingParams, Tokenize
 
 VOCAB = 1024  # the demo model's vocabulary: top_k and token ids around it are the interesting ones

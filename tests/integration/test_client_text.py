@@ -11,7 +11,7 @@ import httpx
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine.demo.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
+from engine.modelgen.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
 from engine.rank0 import validate
 from engine.rank0.admission import Prompter
 from engine.rank0.text_only import MARK
