@@ -56,7 +56,8 @@ def read_json(path: Path) -> tuple[object, str | None]:
 def config_problem(folder: Path, config: object) -> str | None:
     path = folder / CONFIG
     if not isinstance(config, dict):
-        return f"{path} holds a JSON {type(config).__name__}, not an object: restore the {CONFIG} that came with the model"
+        return (f"{path} holds a JSON {type(config).__name__}, not an object: restore the {CONFIG} that came with "
+                "the model")
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         return (f"{path} has no model_type, so mlx-lm cannot tell which architecture to build: restore the "

@@ -43,7 +43,7 @@ def explain(folder: Path, exc: BaseException) -> str:
     if m := _UNSUPPORTED.search(text):
         return (f"{config} names model_type {model_type!r}, which this mlx-lm cannot build ({m.group(1)} is not in "
                 "mlx_lm.models): serve a model of an architecture mlx-lm supports")
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    first = text.strip().splitlines()[0].rstrip(" :") if text.strip() else type(exc).__name__
     if isinstance(exc, json.JSONDecodeError) or "tokenizer" in text.lower():
         return (f"the tokenizer in {folder} does not load ({first}): copy tokenizer.json and tokenizer_config.json "
                 "again from the original model")
