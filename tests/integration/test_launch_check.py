@@ -185,12 +185,11 @@ def test_start_status_logs_and_stop(env):
     assert launch(env, "status").returncode == 3
 
 
-
 # -- a broken model folder: one sentence naming the file, at check, at start and in every rank's log ----------
 
 
 def broken_copy(demo_tiny: Path, root: str, breakage: str) -> Path:
-    """The demo model with one thing broken."""
+    """The demo model with one thing broken (or none: "sound")."""
     folder = Path(root) / breakage
     shutil.copytree(demo_tiny, folder)
     config = json.loads((folder / "config.json").read_text())
@@ -243,3 +242,19 @@ def test_weights_that_do_not_fit_config_end_every_rank_with_the_sentence_start_p
     ranks = hosts.count(",") + 1
     assert len(errors) == ranks and all(f"rank{i} ERROR engine: {sentence}" in log for i in range(ranks)), log
     assert "Traceback" not in log
+
+
+def test_restarts_refuse_a_model_folder_broken_meanwhile_and_the_engine_serves_on(env, demo_tiny):
+    folder = broken_copy(demo_tiny, env["_root"], "sound")
+    run = {"HOSTS": "127.0.0.1", "MODEL": str(folder)}
+    try:
+        r = launch(env, "start", timeout=240, **run)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (folder / "tokenizer.json").write_text("{")
+        for verb in ("restart-engine", "restart"):
+            r = launch(env, verb, **run)
+            assert r.returncode == 1
+            assert r.stderr.startswith(f"launch.sh: {folder}/tokenizer.json is not valid JSON"), r.stderr
+            assert launch(env, "status", **run).returncode == 0  # the running engine was not stopped
+    finally:
+        launch(env, "stop", **run)
