@@ -43,11 +43,24 @@ def explain(folder: Path, exc: BaseException) -> str:
     if m := _UNSUPPORTED.search(text):
         return (f"{config} names model_type {model_type!r}, which this mlx-lm cannot build ({m.group(1)} is not in "
                 "mlx_lm.models): serve a model of an architecture mlx-lm supports")
-    first = text.strip().splitlines()[0].rstrip(" :") if text.strip() else type(exc).__name__
-    if isinstance(exc, json.JSONDecodeError) or "tokenizer" in text.lower():
+    first = text.strip().splitlines()[0].rstrip(" :") if text.strip() else ""
+    if not (isinstance(exc, (ValueError, OSError)) and first):  # the message alone does not say what failed
+        first = f"{type(exc).__name__}: {first}".rstrip(": ")
+    if _raised_by_tokenizer(exc) or "tokenizer" in text.lower():
         return (f"the tokenizer in {folder} does not load ({first}): copy tokenizer.json and tokenizer_config.json "
                 "again from the original model")
-    return f"the model in {folder} does not load ({type(exc).__name__}: {first})"
+    return f"the model in {folder} does not load ({first})"
+
+
+def _raised_by_tokenizer(exc: BaseException) -> bool:
+    """mlx-lm loads the weights, then the tokenizer: where the exception was raised tells which failed."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name.endswith("tokenizer_utils.py") or "/transformers/" in name or "/tokenizers/" in name:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _model_type(config: Path) -> str:

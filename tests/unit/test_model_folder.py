@@ -186,6 +186,18 @@ def test_a_tokenizer_that_does_not_build(folder):
                                     "from the original model")
 
 
+def test_whatever_the_tokenizer_library_raises_is_the_tokenizers_fault(folder):
+    with pytest.raises(KeyError) as raised:  # as transformers raises it on a tokenizer.json of another shape
+        exec(compile("{}['added_tokens']", "/venv/site-packages/transformers/tokenization_utils_fast.py", "exec"))
+    assert explain(folder, raised.value) == (f"the tokenizer in {folder} does not load (KeyError: 'added_tokens'): "
+                                             "copy tokenizer.json and tokenizer_config.json again from the original "
+                                             "model")
+
+
+def test_anything_else_is_named_with_its_folder(folder):
+    assert explain(folder, KeyError("rope_theta")) == f"the model in {folder} does not load (KeyError: 'rope_theta')"
+
+
 # -- the supervisor's verdict carries the sentence ----------------------------------------------------------------
 
 
