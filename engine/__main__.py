@@ -99,8 +99,8 @@ def main() -> int:
     try:
         joined = _join(settings, watchdog)
     except ModelError as exc:
-        log.error("%s", exc)
-        return ExitCause.FAILED
+        log.error("%s", exc)  # the supervisor relays this line as the reason (ExitCause.MODEL)
+        return ExitCause.MODEL
     # A socket per stream; after _join, since importing mlx_lm sets the limits to 2048 (soft) and 4096 (hard).
     log.debug("open-file limit %d", raise_open_file_limit())
     loop, server = _build(settings, joined, watchdog)

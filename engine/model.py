@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import Any
 import mlx.core as mx
 
 from config import Settings
+from config.model_folder import folder_problem
 from engine.facts import model_facts
+from engine.load_errors import explain
 from engine.mlx_compat import hf_tokenizer
 from ipc.messages import ModelFacts
 
@@ -85,13 +88,13 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     from mlx_lm.utils import sharded_load
 
     target = resolve(settings)
-    try:
+    refuse_broken_folder(settings, target)
+    with load_errors_explained(settings, target):
+        refuse_mismatched_weights(target, group)
         if group is not None and group.size() > 1:
             model, tokenizer, config = sharded_load(str(target), tensor_group=group, return_config=True)
         else:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
     # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
     # check would log that running such a prompt "will result in indexing errors" when it never runs.
     hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
@@ -111,3 +114,38 @@ def _folder(target: str | Path) -> Path | None:
     except (OSError, ValueError) as exc:
         log.warning("the files of %s are not at hand (%s): its size and parameter count stay unknown", target, exc)
         return None
+
+
+# -- a bad model folder: one sentence naming the file and what to do, the same on every rank ----------------
+
+
+def refuse_broken_folder(settings: Settings, target: str | Path) -> None:
+    """What the files alone show (the check `launch.sh start` and `check` make too); generated models are sound."""
+    if isinstance(target, Path) and not settings.MODEL.startswith((DEMO_PREFIX, ZOO_PREFIX)):
+        if problem := folder_problem(target):
+            raise ModelError(problem)
+
+
+def refuse_mismatched_weights(target: str | Path, group: mx.distributed.Group | None) -> None:
+    """sharded_load loads with strict=False: weights that miss, add or misshape parameters would serve garbage.
+    Build the model once lazily (no weight is read) with mlx-lm's strict check, as the one-rank load does."""
+    if group is None or group.size() <= 1 or not isinstance(target, Path):
+        return
+    from mlx_lm.utils import load_model
+
+    load_model(target, lazy=True, strict=True)
+
+
+@contextlib.contextmanager
+def load_errors_explained(settings: Settings, target: str | Path):
+    """mlx-lm's and transformers' load errors (weights that do not fit the config, a tokenizer that does not
+    build) become a ModelError whose message names the file; tokenizers raises plain Exception, hence the width."""
+    try:
+        yield
+    except RuntimeError:
+        raise  # mlx's collectives: a peer rank was lost, which is not this folder's fault
+    except Exception as exc:
+        folder = _folder(target)
+        if folder is None:
+            raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
+        raise ModelError(explain(folder, exc)) from exc

@@ -20,6 +20,7 @@ class ExitCause(IntEnum):
     CONFIG = 2  # a setting is invalid
     DESYNC = 3  # the ranks diverged; ended on purpose rather than serve wrong tokens
     PEER_LOST = 4  # a collective lost its peer rank
+    MODEL = 5  # the model folder cannot be loaded (its ERROR line names the file)
     STALLED = 70  # the watchdog saw no progress (a peer is dead or frozen)
 
 

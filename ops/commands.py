@@ -132,8 +132,9 @@ class Services:
         return 0
 
     def restart(self) -> int:
-        # A setting the new API would refuse must not cost the running services.
+        # A setting the new API would refuse, or a model folder no rank could load, must not cost what runs.
         self.api.check_config()
+        self.engine.refuse_broken_model()
         # Held across both halves: a signal during the stop lets it finish, then ends the restart there
         # (the user asked to stop); one before the start's first step undoes nothing and starts nothing.
         with held():
@@ -192,6 +193,7 @@ class Services:
         stopped = "the engine is stopped; the API answers 503 until ./launch.sh restart-engine"
         with held():
             with self.locked():
+                self.engine.refuse_broken_model()  # before the stop: the running engine keeps serving
                 self.engine.stop()
                 try:
                     if noted():

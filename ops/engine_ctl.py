@@ -9,11 +9,13 @@ import time
 from pathlib import Path
 
 from config import REPO_ROOT
+from config.model_folder import folder_problem
 from ops.interrupt import deferred
 from ops.layout import Die, Layout, ceil_seconds, log_size, say, show_log_tail
 from ops.pidfile import PidFile, stop_recorded
 from ops.probe import drop_stale_socket, engine_info
 from ops.procs import group_alive, poll, process_alive, spawn_group
+from ops.state import read_state, state_path
 
 PROBE_TIMEOUT = 2.0  # seconds per readiness probe of engine rank 0
 PROGRESS_EVERY = 15.0  # seconds between "still loading" lines
@@ -111,13 +113,32 @@ class EngineCtl:
     def launch(self) -> int | None:
         """Start the engine and wait for rank 0; on failure show the log, stop it and return None."""
         self.refuse_taken_ring_ports()
+        self.refuse_broken_model()
         offset = log_size(self.layout.engine_log)
         pid = self.start()
         if self.wait_ready(pid):
             return pid
         show_log_tail(self.layout.engine_log, offset)
         self.stop(quiet=True)
+        self.say_why(pid)
         return None
+
+    def refuse_broken_model(self) -> None:
+        """A model folder whose files show it cannot load is refused before any rank starts, in the words
+        every rank would log. A repo id is left to mlx-lm, which may still download (or complete) it."""
+        model = self.settings.MODEL
+        if not model.startswith(("/", ".", "~")):
+            return
+        path = Path(model).expanduser()
+        if (problem := folder_problem(path if path.is_absolute() else REPO_ROOT / path)) is not None:
+            raise Die(1, problem)
+
+    def say_why(self, pid: int) -> None:
+        """The supervisor's verdict on the failed start, last, so the reason is not left in the log above."""
+        state = read_state(state_path(self.settings.run_dir), pid)
+        failure = state.last_failure if state is not None else None
+        if failure is not None:
+            say(f"the engine did not start: {failure.summary}" + (f": {failure.detail}" if failure.detail else ""))
 
     def stop(self, quiet: bool = False) -> None:
         was_running = self.pids.running() is not None

@@ -3,7 +3,8 @@
 The ranks announce themselves through rank 0 (`Info.rank_states`) and exit with an `ExitCause`.
 Only two things are read from the output the supervisor relays: mlx.launch's own line for each
 rank that exited (the launcher offers nothing else), and a rank's last CRITICAL line, which is
-shown to the user as that rank's last words.
+shown to the user as that rank's last words; a rank that could not load the model (`ExitCause.MODEL`)
+says why in its ERROR line, which takes their place.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ops.state import RankSeen
 
 _NODE_EXIT = re.compile(r"Node with rank (\d+) (?:was (killed)|exited with code (-?\d+))")
 _CRITICAL = re.compile(r"\brank(\d+) CRITICAL \S+: (.*)")
+_ERROR = re.compile(r"\brank(\d+) ERROR \S+: (.*)")
 
 Exit = tuple[int, "int | None"]  # (rank, exit code); None: killed by the launcher
 
@@ -42,6 +44,7 @@ class Observed:
     ranks: dict[int, RankSeen] = field(default_factory=dict)
     exits: list[Exit] = field(default_factory=list)
     last_words: dict[int, str] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)  # each rank's last ERROR line
 
     def announce(self, states: list[RankState], size: int) -> bool:
         """Take the ranks rank 0 reports; True when that added one."""
@@ -61,6 +64,9 @@ class Observed:
         elif m := _CRITICAL.search(line):
             with self.lock:
                 self.last_words.setdefault(int(m.group(1)), m.group(2).strip())
+        elif m := _ERROR.search(line):
+            with self.lock:
+                self.errors[int(m.group(1))] = m.group(2).strip()
 
     def seen(self) -> list[RankSeen]:
         with self.lock:
@@ -83,6 +89,8 @@ def describe_exit(code: int | None) -> str:
         return "was ended by its watchdog (no progress)"
     if code == ExitCause.PEER_LOST:
         return "lost its connection to a peer rank"
+    if code == ExitCause.MODEL:
+        return "could not load the model"
     return f"exited with code {code}"
 
 
@@ -90,6 +98,9 @@ def blame(observed: Observed, exits: list[Exit], why: str, pgid: int) -> Failure
     """Name the failed rank: the first to exit for its own reasons, else the ones still running."""
     with observed.lock:
         ranks, size, words = dict(observed.ranks), observed.size, dict(observed.last_words)
+        # the model's fault is in the rank's ERROR line (the file, the problem, what to do)
+        words.update({rank: observed.errors[rank] for rank, code in exits
+                      if code == ExitCause.MODEL and rank in observed.errors})
 
     def where(rank: int) -> str:
         seen = ranks.get(rank)

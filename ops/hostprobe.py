@@ -31,6 +31,8 @@ GENERATED = (
     (DEMO_PREFIX, "demo", "engine/demo/specs.py", "DEMO_MODELS"),
     ("zoo-", "zoo", "engine/zoo/names.py", "ZOO_MODELS"),
 )
+# The project's check of a model folder's files (standard library only, so it runs here as a file).
+FOLDER_CHECK = "config/model_folder.py"
 
 
 def file_hash(path: Path) -> str:
@@ -73,7 +75,7 @@ def model_facts(model: str, root: Path) -> dict:
             return {"ok": False, "problem": f"MODEL path {path} does not exist"}
         if not (path / "config.json").is_file():
             return {"ok": False, "problem": f"MODEL path {path} has no config.json"}
-        return {"ok": True, "identity": f"config.json {file_hash(path / 'config.json')}", "path": str(path)}
+        return _folder_facts(root, path)
     repo = hf_cache() / ("models--" + model.replace("/", "--"))
     snapshots = repo / "snapshots"
     ref = repo / "refs" / "main"
@@ -84,8 +86,23 @@ def model_facts(model: str, root: Path) -> dict:
         candidates += sorted(snapshots.iterdir())
     for snap in candidates:
         if (snap / "config.json").is_file():
-            return {"ok": True, "identity": f"config.json {file_hash(snap / 'config.json')}", "path": str(snap)}
+            return _folder_facts(root, snap)
     return {"ok": False, "problem": f"MODEL {model} is not in the Hugging Face cache ({repo}): download it on this host"}
+
+
+def _folder_facts(root: Path, path: Path) -> dict:
+    if problem := folder_problem(root, path):
+        return {"ok": False, "problem": problem}
+    return {"ok": True, "identity": f"config.json {file_hash(path / 'config.json')}", "path": str(path)}
+
+
+def folder_problem(root: Path, path: Path) -> str | None:
+    """What the project's own check finds wrong with a model folder; None also where that check is missing."""
+    try:
+        check = runpy.run_path(str(root / FOLDER_CHECK))["folder_problem"]
+    except (OSError, KeyError, SyntaxError):
+        return None
+    return check(path)
 
 
 def _generated_facts(model: str, root: Path, prefix: str, kind: str, names_file: str,

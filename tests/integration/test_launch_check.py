@@ -184,3 +184,77 @@ def test_start_status_logs_and_stop(env):
     assert r.returncode == 0, r.stdout + r.stderr
     assert launch(env, "status").returncode == 3
 
+
+# -- a broken model folder: one sentence naming the file, at check, at start and in every rank's log ----------
+
+
+def broken_copy(demo_tiny: Path, root: str, breakage: str) -> Path:
+    """The demo model with one thing broken (or none: "sound")."""
+    folder = Path(root) / breakage
+    shutil.copytree(demo_tiny, folder)
+    config = json.loads((folder / "config.json").read_text())
+    if breakage == "unknown-type":
+        (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen9_turbo"}))
+    elif breakage == "missing-shard":
+        (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+        names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict(zip("ab", names))}))
+    elif breakage == "broken-tokenizer":
+        (folder / "tokenizer.json").write_text((folder / "tokenizer.json").read_text()[:-40])
+    elif breakage == "wider-config":  # hidden_size changed after the weights were made
+        (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * config["hidden_size"]}))
+    return folder
+
+
+@pytest.mark.parametrize(("breakage", "sentence"), [
+    ("unknown-type", "{f}/config.json names model_type 'qwen9_turbo', which mlx-lm"),
+    ("missing-shard", "{f}/model-00002-of-00002.safetensors, named in {f}/model.safetensors.index.json, is missing"),
+    ("broken-tokenizer", "{f}/tokenizer.json is not valid JSON ("),
+])
+def test_check_and_start_name_the_file_of_a_broken_model_folder(env, demo_tiny, breakage, sentence):
+    folder = broken_copy(demo_tiny, env["_root"], breakage)
+    sentence = sentence.format(f=folder)
+    r = launch(env, "check", HOSTS="127.0.0.1", MODEL=str(folder))
+    assert r.returncode == 1
+    assert f"FAULT 127.0.0.1: {sentence}" in r.stdout
+    # start refuses it before any rank loads: the sentence is its whole answer
+    r = launch(env, "start", HOSTS="127.0.0.1", MODEL=str(folder))
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"launch.sh: {sentence}") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (Path(env["_root"]) / "logs" / "engine.log").exists()
+
+
+@pytest.mark.parametrize("hosts", ["127.0.0.1", "127.0.0.1,127.0.0.1"])
+def test_weights_that_do_not_fit_config_end_every_rank_with_the_sentence_start_prints(env, demo_tiny, hosts):
+    folder = broken_copy(demo_tiny, env["_root"], "wider-config")
+    sentence = (f"{folder}/model.safetensors does not fit {folder}/config.json: model.embed_tokens.weight has shape "
+                "(1024, 64) where the qwen3 model that config.json describes expects (1024, 128)")
+    assert launch(env, "check", HOSTS=hosts, MODEL=str(folder)).returncode == 0  # only loading can tell
+    try:
+        r = launch(env, "start", HOSTS=hosts, MODEL=str(folder), timeout=240)
+    finally:
+        launch(env, "stop")  # a start that served such weights must not outlive the test
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert re.match(rf"the engine did not start: rank [01] could not load the model: {re.escape(sentence)}", last), last
+    log = (Path(env["_root"]) / "logs" / "engine.log").read_text()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    ranks = hosts.count(",") + 1
+    assert len(errors) == ranks and all(f"rank{i} ERROR engine: {sentence}" in log for i in range(ranks)), log
+    assert "Traceback" not in log
+
+
+def test_restarts_refuse_a_model_folder_broken_meanwhile_and_the_engine_serves_on(env, demo_tiny):
+    folder = broken_copy(demo_tiny, env["_root"], "sound")
+    run = {"HOSTS": "127.0.0.1", "MODEL": str(folder)}
+    try:
+        r = launch(env, "start", timeout=240, **run)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (folder / "tokenizer.json").write_text("{")
+        for verb in ("restart-engine", "restart"):
+            r = launch(env, verb, **run)
+            assert r.returncode == 1
+            assert r.stderr.startswith(f"launch.sh: {folder}/tokenizer.json is not valid JSON"), r.stderr
+            assert launch(env, "status", **run).returncode == 0  # the running engine was not stopped
+    finally:
+        launch(env, "stop", **run)
