@@ -36,21 +36,24 @@ class MeasureError(Exception):
 def measure(model: Any) -> KVMemory:
     """This rank's KVMemory of model; raises MeasureError."""
     try:
+        before, after = _two_prefills(model)
+    finally:
+        mx.clear_cache()  # every array of the measurement is gone with _two_prefills' frame
+    return classify(before, after)
+
+
+def _two_prefills(model: Any) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    try:
         cache = make_prompt_cache(model)
     except Exception as exc:  # any model class's own make_cache: its failure only means "not measurable"
         raise MeasureError(f"make_prompt_cache failed: {exc!r}") from exc
-    for c in _leaves(cache):
-        if hasattr(c, "step"):
-            c.step = 1  # buffers exactly as long as their tokens
+    for layer in _leaves(cache):
+        if hasattr(layer, "step"):
+            layer.step = 1  # buffers exactly as long as their tokens
     try:
-        before = _prefill(model, cache, range(1, FIRST + 1))
-        after = _prefill(model, cache, range(FIRST + 1, SECOND + 1))
+        return _prefill(model, cache, range(1, FIRST + 1)), _prefill(model, cache, range(FIRST + 1, SECOND + 1))
     except Exception as exc:  # a model that needs more than token ids (images, extra inputs)
         raise MeasureError(f"a {SECOND}-token prefill failed: {exc!r}") from exc
-    finally:
-        del cache
-        mx.clear_cache()
-    return classify(before, after)
 
 
 def classify(layers: list[tuple[str, int, int]], later: list[tuple[str, int, int]]) -> KVMemory:
