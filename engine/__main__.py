@@ -250,7 +250,7 @@ def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]]):
                 "KV_MEMORY_BYTES=0" if settings.KV_MEMORY_BYTES == 0 else "the ranks do not report their memory")
     else:
         log.info("KV memory: %s per rank for running sequences and the prefix cache (%s)", size(budget),
-                 kv.describe())
+                 kv.memory.describe())
     return kv, all(row[0] for row in kv_rows)
 
 

@@ -95,7 +95,5 @@ def measure_or_none(model: Any) -> KVMemory | None:
     except MeasureError as exc:
         log.warning("KV memory: cannot measure the model's caches (%s); estimating from its config instead", exc)
         return None
-    log.info("KV memory measured in %.2f s: %d bytes per token, %d bytes per token of a %d-token window, "
-             "%d bytes of state per sequence", time.perf_counter() - started, memory.token_bytes,
-             memory.window_token_bytes, memory.window, memory.constant_bytes)
+    log.info("KV memory measured in %.2f s: %s", time.perf_counter() - started, memory.describe())
     return memory

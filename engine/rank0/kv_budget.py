@@ -99,6 +99,15 @@ class KVMemory:
     def from_row(cls, row: Sequence[int]) -> KVMemory:
         return cls(*((row[i] << 31) | row[i + 1] for i in range(0, 8, 2)))
 
+    def describe(self) -> str:
+        """One token's bytes and whatever else a sequence holds, for people."""
+        parts = [f"{self.token_bytes} bytes per token"]
+        if self.window_token_bytes:
+            parts.append(f"{self.window_token_bytes} bytes per token of a {self.window}-token window")
+        if self.constant_bytes:
+            parts.append(f"{self.constant_bytes} bytes of state per sequence")
+        return " + ".join(parts)
+
     @classmethod
     def largest(cls, ranks: Iterable[KVMemory]) -> KVMemory:
         """An upper bound of every rank's: each number the largest any rank has."""
@@ -157,14 +166,9 @@ class KVBudget:
             lo, hi = (mid, hi) if n * self.sequence(mid, 0) <= self.budget else (lo, mid - 1)
         return lo - prompt_tokens
 
-    def describe(self) -> str:
-        """One token's bytes and whatever else a sequence holds, for people."""
-        parts = [f"{self.token_bytes} bytes per token"]
-        if self.window_token_bytes:
-            parts.append(f"{self.window_token_bytes} bytes per token of a {self.window}-token window")
-        if self.constant_bytes:
-            parts.append(f"{self.constant_bytes} bytes of state per sequence")
-        return " + ".join(parts)
+    @property
+    def memory(self) -> KVMemory:
+        return KVMemory(self.token_bytes, self.window_token_bytes, self.window, self.constant_bytes)
 
     def refusal(self, prompt_tokens: int, max_tokens: int, n: int = 1, *, client_limit: bool = True) -> str | None:
         """Why a request's n choices could never fit, even alone in the batch with the prefix cache empty;
@@ -178,6 +182,6 @@ class KVBudget:
         fixes = ["lower max_tokens"] * client_limit + ["shorten the prompt"] + ["ask for fewer choices (n)"] * (n > 1)
         return (f"this request's KV cache would need up to {need} bytes ({size(need)}) per rank: {choices}"
                 f"{steps(prompt_tokens + max_tokens)} tokens ({prompt_tokens} prompt + {max_tokens} max_tokens, in "
-                f"steps of {KV_STEP}) x {self.describe()}, but the engine's KV memory budget is "
+                f"steps of {KV_STEP}) x {self.memory.describe()}, but the engine's KV memory budget is "
                 f"{self.budget} bytes ({size(self.budget)}) per rank (KV_MEMORY_BYTES); {', '.join(fixes)} or raise "
                 "KV_MEMORY_BYTES")
