@@ -79,3 +79,20 @@ def test_measuring_is_fast_and_leaves_no_memory_behind() -> None:
     assert mx.get_active_memory() <= before and mx.get_cache_memory() == 0
     # MLA: one latent of kv_lora_rank plus one RoPE key per token and layer, float32, not per-head K and V
     assert (memory.token_bytes, memory.window_token_bytes, memory.constant_bytes) == (2 * (64 + 16) * 4, 0, 0)
+
+
+def test_a_model_that_cannot_be_measured_says_why_and_gives_none(caplog) -> None:
+    from mlx_lm.models.cache import KVCache
+
+    from engine.kv_measure import measure_or_none
+
+    class NeedsImages:  # a model whose forward pass wants more than token ids
+        def make_cache(self):
+            return [KVCache()]
+
+        def __call__(self, tokens, cache):
+            raise TypeError("missing pixel_values")
+
+    caplog.set_level("WARNING")
+    assert measure_or_none(NeedsImages()) is None
+    assert "cannot measure the model's caches" in caplog.text and "missing pixel_values" in caplog.text

@@ -351,3 +351,23 @@ def test_status_health_and_metrics_report_the_kv_memory(info):
     no_limit = describe_info(Info(model="m", model_path="/m", context_length=1, ranks=1, backend="single",
                                   created=0, engine_pid=1))
     assert "KV memory no limit" in no_limit
+
+
+def test_rank_0_budgets_with_every_ranks_measurement_and_falls_back_to_the_config_saying_why(caplog, tmp_path):
+    from types import SimpleNamespace
+
+    from config import load_settings
+    from engine.__main__ import _kv_budget
+    from ipc.messages import ModelFacts
+
+    empty = tmp_path / "empty.env"
+    empty.touch()
+    settings = load_settings({"KV_MEMORY_BYTES": str(1 << 30), "PREFILL_TOKENS_PER_STEP": "256"}, empty)
+    loaded = SimpleNamespace(facts=ModelFacts(config=QWEN3_4B, dtype="bfloat16"))
+    rows = [[1, *KVMemory(640, 0, 0, 0).row()], [1, *KVMemory(320, 64, 128, 4096).row()]]
+    kv, measured = _kv_budget(settings, loaded, 2, [], rows)
+    assert measured and kv == KVBudget(1 << 30, 640, 64, 128, 4096, 256)
+    caplog.set_level("WARNING")
+    kv, measured = _kv_budget(settings, loaded, 2, [], [rows[0], [0] * 9])
+    assert not measured and kv.token_bytes == token_bytes(QWEN3_4B, 2, "bfloat16") and not kv.constant_bytes
+    assert "rank(s) [1] could not measure" in caplog.text
