@@ -59,7 +59,9 @@ def details(info: ipc.Info) -> dict[str, Any]:
                          "misses": info.prompt_cache_misses, "evictions": info.prompt_cache_evictions,
                          "prompt_tokens": info.prompt_tokens_total, "cached_tokens": info.prompt_tokens_cached},
         "kv_memory": {"budget_bytes": info.kv_budget_bytes, "reserved_bytes": info.kv_reserved_bytes,
-                      "token_bytes": info.kv_token_bytes},
+                      "token_bytes": info.kv_token_bytes, "window_token_bytes": info.kv_window_token_bytes,
+                      "window_tokens": info.kv_window, "constant_bytes": info.kv_constant_bytes,
+                      "measured": info.kv_measured},
         "rank_states": [
             {**msgspec.structs.asdict(r), "report_age": round(r.report_age, 3)} for r in info.rank_states
         ],

@@ -224,3 +224,13 @@ def _kv_memory(info: ipc.Info) -> Iterator[Metric]:
     yield GaugeMetricFamily(f"{PREFIX}_kv_reserved_bytes", "KV bytes per rank the running sequences may take "
                             "(prompt plus max_tokens each, as the padded batch holds them).",
                             value=info.kv_reserved_bytes)
+    yield GaugeMetricFamily(f"{PREFIX}_kv_token_bytes", "KV bytes per rank one more token of a sequence takes in the "
+                            "layers that keep every token (measured from the model's caches at load).",
+                            value=info.kv_token_bytes)
+    yield GaugeMetricFamily(f"{PREFIX}_kv_window_token_bytes", "KV bytes per rank one token takes in the "
+                            "sliding-window layers, up to mcs_kv_window_tokens tokens.",
+                            value=info.kv_window_token_bytes)
+    yield GaugeMetricFamily(f"{PREFIX}_kv_window_tokens", "Tokens a sliding-window layer keeps (0: none).",
+                            value=info.kv_window)
+    yield GaugeMetricFamily(f"{PREFIX}_kv_constant_bytes", "Bytes per rank every sequence holds whatever its length "
+                            "(linear attention's state).", value=info.kv_constant_bytes)

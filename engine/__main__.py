@@ -138,6 +138,7 @@ def _join(settings, watchdog) -> Joined:
 def _build(settings, joined: Joined, watchdog):
     """The step loop of this rank, and on rank 0 the socket server that feeds it."""
     from engine.decoding.constrained import Grammars
+    from engine.kv_measure import measure_or_none
     from engine.lockstep.batch import LockstepBatch
     from engine.lockstep.channel import PlanChannel
     from engine.lockstep.doorbell import open_doorbell
@@ -152,6 +153,10 @@ def _build(settings, joined: Joined, watchdog):
                           settings.MAX_BATCH, grammars)
     channel = PlanChannel(joined.group if joined.size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
+    watchdog.beat("measuring the KV cache")
+    # every rank measures its own caches (a sharded model's layers meet in their collectives), and rank 0 learns all
+    memory = measure_or_none(joined.loaded.model)
+    kv_rows = channel.gather([1, *memory.row()] if memory is not None else [0] * 9)
     watchdog.beat("starting the step loop")
     # One startup exchange names every rank's host for status and /health...
     hosts = decode_hostnames(channel.gather(hostname_row()))
@@ -164,10 +169,10 @@ def _build(settings, joined: Joined, watchdog):
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather)
     if joined.rank != 0:
         return StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell), None
-    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell)
+    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows)
 
 
-def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell):
+def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.rank0.admission import Prompter
@@ -183,7 +188,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
     reports.update(announced)
     inbound: queue.SimpleQueue = queue.SimpleQueue()
-    kv = _kv_budget(settings, loaded, joined.size, reports.snapshot())
+    kv, measured = _kv_budget(settings, loaded, joined.size, reports.snapshot(), kv_rows)
     cache_budget = prompt_cache_budget(settings.PROMPT_CACHE_BYTES, reports.snapshot())
     if kv.enabled and cache_budget > kv.budget:
         # the prefix cache lives inside the KV budget: more than all of it could never be held
@@ -208,7 +213,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count,
                     facts=loaded.facts, **prefix_info(scheduler.prefix),
                     kv_budget_bytes=kv.budget if kv.enabled else 0, kv_reserved_bytes=scheduler.kv_reserved,
-                    kv_token_bytes=kv.token_bytes)
+                    kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
+                    kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
@@ -220,25 +226,32 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     return loop, server
 
 
-def _kv_budget(settings, loaded, ranks: int, states):
-    """The KV memory budget per rank, and one token's KV on a rank, from the model's config."""
-    from engine.rank0.kv_budget import KVBudget, memory_budget, size, token_bytes
+def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]]):
+    """The KV memory budget per rank, and what a sequence takes on the largest rank: as every rank measured its
+    caches, or where one could not, one token's K and V from the model's config."""
+    from engine.rank0.kv_budget import KVBudget, KVMemory, memory_budget, size, token_bytes
 
     log = logging.getLogger("engine")
-    per_token = token_bytes(loaded.facts.config, ranks, loaded.facts.dtype)
     budget = memory_budget(settings.KV_MEMORY_BYTES, states)
-    kv = KVBudget(budget, per_token)
-    if budget and not per_token:
-        log.warning("KV memory: the model's config does not give its layers, KV heads and head size, so a "
+    if all(row[0] for row in kv_rows):
+        memory = KVMemory.largest(KVMemory.from_row(row[1:]) for row in kv_rows)
+    else:
+        memory = KVMemory(token_bytes(loaded.facts.config, ranks, loaded.facts.dtype))
+        log.warning("KV memory: rank(s) %s could not measure the model's caches (see their log): one token's KV "
+                    "is estimated from the config (%d bytes), too high for MLA, sliding-window and linear-attention "
+                    "models", [r for r, row in enumerate(kv_rows) if not row[0]], memory.token_bytes)
+    kv = KVBudget.of(budget, memory, settings.PREFILL_TOKENS_PER_STEP)
+    if budget and not kv.enabled:
+        log.warning("KV memory: neither the model's caches nor its config give the size of its KV, so a "
                     "request's KV cannot be estimated and KV_MEMORY_BYTES is not enforced")
     elif not budget:
         log.log(logging.INFO if settings.KV_MEMORY_BYTES == 0 else logging.WARNING,
                 "KV memory: no limit (%s); a long prompt or a big batch can exhaust the host's memory",
                 "KV_MEMORY_BYTES=0" if settings.KV_MEMORY_BYTES == 0 else "the ranks do not report their memory")
     else:
-        log.info("KV memory: %s per rank for running sequences and the prefix cache (%d bytes per token, %d "
-                 "tokens)", size(budget), per_token, budget // per_token)
-    return kv
+        log.info("KV memory: %s per rank for running sequences and the prefix cache (%s)", size(budget),
+                 kv.memory.describe())
+    return kv, all(row[0] for row in kv_rows)
 
 
 def _serve(settings, joined: Joined, loop, server) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class Msg(
@@ -106,11 +106,18 @@ class Info(Msg):
     # prompt tokens of every sequence that joined the batch, and how many of them came from the cache
     prompt_tokens_total: int = 0
     prompt_tokens_cached: int = 0
-    # KV memory per rank (rank 0's estimate from the model's config): the budget of the running sequences and
-    # the prefix cache together (0: no limit), what the running sequences reserve, and one token's KV
+    # KV memory per rank (rank 0's estimate, from the largest rank's measured caches): the budget of the running
+    # sequences and the prefix cache together (0: no limit), what the running sequences reserve, one token's KV
+    # in the layers that keep every token, one token's in sliding-window layers and the window they keep, and
+    # the state a sequence holds whatever its length (linear attention)
     kv_budget_bytes: int = 0
     kv_reserved_bytes: int = 0
     kv_token_bytes: int = 0
+    kv_window_token_bytes: int = 0
+    kv_window: int = 0
+    kv_constant_bytes: int = 0
+    # False: some rank could not measure its caches, and one token's KV comes from the model's config
+    kv_measured: bool = False
     # None from an engine older than this field
     facts: ModelFacts | None = None
 

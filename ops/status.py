@@ -64,7 +64,17 @@ def _kv_memory(i: Info) -> str:
     held = i.kv_reserved_bytes + i.prompt_cache_bytes
     return (f"  KV memory {_size(i.kv_reserved_bytes)} reserved by running sequences + {_size(i.prompt_cache_bytes)} "
             f"prefix cache of {_size(i.kv_budget_bytes)} per rank ({100 * held / i.kv_budget_bytes:.0f} %); "
-            f"{i.kv_token_bytes} bytes per token")
+            f"{_per_sequence(i)}")
+
+
+def _per_sequence(i: Info) -> str:
+    """What one sequence takes per rank: bytes per token, the window part, the constant part."""
+    parts = [f"{i.kv_token_bytes} bytes per token"]
+    if i.kv_window_token_bytes:
+        parts.append(f"{i.kv_window_token_bytes} bytes per token of a {i.kv_window}-token window")
+    if i.kv_constant_bytes:
+        parts.append(f"{i.kv_constant_bytes} bytes of state per sequence")
+    return " + ".join(parts) + ("" if i.kv_measured else " (from the config: the caches were not measured)")
 
 
 def describe_failures(layout: Layout, pid: int) -> str:

@@ -1,9 +1,12 @@
 """How much KV memory a sequence takes on each rank, and the budget rank 0 keeps every rank within.
 
-No MLX here: the size of one token's K and V comes from the model's config and the rank count, and
-rank 0 admits a sequence into the batch only when the batch's KV and the prefix cache stay within
-KV_MEMORY_BYTES (engine/rank0/scheduler.py), so a long prompt or a big batch waits instead of
-running a host out of memory.
+No MLX here: every rank measures its own caches at load (engine/kv_measure.py) and hands over plain
+numbers (KVMemory): bytes per token of the layers that keep every token (KV, MLA's latent), bytes
+per token of the sliding-window layers and the window they keep, and bytes of constant state per
+sequence (linear attention). Rank 0 admits a sequence into the batch only when the batch's KV and
+the prefix cache stay within KV_MEMORY_BYTES (engine/rank0/scheduler.py), so a long prompt or a big
+batch waits instead of running a host out of memory. Where the caches cannot be measured, one
+token's K and V come from the model's config instead (token_bytes).
 
 mlx-lm's batch keeps every sequence's KV in one left-padded tensor, so each row is as long as the
 longest sequence: a batch of n sequences holds n times the largest of them (batch_bytes).
@@ -20,6 +23,8 @@ KV_STEP = 256
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 # a config that names no dtype: MLX models run in float16 or bfloat16
 DEFAULT_DTYPE_BYTES = 2
+# the most tokens room() answers for a model whose memory stops growing (only windows and constant state)
+NO_GROWTH_TOKENS = 2**40
 # KV_MEMORY_BYTES=-1: this share of what the smallest rank has left after loading its weights (the rest is
 # for activations, the batch's temporary copies when it grows, and everything else the host runs)
 DEFAULT_SHARE = 2
@@ -77,27 +82,93 @@ def size(n: int) -> str:
 
 
 @dataclass(frozen=True)
+class KVMemory:
+    """What one sequence's caches take on one rank, as measured from the model's own caches at load."""
+
+    token_bytes: int = 0  # per token, layers that keep every token (KV, MLA latent, quantized KV)
+    window_token_bytes: int = 0  # per token, sliding-window layers, up to their window
+    window: int = 0  # tokens a sliding-window layer keeps once decoding (its max_size)
+    constant_bytes: int = 0  # per sequence, whatever its length (linear attention's state)
+
+    def row(self) -> list[int]:
+        """As int32s for the ranks' startup exchange (each value split in two 31-bit halves)."""
+        return [part for v in (self.token_bytes, self.window_token_bytes, self.window, self.constant_bytes)
+                for part in (v >> 31, v & 0x7FFFFFFF)]
+
+    @classmethod
+    def from_row(cls, row: Sequence[int]) -> KVMemory:
+        return cls(*((row[i] << 31) | row[i + 1] for i in range(0, 8, 2)))
+
+    def describe(self) -> str:
+        """One token's bytes and whatever else a sequence holds, for people."""
+        parts = [f"{self.token_bytes} bytes per token"]
+        if self.window_token_bytes:
+            parts.append(f"{self.window_token_bytes} bytes per token of a {self.window}-token window")
+        if self.constant_bytes:
+            parts.append(f"{self.constant_bytes} bytes of state per sequence")
+        return " + ".join(parts)
+
+    @classmethod
+    def largest(cls, ranks: Iterable[KVMemory]) -> KVMemory:
+        """An upper bound of every rank's: each number the largest any rank has."""
+        ranks = list(ranks)
+        return cls(*(max((getattr(m, f) for m in ranks), default=0) for f in
+                     ("token_bytes", "window_token_bytes", "window", "constant_bytes")))
+
+
+@dataclass(frozen=True)
 class KVBudget:
-    """Bytes per rank for the running sequences' KV and the prefix cache together (0: no limit), and the
-    KV bytes of one token on one rank."""
+    """Bytes per rank for the running sequences' KV and the prefix cache together (0: no limit), and what
+    one sequence takes on a rank (KVMemory's numbers; prefill_chunk: the most prompt tokens a sequence
+    prefills in one step)."""
 
     budget: int
     token_bytes: int
+    window_token_bytes: int = 0
+    window: int = 0
+    constant_bytes: int = 0
+    prefill_chunk: int = 0
+
+    @classmethod
+    def of(cls, budget: int, memory: KVMemory, prefill_chunk: int) -> KVBudget:
+        return cls(budget, memory.token_bytes, memory.window_token_bytes, memory.window, memory.constant_bytes,
+                   prefill_chunk)
 
     @property
     def enabled(self) -> bool:
-        return self.budget > 0 and self.token_bytes > 0
+        return self.budget > 0 and (self.token_bytes + self.window_token_bytes + self.constant_bytes) > 0
+
+    def window_tokens(self, tokens: int) -> int:
+        """The most tokens a sliding-window layer holds for a sequence of this many tokens.
+
+        mlx-lm's RotatingKVCache keeps every token of a prefill chunk next to the window's last
+        window - 1 (so each sees a whole window), and below its window grows in steps of KV_STEP."""
+        if not self.window:
+            return steps(tokens)
+        return max(min(tokens + KV_STEP - 1, self.window),
+                   min(tokens, self.window + max(1, self.prefill_chunk) - 1))
 
     def sequence(self, prompt_tokens: int, max_tokens: int) -> int:
         """The most KV one sequence can take on a rank: its prompt and every token it may generate."""
-        return self.token_bytes * steps(prompt_tokens + max_tokens)
+        tokens = prompt_tokens + max_tokens
+        capped = self.window_token_bytes * self.window_tokens(tokens) if self.window_token_bytes else 0
+        return self.token_bytes * steps(tokens) + capped + self.constant_bytes
 
     def room(self, prompt_tokens: int, n: int = 1) -> int | None:
         """The most tokens each of n sequences of this prompt may generate, alone in the batch with the prefix
         cache empty (0 or less: not even one); None without a budget."""
         if not self.enabled:
             return None
-        return (self.budget // (n * self.token_bytes)) // KV_STEP * KV_STEP - prompt_tokens
+        # sequence() never shrinks as tokens grow: the longest sequence that fits, by bisection
+        lo, hi = 0, NO_GROWTH_TOKENS
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if n * self.sequence(mid, 0) <= self.budget else (lo, mid - 1)
+        return lo - prompt_tokens
+
+    @property
+    def memory(self) -> KVMemory:
+        return KVMemory(self.token_bytes, self.window_token_bytes, self.window, self.constant_bytes)
 
     def refusal(self, prompt_tokens: int, max_tokens: int, n: int = 1, *, client_limit: bool = True) -> str | None:
         """Why a request's n choices could never fit, even alone in the batch with the prefix cache empty;
@@ -111,6 +182,6 @@ class KVBudget:
         fixes = ["lower max_tokens"] * client_limit + ["shorten the prompt"] + ["ask for fewer choices (n)"] * (n > 1)
         return (f"this request's KV cache would need up to {need} bytes ({size(need)}) per rank: {choices}"
                 f"{steps(prompt_tokens + max_tokens)} tokens ({prompt_tokens} prompt + {max_tokens} max_tokens, in "
-                f"steps of {KV_STEP}) x {self.token_bytes} bytes per token, but the engine's KV memory budget is "
+                f"steps of {KV_STEP}) x {self.memory.describe()}, but the engine's KV memory budget is "
                 f"{self.budget} bytes ({size(self.budget)}) per rank (KV_MEMORY_BYTES); {', '.join(fixes)} or raise "
                 "KV_MEMORY_BYTES")

@@ -1,8 +1,8 @@
 """KV memory admission on the real engine: at its KV budget the engine queues requests instead of growing the
 batch, and a request that could never fit gets a 400 naming the numbers while the engine keeps serving.
 
-The demo model's token takes 1024 bytes of KV (2 layers x K and V x 4 heads x 16 x float32), so with a
-4 MiB budget four sequences of up to 1024 tokens run at once.
+The demo model's token takes 1024 bytes of KV (2 layers x K and V x 4 heads x 16 x float32), as the engine
+measures from its caches at load, so with a 4 MiB budget four sequences of up to 1024 tokens run at once.
 """
 
 from __future__ import annotations
@@ -45,10 +45,16 @@ def test_the_engine_reports_its_kv_budget_and_the_size_of_a_token(stack):
     info = stack.probe()
     assert (info["kv_budget_bytes"], info["kv_token_bytes"], info["kv_reserved_bytes"]) == (BUDGET, TOKEN_BYTES, 0)
     health = httpx.get(stack.base_url + "/health", timeout=10).json()
-    assert health["kv_memory"] == {"budget_bytes": BUDGET, "reserved_bytes": 0, "token_bytes": TOKEN_BYTES}
+    assert health["kv_memory"] == {"budget_bytes": BUDGET, "reserved_bytes": 0, "token_bytes": TOKEN_BYTES,
+                                   "window_token_bytes": 0, "window_tokens": 0, "constant_bytes": 0,
+                                   "measured": True}
     metrics = httpx.get(stack.base_url + "/metrics", timeout=10).text
     values = dict(line.split(" ") for line in metrics.splitlines() if line.startswith("mcs_kv_"))
-    assert {k: float(v) for k, v in values.items()} == {"mcs_kv_budget_bytes": BUDGET, "mcs_kv_reserved_bytes": 0}
+    assert {k: float(v) for k, v in values.items()} == {
+        "mcs_kv_budget_bytes": BUDGET, "mcs_kv_reserved_bytes": 0, "mcs_kv_token_bytes": TOKEN_BYTES,
+        "mcs_kv_window_token_bytes": 0, "mcs_kv_window_tokens": 0, "mcs_kv_constant_bytes": 0}
+    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
+    assert "KV memory measured" in log and f"{TOKEN_BYTES} bytes per token" in log
 
 
 def test_the_estimate_covers_the_kv_the_engine_actually_keeps(stack, client):

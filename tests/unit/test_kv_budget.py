@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from engine.lockstep.plan import Insert
 from engine.lockstep.results import StepResults
-from engine.rank0.kv_budget import KV_STEP, KVBudget, batch_bytes, memory_budget, steps, token_bytes
+from engine.rank0.kv_budget import KV_STEP, KVBudget, KVMemory, batch_bytes, memory_budget, steps, token_bytes
 from engine.rank0.prefix_index import PrefixIndex
 from engine.rank0.scheduler import Counters, Request, Scheduler
 from ipc import Error, Finish
@@ -57,6 +58,42 @@ def test_a_sequence_reserves_its_prompt_and_max_tokens_in_the_caches_steps():
     assert steps(1) == KV_STEP and steps(256) == 256 and steps(257) == 512
     assert kv.sequence(100, 100) == 1000 * 256
     assert kv.sequence(200, 100) == 1000 * 512
+
+
+# ---- the measured memory: tokens, windows, constant state
+
+
+def test_a_sliding_window_stops_growing_at_its_window_plus_the_prefill_chunk_it_concatenates():
+    # gpt-oss-like: one full-attention layer and one 128-token window of 512 bytes per token each, 512-token chunks
+    kv = KVBudget.of(10**12, KVMemory(512, 512, 128, 0), 512)
+    assert kv.sequence(300, 0) == 512 * 512 + 512 * 300  # within a chunk the window layer holds all 300
+    assert kv.sequence(100_000, 0) == 512 * steps(100_000) + 512 * (128 + 511)
+    assert kv.window_tokens(10) == 128  # below its window it grows in steps, never past the window
+    old = KVBudget(10**12, 1024)  # the config's formula: every layer keeps every token
+    assert old.sequence(100_000, 0) / kv.sequence(100_000, 0) > 1.9
+
+
+def test_linear_attention_state_is_reserved_once_per_sequence_whatever_its_length():
+    kv = KVBudget.of(10**12, KVMemory(512, 0, 0, 33792), 512)
+    assert kv.sequence(1, 0) == 512 * 256 + 33792
+    assert kv.sequence(1000, 24) == 512 * 1024 + 33792
+    assert batch_bytes([kv.sequence(10, 0), kv.sequence(600, 0)]) == 2 * (512 * 768 + 33792)
+
+
+def test_room_and_refusal_count_the_window_and_the_state_too():
+    kv = KVBudget.of(1 << 20, KVMemory(1024, 0, 0, 1 << 18), 512)  # a quarter of the budget is one sequence's state
+    assert kv.room(300) == 768 - 300
+    assert kv.refusal(300, 468) is None and kv.refusal(300, 469) is not None
+    assert "1024 bytes per token + 262144 bytes of state per sequence" in kv.refusal(300, 469)
+    windows = KVBudget.of(1 << 20, KVMemory(0, 1024, 32, 0), 16)  # only windows: memory stops growing
+    assert windows.room(300) > 10**9 and windows.refusal(300, 10**6) is None
+
+
+def test_rank_0_budgets_with_the_largest_ranks_numbers_sent_as_int32s():
+    big = KVMemory(3 << 40, 7, 4096, (5 << 31) + 3)
+    row = big.row()
+    assert all(0 <= v < 2**31 for v in row) and KVMemory.from_row(row) == big
+    assert KVMemory.largest([KVMemory(640, 0, 0, 10), KVMemory(320, 8, 32, 0)]) == KVMemory(640, 8, 32, 10)
 
 
 def test_a_batch_holds_every_sequence_as_long_as_its_longest():
@@ -289,7 +326,8 @@ def test_a_request_that_fits_an_empty_engine_always_gets_in():
 def info() -> Info:
     return Info(model="m", model_path="/m", context_length=4096, ranks=1, backend="single", created=0, engine_pid=1,
                 prompt_cache_budget=1 << 30, prompt_cache_bytes=256 << 20, kv_budget_bytes=2 << 30,
-                kv_reserved_bytes=768 << 20, kv_token_bytes=147456)
+                kv_reserved_bytes=768 << 20, kv_token_bytes=147456, kv_window_token_bytes=4096, kv_window=128,
+                kv_constant_bytes=1 << 20, kv_measured=True)
 
 
 def test_status_health_and_metrics_report_the_kv_memory(info):
@@ -299,10 +337,37 @@ def test_status_health_and_metrics_report_the_kv_memory(info):
 
     line = [ln for ln in describe_info(info).splitlines() if "KV memory" in ln][0]
     assert "768.0 MiB reserved" in line and "256.0 MiB prefix cache of 2.00 GiB" in line and "(50 %)" in line
+    assert line.endswith("147456 bytes per token + 4096 bytes per token of a 128-token window + 1048576 bytes of "
+                         "state per sequence")
     assert details(info)["kv_memory"] == {"budget_bytes": 2 << 30, "reserved_bytes": 768 << 20,
-                                          "token_bytes": 147456}
+                                          "token_bytes": 147456, "window_token_bytes": 4096, "window_tokens": 128,
+                                          "constant_bytes": 1 << 20, "measured": True}
     values = {m.name: m.samples[0].value for m in _kv_memory(info)}
-    assert values == {"mcs_kv_budget_bytes": 2 << 30, "mcs_kv_reserved_bytes": 768 << 20}
+    assert values == {"mcs_kv_budget_bytes": 2 << 30, "mcs_kv_reserved_bytes": 768 << 20,
+                      "mcs_kv_token_bytes": 147456, "mcs_kv_window_token_bytes": 4096, "mcs_kv_window_tokens": 128,
+                      "mcs_kv_constant_bytes": 1 << 20}
+    guessed = describe_info(msgspec.structs.replace(info, kv_measured=False))
+    assert "(from the config: the caches were not measured)" in guessed
     no_limit = describe_info(Info(model="m", model_path="/m", context_length=1, ranks=1, backend="single",
                                   created=0, engine_pid=1))
     assert "KV memory no limit" in no_limit
+
+
+def test_rank_0_budgets_with_every_ranks_measurement_and_falls_back_to_the_config_saying_why(caplog, tmp_path):
+    from types import SimpleNamespace
+
+    from config import load_settings
+    from engine.__main__ import _kv_budget
+    from ipc.messages import ModelFacts
+
+    empty = tmp_path / "empty.env"
+    empty.touch()
+    settings = load_settings({"KV_MEMORY_BYTES": str(1 << 30), "PREFILL_TOKENS_PER_STEP": "256"}, empty)
+    loaded = SimpleNamespace(facts=ModelFacts(config=QWEN3_4B, dtype="bfloat16"))
+    rows = [[1, *KVMemory(640, 0, 0, 0).row()], [1, *KVMemory(320, 64, 128, 4096).row()]]
+    kv, measured = _kv_budget(settings, loaded, 2, [], rows)
+    assert measured and kv == KVBudget(1 << 30, 640, 64, 128, 4096, 256)
+    caplog.set_level("WARNING")
+    kv, measured = _kv_budget(settings, loaded, 2, [], [rows[0], [0] * 9])
+    assert not measured and kv.token_bytes == token_bytes(QWEN3_4B, 2, "bfloat16") and not kv.constant_bytes
+    assert "rank(s) [1] could not measure" in caplog.text

@@ -1,0 +1,98 @@
+"""The KV estimate of every zoo model, from its caches measured at load, against the bytes its caches really
+hold: never below them, and within 1.25x of them after a prefill of a few hundred tokens (longer than the
+32-token sliding windows), for plain KV, MLA's latent, linear-attention hybrids and sliding windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.zoo import ZOO_MODELS, ensure_zoo_model
+from tests.harness import MODEL_CACHE
+
+TOKENS = 300
+CHUNK = 64
+
+
+def loaded(name: str):
+    from mlx_lm import load
+
+    return load(str(ensure_zoo_model(name, MODEL_CACHE)))[0]
+
+
+def real_bytes(cache) -> int:
+    return sum(c.nbytes for c in cache)
+
+
+@pytest.mark.parametrize("name", ZOO_MODELS)
+def test_the_estimate_covers_a_prefill_and_stays_within_a_quarter_of_it(name: str) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.kv_measure import measure
+    from engine.rank0.kv_budget import KVBudget
+
+    model = loaded(name)
+    memory = measure(model)
+    kv = KVBudget.of(1 << 40, memory, 512)  # the engine's default chunk: the whole prompt in one prefill
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([list(range(1, TOKENS + 1))]), cache=cache))
+    real = real_bytes(cache)
+    assert real <= kv.sequence(TOKENS, 0) <= 1.25 * real, (memory, real, kv.sequence(TOKENS, 0))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek-v3", "qwen3.5", "qwen3-next", "gpt-oss", "ministral3"])
+def test_the_estimate_is_never_below_what_chunked_prefill_and_decoding_hold(name: str) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.kv_measure import measure
+    from engine.rank0.kv_budget import KVBudget
+
+    model = loaded(name)
+    kv = KVBudget.of(1 << 40, measure(model), CHUNK)
+    cache = make_prompt_cache(model)
+    fed = 0
+    for start in range(0, TOKENS, CHUNK):
+        ids = list(range(start + 1, min(TOKENS, start + CHUNK) + 1))
+        mx.eval(model(mx.array([ids]), cache=cache))
+        fed += len(ids)
+        assert real_bytes(cache) <= kv.sequence(fed, 0), fed
+    for _ in range(40):  # decoding: sliding windows trim back to their size, full layers grow a step
+        mx.eval(model(mx.array([[7]]), cache=cache))
+        fed += 1
+        assert real_bytes(cache) <= kv.sequence(fed, 0), fed
+
+
+def test_measuring_is_fast_and_leaves_no_memory_behind() -> None:
+    import time
+
+    import mlx.core as mx
+
+    from engine.kv_measure import measure
+
+    model = loaded("deepseek-v3")
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    started = time.perf_counter()
+    memory = measure(model)
+    assert time.perf_counter() - started < 1.0
+    assert mx.get_active_memory() <= before and mx.get_cache_memory() == 0
+    # MLA: one latent of kv_lora_rank plus one RoPE key per token and layer, float32, not per-head K and V
+    assert (memory.token_bytes, memory.window_token_bytes, memory.constant_bytes) == (2 * (64 + 16) * 4, 0, 0)
+
+
+def test_a_model_that_cannot_be_measured_says_why_and_gives_none(caplog) -> None:
+    from mlx_lm.models.cache import KVCache
+
+    from engine.kv_measure import measure_or_none
+
+    class NeedsImages:  # a model whose forward pass wants more than token ids
+        def make_cache(self):
+            return [KVCache()]
+
+        def __call__(self, tokens, cache):
+            raise TypeError("missing pixel_values")
+
+    caplog.set_level("WARNING")
+    assert measure_or_none(NeedsImages()) is None
+    assert "cannot measure the model's caches" in caplog.text and "missing pixel_values" in caplog.text
