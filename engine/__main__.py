@@ -128,9 +128,12 @@ def _join(settings, watchdog) -> Joined:
     started = time.time()
     watchdog.beat("loading the model")
     loaded = load(settings, group)
+    how = {"single": "whole", "tensor": "tensor parallel"}.get(loaded.parallel, loaded.parallel + " parallel")
+    if loaded.pipeline_split:
+        how += f": {loaded.pipeline_split[rank]} of {sum(loaded.pipeline_split)} layers"
     logging.getLogger("engine").info(
-        "rank %d of %d joined: model %s loaded from %s (context %d) in %.1f s, pid %d, host %s", rank, size,
-        settings.model_name, loaded.path, loaded.context_length, time.time() - started, os.getpid(),
+        "rank %d of %d joined: model %s loaded from %s (context %d, %s) in %.1f s, pid %d, host %s", rank, size,
+        settings.model_name, loaded.path, loaded.context_length, how, time.time() - started, os.getpid(),
         socket.gethostname())
     return Joined(group, rank, size, loaded, started)
 

@@ -1,4 +1,4 @@
-"""Resolve MODEL to a folder and load it: whole on one rank, tensor-parallel shards on several."""
+"""Resolve MODEL to a folder and load it: whole on one rank; on several, tensor slices or pipeline stages."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ class LoadedModel:
     # rows of the model's output (logits); may exceed the tokenizer's ids (padded vocabularies)
     vocab_size: int = 0
     facts: ModelFacts = ModelFacts()
+    parallel: str = "single"  # engine.parallel: single, tensor or pipeline
+    # pipeline: the layers each rank holds, rank 0 first (empty: every rank holds every layer)
+    pipeline_split: tuple[int, ...] = ()
 
 
 def resolve(settings: Settings) -> str | Path:
@@ -80,16 +83,21 @@ def vocab_size(config: dict) -> int:
 
 
 def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
-    """Load on every rank; sharded_load with the tensor group when there are several ranks."""
+    """Load on every rank: whole on one, in the parallel mode engine.parallel chooses on several."""
     from mlx_lm import load as mlx_load
-    from mlx_lm.utils import sharded_load
+
+    from engine.parallel import SINGLE, ParallelRefused
+    from engine.sharding import Layout, load_parallel
 
     target = resolve(settings)
     try:
         if group is not None and group.size() > 1:
-            model, tokenizer, config = sharded_load(str(target), tensor_group=group, return_config=True)
+            model, tokenizer, config, layout = load_parallel(settings, str(target), group)
         else:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
+            layout = Layout(SINGLE)
+    except ParallelRefused as exc:
+        raise ModelError(str(exc)) from exc
     except (OSError, ValueError) as exc:
         raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
     # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
@@ -97,7 +105,8 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
                        vocab_size=vocab_size(config) or len(tokenizer),
-                       facts=model_facts(_folder(target), config, tokenizer))
+                       facts=model_facts(_folder(target), config, tokenizer), parallel=layout.mode,
+                       pipeline_split=tuple(layout.split))
 
 
 def _folder(target: str | Path) -> Path | None:
