@@ -228,7 +228,8 @@ def _kv_budget(settings, loaded, ranks: int, states):
     from engine.rank0.kv_budget import KVBudget, memory_budget, size, token_bytes
 
     log = logging.getLogger("engine")
-    per_token = token_bytes(loaded.facts.config, ranks, loaded.facts.dtype)
+    # pipeline: a rank holds whole layers, the KV of its share of them (the largest share, for every rank)
+    per_token = token_bytes(loaded.facts.config, ranks, loaded.facts.dtype, max(loaded.pipeline_split, default=0))
     budget = memory_budget(settings.KV_MEMORY_BYTES, states)
     kv = KVBudget(budget, per_token)
     if budget and not per_token:
