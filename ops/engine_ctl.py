@@ -11,6 +11,8 @@ from pathlib import Path
 from config import REPO_ROOT
 from ops.interrupt import deferred
 from ops.layout import Die, Layout, ceil_seconds, log_size, say, show_log_tail
+from ops.cluster import rank_count
+from ops.parallel_check import parallel_refusal
 from ops.pidfile import PidFile, stop_recorded
 from ops.probe import drop_stale_socket, engine_info
 from ops.procs import group_alive, poll, process_alive, spawn_group
@@ -111,6 +113,8 @@ class EngineCtl:
     def launch(self) -> int | None:
         """Start the engine and wait for rank 0; on failure show the log, stop it and return None."""
         self.refuse_taken_ring_ports()
+        if (why := parallel_refusal(self.settings, rank_count(self.settings))) is not None:
+            raise Die(1, why)
         offset = log_size(self.layout.engine_log)
         pid = self.start()
         if self.wait_ready(pid):
