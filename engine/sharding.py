@@ -59,21 +59,23 @@ def load_parallel(settings: Settings, target: str, group: mx.distributed.Group) 
     from engine.mlx_compat import local_model_path
 
     path = local_model_path(target)
-    probe, config = load_model(path, lazy=True, strict=False)
-    mode, note = choose(settings.PARALLEL, group.size(), abilities(probe, config))
+    probe, config = load_model(path, lazy=True, strict=False)  # the classes only: no weight is read
+    can = abilities(probe, config)
+    layers = len(probe.model.layers) if can.pipeline else 0
+    del probe
+    mode, note = choose(settings.PARALLEL, group.size(), can)
     if note:
         log.info("%s", note)
     if mode == TENSOR:
         model, tokenizer, config = sharded_load(target, tensor_group=group, return_config=True)
         return model, tokenizer, config, Layout(TENSOR)
-    split = _split(settings, probe, abilities(probe, config), group)
-    del probe
+    split = _split(settings, layers, can, group)
     return (*_pipeline_load(path, group, split), Layout(PIPELINE, split))
 
 
-def _split(settings: Settings, model: Any, can: Abilities, group: mx.distributed.Group) -> list[int]:
+def _split(settings: Settings, layers: int, can: Abilities, group: mx.distributed.Group) -> list[int]:
     """Layers per rank: PIPELINE_LAYERS, else in proportion to each host's memory (every rank computes the same)."""
-    layers, ranks = len(model.model.layers), group.size()
+    ranks = group.size()
     if settings.pipeline_layers:
         split = checked_split(settings.pipeline_layers, layers, ranks)
     else:

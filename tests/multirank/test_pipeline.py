@@ -90,6 +90,10 @@ def answers(name: str, **extra: str) -> tuple[list[str], list[str], str, dict]:
         alone = [chat(client, c, m) for c, m in zip(CHATS, MAX_TOKENS)]
         with cf.ThreadPoolExecutor(len(CHATS)) as pool:  # continuous batching: one batch, every row its own
             together = list(pool.map(lambda cm: chat(client, *cm), zip(CHATS, MAX_TOKENS)))
+        # seeded sampling draws the same tokens on every rank (a desync would end the engine) and every time
+        kw = dict(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=16, temperature=0.9, seed=7)
+        sampled = [client.chat.completions.create(**kw).choices[0].message.content for _ in range(2)]
+        assert sampled[0] == sampled[1]
         info = s.probe()
     finally:
         client.close()
