@@ -173,7 +173,8 @@ def judge(hosts: list[Host], settings: Settings) -> None:
                             host.faults.append(f"RDMA device {dev} is {state or 'absent from ibv_devinfo'}, not PORT_ACTIVE")
 
 
-def render(hosts: list[Host], settings: Settings, global_faults: list[str], model_faults: list[str] | None = None) -> str:
+def render(hosts: list[Host], settings: Settings, global_faults: list[str],
+           model_faults: list[str] | None = None) -> str:
     head = ("host", "ranks", "python", "mlx", "mlx-lm", "model", "verdict")
     rows = []
     for h in hosts:

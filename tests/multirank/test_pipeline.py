@@ -141,7 +141,8 @@ def test_a_model_with_both_modes_served_pipelined_answers_as_mlx_lm_with_the_pre
         # a second conversation turn extends the first: its prefix comes from each rank's own layers' entries
         first = client.chat.completions.create(model="default", max_tokens=8, temperature=0,
                                                messages=[{"role": "user", "content": CHATS[0]}])
-        turn = [{"role": "user", "content": CHATS[0]}, {"role": "assistant", "content": first.choices[0].message.content},
+        turn = [{"role": "user", "content": CHATS[0]},
+                {"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": CHATS[2]}]
         cached = [client.chat.completions.create(model="default", max_tokens=12, temperature=0, messages=turn)
                   for _ in range(2)]
