@@ -62,6 +62,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     HOSTFILE: str = ""
     BACKEND: Literal["ring", "jaccl", "mpi"] = "ring"
     RING_PORT: Port = 32323
+    # how several ranks share the model: tensor (every rank a slice of every layer) or pipeline (whole layers)
+    PARALLEL: Literal["tensor", "pipeline"] = "tensor"
+    # pipeline: layers per rank in rank order (e.g. 20,12); empty: in proportion to each host's memory
+    PIPELINE_LAYERS: str = ""
     # a cap on requests that set no max_tokens; 0: none (they run to the context's end or the KV budget's)
     MAX_TOKENS_DEFAULT: Annotated[int, Meta(ge=0)] = 0
     MAX_TOKENS_LIMIT: Positive = 32768
@@ -109,6 +113,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return [h.strip() for h in self.HOSTS.split(",") if h.strip()]
 
     @property
+    def pipeline_layers(self) -> list[int]:
+        """PIPELINE_LAYERS as counts per rank (checked at load); empty: split by memory."""
+        return [int(n) for n in self.PIPELINE_LAYERS.split(",") if n.strip()]
+
+    @property
     def cors_origins(self) -> list[str]:
         """Origins a browser may call the API from; empty: CORS stays off."""
         return [o.strip().rstrip("/") for o in self.CORS_ORIGINS.split(",") if o.strip()]
@@ -144,6 +153,7 @@ HINTS = {
     "RING_PORT": "an integer from 1 to 65535",
     "LOG_LEVEL": "one of DEBUG, INFO, WARNING, ERROR",
     "BACKEND": "one of ring, jaccl, mpi",
+    "PARALLEL": "one of tensor, pipeline",
     "MAX_TOKENS_DEFAULT": "0 (no cap) or a positive integer",
     "MAX_TOKENS_LIMIT": "a positive integer",
     "MAX_BATCH": "a positive integer",
@@ -262,6 +272,7 @@ def _check(s: Settings) -> None:
         raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} does not exist: give the path of an mlx.launch hostfile (JSON)")
     if s.BACKEND == "jaccl" and not s.HOSTFILE:
         raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see README)")
+    _check_pipeline_layers(s)
     if not _listen_host(s.API_HOST):
         raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
                           "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
@@ -282,6 +293,22 @@ def _check(s: Settings) -> None:
         raise ConfigError(
             f"MAX_TOKENS_DEFAULT={s.MAX_TOKENS_DEFAULT} exceeds MAX_TOKENS_LIMIT={s.MAX_TOKENS_LIMIT}: lower it or raise the limit"
         )
+
+
+def _check_pipeline_layers(s: Settings) -> None:
+    """Counts of layers, one per rank; their sum is checked against the model when it loads."""
+    if not s.PIPELINE_LAYERS:
+        return
+    counts = [n.strip() for n in s.PIPELINE_LAYERS.split(",")]
+    if not all(n.isdigit() and int(n) > 0 for n in counts):
+        raise ConfigError(f"PIPELINE_LAYERS={s.PIPELINE_LAYERS!r} is not valid: expected comma-separated positive "
+                          "layer counts, one per rank in rank order (e.g. 20,12), or empty to split by memory")
+    if s.PARALLEL != "pipeline":
+        raise ConfigError(f"PIPELINE_LAYERS={s.PIPELINE_LAYERS!r} needs PARALLEL=pipeline (PARALLEL={s.PARALLEL} "
+                          "gives every rank a slice of every layer): set PARALLEL=pipeline, or empty PIPELINE_LAYERS")
+    if not s.HOSTFILE and len(counts) != s.ranks:
+        raise ConfigError(f"PIPELINE_LAYERS={s.PIPELINE_LAYERS!r} gives {len(counts)} layer count(s) for {s.ranks} "
+                          f"rank(s) (HOSTS={s.HOSTS!r}): give one count per rank")
 
 
 def _listen_host(host: str) -> bool:

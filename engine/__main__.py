@@ -128,9 +128,12 @@ def _join(settings, watchdog) -> Joined:
     started = time.time()
     watchdog.beat("loading the model")
     loaded = load(settings, group)
+    how = {"single": "whole", "tensor": "tensor parallel"}.get(loaded.parallel, loaded.parallel + " parallel")
+    if loaded.pipeline_split:
+        how += f": {loaded.pipeline_split[rank]} of {sum(loaded.pipeline_split)} layers"
     logging.getLogger("engine").info(
-        "rank %d of %d joined: model %s loaded from %s (context %d) in %.1f s, pid %d, host %s", rank, size,
-        settings.model_name, loaded.path, loaded.context_length, time.time() - started, os.getpid(),
+        "rank %d of %d joined: model %s loaded from %s (context %d, %s) in %.1f s, pid %d, host %s", rank, size,
+        settings.model_name, loaded.path, loaded.context_length, how, time.time() - started, os.getpid(),
         socket.gethostname())
     return Joined(group, rank, size, loaded, started)
 
@@ -236,7 +239,9 @@ def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]]):
     if all(row[0] for row in kv_rows):
         memory = KVMemory.largest(KVMemory.from_row(row[1:]) for row in kv_rows)
     else:
-        memory = KVMemory(token_bytes(loaded.facts.config, ranks, loaded.facts.dtype))
+        # pipeline: a rank holds whole layers, the KV of its share of them (the largest share, for every rank)
+        memory = KVMemory(token_bytes(loaded.facts.config, ranks, loaded.facts.dtype,
+                                      max(loaded.pipeline_split, default=0)))
         log.warning("KV memory: rank(s) %s could not measure the model's caches (see their log): one token's KV "
                     "is estimated from the config (%d bytes), too high for MLA, sliding-window and linear-attention "
                     "models", [r for r, row in enumerate(kv_rows) if not row[0]], memory.token_bytes)

@@ -7,6 +7,7 @@ them fails there rather than deep inside a batched step.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mlx_lm.tokenizer_utils import _byte_decoder
@@ -51,3 +52,10 @@ def hf_tokenizer(tokenizer: Any) -> Any:
 
 def _unchanged(text: str) -> str:
     return text
+
+
+def local_model_path(target: str, download: bool = True) -> Path:
+    """MODEL's local folder (a repo id is fetched when absent, or only looked up in the cache without download)."""
+    from mlx_lm.utils import _download, hf_repo_to_path
+
+    return _download(target) if download or Path(target).exists() else hf_repo_to_path(target)

@@ -1,4 +1,4 @@
-"""Resolve MODEL to a folder and load it: whole on one rank, tensor-parallel shards on several."""
+"""Resolve MODEL to a folder and load it: whole on one rank; on several, tensor slices or pipeline stages."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ class LoadedModel:
     # rows of the model's output (logits); may exceed the tokenizer's ids (padded vocabularies)
     vocab_size: int = 0
     facts: ModelFacts = ModelFacts()
+    parallel: str = "single"  # engine.parallel: single, tensor or pipeline
+    # pipeline: the layers each rank holds, rank 0 first (empty: every rank holds every layer)
+    pipeline_split: tuple[int, ...] = ()
 
 
 def resolve(settings: Settings) -> str | Path:
@@ -83,24 +86,28 @@ def vocab_size(config: dict) -> int:
 
 
 def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
-    """Load on every rank; sharded_load with the tensor group when there are several ranks."""
+    """Load on every rank: whole on one, in the parallel mode engine.parallel chooses on several."""
     from mlx_lm import load as mlx_load
-    from mlx_lm.utils import sharded_load
+
+    from engine.parallel import SINGLE
+    from engine.sharding import Layout, load_parallel
 
     target = resolve(settings)
     refuse_broken_folder(settings, target)
     with load_errors_explained(settings, target):
         refuse_mismatched_weights(target, group)
         if group is not None and group.size() > 1:
-            model, tokenizer, config = sharded_load(str(target), tensor_group=group, return_config=True)
+            model, tokenizer, config, layout = load_parallel(settings, str(target), group)
         else:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
+            layout = Layout(SINGLE)
     # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
     # check would log that running such a prompt "will result in indexing errors" when it never runs.
     hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
                        vocab_size=vocab_size(config) or len(tokenizer),
-                       facts=model_facts(_folder(target), config, tokenizer))
+                       facts=model_facts(_folder(target), config, tokenizer), parallel=layout.mode,
+                       pipeline_split=tuple(layout.split))
 
 
 def _folder(target: str | Path) -> Path | None:
@@ -140,8 +147,12 @@ def refuse_mismatched_weights(target: str | Path, group: mx.distributed.Group | 
 def load_errors_explained(settings: Settings, target: str | Path):
     """mlx-lm's and transformers' load errors (weights that do not fit the config, a tokenizer that does not
     build) become a ModelError whose message names the file; tokenizers raises plain Exception, hence the width."""
+    from engine.parallel import ParallelRefused
+
     try:
         yield
+    except ParallelRefused as exc:  # the folder is fine; the architecture cannot be split this way
+        raise ModelError(str(exc)) from exc
     except RuntimeError:
         raise  # mlx's collectives: a peer rank was lost, which is not this folder's fault
     except Exception as exc:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from config import REPO_ROOT, Settings
+from ops.parallel_check import parallel_refusal
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 PROBE = Path(__file__).resolve().parent / "hostprobe.py"
@@ -64,6 +65,12 @@ def cluster_hosts(settings: Settings) -> tuple[list[Host], list[str]]:
         if rows and isinstance(rows[rank], list):
             host.rdma.append(rows[rank])
     return list(hosts.values()), faults
+
+
+def rank_count(settings: Settings) -> int:
+    """Ranks the engine runs: one per HOSTS entry, or per hostfile entry."""
+    hosts, _ = cluster_hosts(settings)
+    return sum(len(h.ranks) for h in hosts)
 
 
 def rdma_matrix_faults(rows: list) -> list[str]:
@@ -166,7 +173,8 @@ def judge(hosts: list[Host], settings: Settings) -> None:
                             host.faults.append(f"RDMA device {dev} is {state or 'absent from ibv_devinfo'}, not PORT_ACTIVE")
 
 
-def render(hosts: list[Host], settings: Settings, global_faults: list[str]) -> str:
+def render(hosts: list[Host], settings: Settings, global_faults: list[str],
+           model_faults: list[str] | None = None) -> str:
     head = ("host", "ranks", "python", "mlx", "mlx-lm", "model", "verdict")
     rows = []
     for h in hosts:
@@ -179,7 +187,8 @@ def render(hosts: list[Host], settings: Settings, global_faults: list[str]) -> s
              f"model {settings.MODEL}, project {REPO_ROOT}", ""]
     for r in [head, *rows]:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
-    faults = [(h.name, x) for h in hosts for x in h.faults] + [("hostfile", x) for x in global_faults]
+    faults = ([(h.name, x) for h in hosts for x in h.faults] + [("hostfile", x) for x in global_faults]
+              + [("model", x) for x in model_faults or []])
     if faults:
         lines.append("")
         lines += [f"FAULT {name}: {text}" for name, text in faults]
@@ -193,11 +202,14 @@ def render(hosts: list[Host], settings: Settings, global_faults: list[str]) -> s
 
 def check(settings: Settings) -> int:
     hosts, global_faults = cluster_hosts(settings)
-    with cf.ThreadPoolExecutor(max(1, len(hosts))) as pool:
+    with cf.ThreadPoolExecutor(len(hosts) + 1) as pool:
+        # the ranks together: can they run MODEL at all as PARALLEL says (asked here: mlx-lm decides alike anywhere)
+        refusal = pool.submit(parallel_refusal, settings, sum(len(h.ranks) for h in hosts))
         list(pool.map(lambda h: probe_host(h, settings), hosts))
     judge(hosts, settings)
-    print(render(hosts, settings, global_faults))
-    return 1 if global_faults or any(h.faults for h in hosts) or not hosts else 0
+    model_faults = [why] if (why := refusal.result()) is not None else []
+    print(render(hosts, settings, global_faults, model_faults))
+    return 1 if global_faults or model_faults or any(h.faults for h in hosts) or not hosts else 0
 
 
 def sync(settings: Settings) -> int:

@@ -11,7 +11,9 @@ from pathlib import Path
 from config import REPO_ROOT
 from config.model_folder import folder_problem
 from ops.interrupt import deferred
+from ops.cluster import rank_count
 from ops.layout import Die, Layout, ceil_seconds, log_size, say, show_log_tail
+from ops.parallel_check import parallel_refusal
 from ops.pidfile import PidFile, stop_recorded
 from ops.probe import drop_stale_socket, engine_info
 from ops.procs import group_alive, poll, process_alive, spawn_group
@@ -114,6 +116,8 @@ class EngineCtl:
         """Start the engine and wait for rank 0; on failure show the log, stop it and return None."""
         self.refuse_taken_ring_ports()
         self.refuse_broken_model()
+        if (why := parallel_refusal(self.settings, rank_count(self.settings))) is not None:
+            raise Die(1, why)
         offset = log_size(self.layout.engine_log)
         pid = self.start()
         if self.wait_ready(pid):

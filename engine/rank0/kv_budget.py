@@ -38,13 +38,16 @@ def _number(config: Mapping[str, Any], *keys: str) -> int:
     return 0
 
 
-def token_bytes(config: Mapping[str, Any], ranks: int, dtype: str = "") -> int:
+def token_bytes(config: Mapping[str, Any], ranks: int, dtype: str = "", pipeline_layers: int = 0) -> int:
     """Bytes one token's K and V take on one rank: layers x 2 x KV heads on the rank x head_dim x dtype bytes;
     0 when the config does not say (then no budget can be kept).
 
     Tensor parallelism gives each rank kv_heads / ranks heads (mlx-lm's shard() divides them); rounding up
-    keeps the estimate an upper bound should they not divide evenly. Sliding-window and linear-attention
-    layers hold less than this, so for such models the estimate errs on the safe side."""
+    keeps the estimate an upper bound should they not divide evenly. Pipeline parallelism instead gives a
+    rank whole layers with all their heads: pipeline_layers, the most layers any rank holds. Sliding-window
+    and linear-attention layers hold less than this, so for such models the estimate errs on the safe side."""
+    if pipeline_layers:
+        return token_bytes({**config, "num_hidden_layers": pipeline_layers}, 1, dtype)
     layers = _number(config, "num_hidden_layers", "n_layer", "num_layers")
     heads = _number(config, "num_attention_heads", "n_head")
     kv_heads = _number(config, "num_key_value_heads", "num_kv_heads", "n_kv_heads") or heads

@@ -59,3 +59,14 @@ def test_hf_tokenizer_is_the_wrapped_tokenizer(loaded):
     _, tok = loaded
     hf = mlx_compat.hf_tokenizer(tok)
     assert hf.encode("hi there", add_special_tokens=False) == tok.encode("hi there", add_special_tokens=False)
+
+
+def test_a_local_model_folder_is_its_own_path_and_an_absent_repo_is_not_fetched(tmp_path, monkeypatch):
+    settings = load_settings({"MODEL": "demo-tiny", "MODEL_CACHE_DIR": str(MODEL_CACHE)}, env_file="/dev/null")
+    folder = resolve(settings)
+    assert mlx_compat.local_model_path(str(folder)) == folder
+    assert mlx_compat.local_model_path(str(folder), download=False) == folder
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(Exception, match="(?i)local|offline|cache|not found"):
+        mlx_compat.local_model_path("nobody/absent-model", download=False)

@@ -1,0 +1,99 @@
+"""Which parallel mode several ranks run a model in, and how pipeline ranks split its layers.
+
+No MLX here: what a model can do arrives as `Abilities` (engine/sharding.py reads them from
+mlx-lm's model class), so `launch.sh start` and `check` refuse a model the engine could not run
+with the same sentence the engine would log, and unit tests drive every case.
+
+tensor: mlx-lm's `Model.shard()` gives every rank a slice of every layer. pipeline: mlx-lm's
+`model.model.pipeline()` gives every rank whole layers (rank 0 the last ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TENSOR = "tensor"
+PIPELINE = "pipeline"
+SINGLE = "single"  # one rank holds the whole model
+
+
+class ParallelRefused(Exception):
+    """The model cannot run as configured on these ranks; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What mlx-lm can do with a model_type: shard it, pipeline it, and give pipeline ranks unequal shares."""
+
+    model_type: str
+    tensor: bool
+    pipeline: bool
+    uneven: bool = False
+
+
+def choose(requested: str, ranks: int, can: Abilities) -> tuple[str, str]:
+    """(mode, note): the mode the ranks run, and a line to log when it is not the one requested.
+
+    PARALLEL=tensor is the default, so a model mlx-lm can only pipeline gets pipeline; PARALLEL=pipeline
+    is always a deliberate choice (capacity, unequal Macs), so a model without it is refused, not switched."""
+    if ranks <= 1:
+        return SINGLE, ""
+    arch = can.model_type
+    if requested == PIPELINE:
+        if can.pipeline:
+            return PIPELINE, ""
+        if can.tensor:
+            raise ParallelRefused(
+                f"MODEL's architecture {arch} cannot run in pipeline parallel on {ranks} ranks: mlx-lm's {arch} "
+                "model has no pipeline(); set PARALLEL=tensor (it supports tensor parallelism), or serve it on one "
+                "host (HOSTS with a single entry)")
+        raise _neither(arch, ranks)
+    if can.tensor:
+        return TENSOR, ""
+    if can.pipeline:
+        return PIPELINE, (f"{arch} has no tensor parallelism in mlx-lm (no shard()): running it in pipeline "
+                          f"parallel, each of the {ranks} ranks holding whole layers (PARALLEL=pipeline)")
+    raise _neither(arch, ranks)
+
+
+def _neither(arch: str, ranks: int) -> ParallelRefused:
+    return ParallelRefused(
+        f"MODEL's architecture {arch} cannot run on {ranks} ranks: mlx-lm can neither shard it (no shard(), for "
+        "tensor parallelism) nor split its layers (no pipeline(), for pipeline parallelism); serve it on one host "
+        "(HOSTS with a single entry)")
+
+
+def split_layers(layers: int, weights: list[float]) -> list[int]:
+    """Layers per rank in proportion to weights (at least one each), rounded by largest remainder so equal
+    weights give mlx-lm's own even split (the extra layers to the low ranks)."""
+    ranks = len(weights)
+    if layers < ranks:
+        raise ParallelRefused(f"the model has {layers} layers, fewer than the {ranks} ranks of the pipeline: "
+                              "serve it on fewer hosts")
+    total = sum(weights)
+    if total <= 0 or any(w <= 0 for w in weights):
+        weights, total = [1.0] * ranks, float(ranks)
+    # one layer each first, then the rest by share
+    spare = layers - ranks
+    exact = [spare * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    order = sorted(range(ranks), key=lambda r: (-(exact[r] - counts[r]), r))
+    for r in order[:spare - sum(counts)]:
+        counts[r] += 1
+    return [c + 1 for c in counts]
+
+
+def checked_split(counts: list[int], layers: int, ranks: int) -> list[int]:
+    """PIPELINE_LAYERS as given, when it fits the model and the ranks."""
+    if len(counts) != ranks or sum(counts) != layers:
+        raise ParallelRefused(
+            f"PIPELINE_LAYERS={','.join(map(str, counts))} does not fit: the model has {layers} layers on {ranks} "
+            f"ranks, so give {ranks} positive counts summing to {layers} (rank 0 first), or leave it empty to "
+            "split by memory")
+    return counts
+
+
+def memory_weights(memory: list[int], hosts: list[str]) -> list[float]:
+    """Each rank's share of its host's memory: ranks on one host divide it."""
+    per_host = {h: hosts.count(h) for h in hosts}
+    return [m / per_host[h] for m, h in zip(memory, hosts)]

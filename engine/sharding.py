@@ -1,0 +1,163 @@
+"""Load a model over several ranks: tensor-parallel slices (mlx-lm's shard()) or pipeline stages
+(its pipeline()), as engine/parallel.py decides from what mlx-lm's class for the model can do.
+
+    python -m engine.sharding [--ranks N]   # launch.sh start/check: the mode MODEL would run in, or why not
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import socket
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from config import Settings
+from engine.parallel import (PIPELINE, TENSOR, Abilities, ParallelRefused, checked_split, choose, memory_weights,
+                             split_layers)
+
+log = logging.getLogger(__name__)
+
+# `python -m engine.sharding`: the model runs as configured / it cannot (the sentence on stdout) / no verdict here
+VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN = 0, 3, 4
+_MIB = 2**20
+
+
+@dataclass
+class Layout:
+    """How the ranks hold the model: the mode, and in pipeline mode the layers of each rank (rank 0 first)."""
+
+    mode: str
+    split: list[int] = field(default_factory=list)
+
+    @property
+    def most_layers(self) -> int:
+        """The layers of the rank holding the most (0: every rank holds every layer)."""
+        return max(self.split, default=0)
+
+
+def abilities(model: Any, config: dict) -> Abilities:
+    """What mlx-lm can do with this (lazily built) model, asked as sharded_load asks it."""
+    inner = getattr(model, "model", None)
+    pipeline = getattr(inner, "pipeline", None)
+    uneven = pipeline is not None and "split" in inspect.signature(pipeline).parameters
+    return Abilities(model_type=str(config.get("model_type", "?")), tensor=hasattr(model, "shard"),
+                     pipeline=pipeline is not None, uneven=uneven)
+
+
+def load_parallel(settings: Settings, target: str, group: mx.distributed.Group) -> tuple[Any, Any, dict, Layout]:
+    """(model, tokenizer, config, layout) of this rank; raises ParallelRefused, OSError or ValueError."""
+    from mlx_lm.utils import load_model, sharded_load
+
+    from engine.mlx_compat import local_model_path
+
+    path = local_model_path(target)
+    probe, config = load_model(path, lazy=True, strict=False)  # the classes only: no weight is read
+    can = abilities(probe, config)
+    layers = len(probe.model.layers) if can.pipeline else 0
+    del probe
+    mode, note = choose(settings.PARALLEL, group.size(), can)
+    if note:
+        log.info("%s", note)
+    if mode == TENSOR:
+        model, tokenizer, config = sharded_load(target, tensor_group=group, return_config=True)
+        return model, tokenizer, config, Layout(TENSOR)
+    split = _split(settings, layers, can, group)
+    return (*_pipeline_load(path, group, split), Layout(PIPELINE, split))
+
+
+def _split(settings: Settings, layers: int, can: Abilities, group: mx.distributed.Group) -> list[int]:
+    """Layers per rank: PIPELINE_LAYERS, else in proportion to each host's memory (every rank computes the same)."""
+    ranks = group.size()
+    if settings.pipeline_layers:
+        split = checked_split(settings.pipeline_layers, layers, ranks)
+    else:
+        memory, hosts = _gather_memory(group)
+        split = split_layers(layers, memory_weights(memory, hosts))
+    even = split_layers(layers, [1.0] * ranks)
+    if split != even and not can.uneven:
+        if settings.pipeline_layers:
+            raise ParallelRefused(f"PIPELINE_LAYERS={settings.PIPELINE_LAYERS} cannot be applied: mlx-lm's "
+                                  f"{can.model_type} splits its layers evenly only; leave PIPELINE_LAYERS empty")
+        log.info("pipeline: mlx-lm's %s splits its layers evenly only; the hosts' memory would give %s", can.model_type,
+                 split)
+        split = even
+    log.info("pipeline parallel: %d layers over %d ranks, %s (rank 0 runs the last layers)", layers, ranks,
+             ", ".join(f"rank {r}: {n}" for r, n in enumerate(split)))
+    return split
+
+
+def _gather_memory(group: mx.distributed.Group) -> tuple[list[int], list[str]]:
+    """Every rank's memory for the model (MiB) and a token for its host, in rank order."""
+    from engine.ranks import host_memory
+
+    info = mx.device_info()
+    # On a Mac the GPU may wire this much (about 3/4 of RAM); elsewhere what the OS says is available.
+    mine = info.get("max_recommended_working_set_size") or host_memory()[1] or host_memory()[0]
+    host = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+    rows = mx.distributed.all_gather(mx.array([[int(mine) // _MIB, host]], dtype=mx.int32), group=group,
+                                     stream=mx.cpu)
+    values = rows.tolist()
+    return [m for m, _ in values], [str(h) for _, h in values]
+
+
+def _pipeline_load(path: Path, group: mx.distributed.Group, split: list[int]) -> tuple[Any, Any, dict]:
+    """sharded_load(pipeline_group=...) with the split given: mlx-lm's loader splits evenly only."""
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    model, config = load_model(path, lazy=True)
+    tokenizer = load_tokenizer(path, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id", None))
+    if split == split_layers(len(model.model.layers), [1.0] * group.size()):
+        model.model.pipeline(group)  # mlx-lm's own split, for the models whose pipeline() takes no split
+    else:
+        model.model.pipeline(group, split=split)
+    mx.eval(model.parameters())
+    # every rank has its layers before any serves (as sharded_load does)
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
+    return model, tokenizer, config
+
+
+def verdict(settings: Settings, ranks: int) -> tuple[int, str]:
+    """(VERDICT_*, sentence) for MODEL on `ranks` ranks, from mlx-lm's class for it; no weights are read."""
+    from mlx_lm.utils import load_model
+
+    from engine.mlx_compat import local_model_path
+    from engine.model import ModelError, resolve
+
+    try:
+        path = local_model_path(str(resolve(settings)), download=False)
+        model, config = load_model(path, lazy=True, strict=False)
+    except (ModelError, OSError, ValueError, KeyError) as exc:
+        return VERDICT_UNKNOWN, f"the parallel mode of MODEL={settings.MODEL} cannot be told here: {exc}"
+    try:
+        mode, note = choose(settings.PARALLEL, ranks, abilities(model, config))
+    except ParallelRefused as exc:
+        return VERDICT_REFUSED, str(exc)
+    return VERDICT_OK, note or mode
+
+
+def main() -> int:
+    from config import ConfigError, load_settings
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=0, help="ranks of the engine (default: one per HOSTS entry)")
+    args = parser.parse_args()
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(json.dumps({"verdict": VERDICT_UNKNOWN, "text": str(exc)}))
+        return VERDICT_UNKNOWN
+    code, text = verdict(settings, args.ranks or settings.ranks)
+    print(json.dumps({"verdict": code, "text": text}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
