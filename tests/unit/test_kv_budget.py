@@ -363,7 +363,7 @@ def test_rank_0_budgets_with_every_ranks_measurement_and_falls_back_to_the_confi
     empty = tmp_path / "empty.env"
     empty.touch()
     settings = load_settings({"KV_MEMORY_BYTES": str(1 << 30), "PREFILL_TOKENS_PER_STEP": "256"}, empty)
-    loaded = SimpleNamespace(facts=ModelFacts(config=QWEN3_4B, dtype="bfloat16"))
+    loaded = SimpleNamespace(facts=ModelFacts(config=QWEN3_4B, dtype="bfloat16"), pipeline_split=())
     rows = [[1, *KVMemory(640, 0, 0, 0).row()], [1, *KVMemory(320, 64, 128, 4096).row()]]
     kv, measured = _kv_budget(settings, loaded, 2, [], rows)
     assert measured and kv == KVBudget(1 << 30, 640, 64, 128, 4096, 256)
