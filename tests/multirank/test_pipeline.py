@@ -15,7 +15,6 @@ import subprocess
 import openai
 import pytest
 
-from engine.rank0.kv_budget import token_bytes
 from ops.procs import free_port_run
 from tests.harness import MLX_LAUNCH, MODEL_CACHE, PYTHON, REPO, Stack
 from tests.launch_stack import Launch
@@ -115,9 +114,11 @@ def test_qwen3_next_runs_pipelined_by_default_and_answers_as_mlx_lm_pipelined(qw
     assert together == qwen3_next_reference
     assert "qwen3_next has no tensor parallelism in mlx-lm (no shard()): running it in pipeline parallel" in log
     assert re.search(r"rank1 .*rank 1 of 2 joined: .*pipeline parallel: 2 of 4 layers", log), log[-2000:]
-    # admission counts a rank's two whole layers with all their heads: half of the whole model's KV per token
+    # admission counts what the busiest rank holds per token, as measured: the rank with the model's only
+    # full-attention layer holds its K and V with all their heads (the other layers keep a constant state)
     config = json.loads((_model_path("qwen3-next") / "config.json").read_text())
-    assert info["kv_token_bytes"] == token_bytes(config, 1, "float32") // 2
+    full = config["layer_types"].count("full_attention")
+    assert info["kv_token_bytes"] == full * 2 * config["num_key_value_heads"] * config["head_dim"] * 4
 
 
 def test_an_unequal_layer_split_answers_the_same(qwen3_next_reference):
