@@ -51,3 +51,8 @@ def hf_tokenizer(tokenizer: Any) -> Any:
 
 def _unchanged(text: str) -> str:
     return text
+
+
+def decoding_uids(gen: Any) -> list[int]:
+    """The uids of a BatchGenerator's sequences that have fed their whole prompt (its decoding batch)."""
+    return list(gen._generation_batch.uids)

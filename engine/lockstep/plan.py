@@ -50,10 +50,14 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     cache_len: int = 0
     # keep this sequence's KV when it ends, until a plan stores it (Plan.stores) or lets it go
     keep: bool = False
+    # keep its state right after the prompt (before the first sampled token is fed) likewise: the boundary a
+    # next turn extends, for a model whose entries cannot be cut (engine/lockstep/cuts.py)
+    keep_prompt: bool = False
 
 
 class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """Keep the KV of the first `length` tokens of a sequence that ended (or is removed by this plan) as entry `entry`."""
+    """Keep the KV of the first `length` tokens of a sequence as entry `entry`: one that ended (or is removed by
+    this plan), or one running, from its prompt's end when that is what `length` covers."""
 
     rid: str
     entry: int

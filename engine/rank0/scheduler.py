@@ -205,7 +205,11 @@ class Scheduler:
             if self.prefix.enabled:
                 entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant)
                 req.cached_tokens = reuse
-                req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True)
+                # where its entry could not be cut back to the prompt, the prompt's end is kept apart: a next turn
+                # extends the prompt, not the answer as it was sampled
+                whole = not self.prefix.cuts.can_cut(len(req.insert.tokens) + req.insert.max_tokens)
+                req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True,
+                                                     keep_prompt=whole)
             else:
                 self.prefix.count(req.insert.tokens)
             inserts.append(req.insert)
@@ -260,18 +264,22 @@ class Scheduler:
         return False
 
     def _prompt_done(self, req: Request) -> None:
-        """A prompt others wait for has been prefilled: keep its KV as an entry (the next plan stores it)."""
+        """A prompt has been prefilled (its first token came back) that others wait for, or whose end the batch kept
+        (Insert.keep_prompt): keep its KV as an entry (the next plan stores it)."""
         self.wanted.discard(req.rid)
-        entry = self.prefix.add(req.insert.tokens, tenant=req.tenant)
+        ins = req.insert
+        source = (ins.cache_id, ins.cache_len) if ins.keep_prompt else (0, 0)  # a turn moving on from its last
+        entry = self.prefix.add(ins.tokens, *source, tenant=req.tenant)
         if entry is not None:
-            self.stores.append(Store(rid=req.rid, entry=entry, length=len(req.insert.tokens)))
+            self.stores.append(Store(rid=req.rid, entry=entry, length=len(ins.tokens)))
 
     def _keep(self, req: Request) -> None:
-        """Plan to store the KV of a sequence that ends (every token fed to the model: the prompt and all but
-        the last sampled token), as a prefix cache entry."""
+        """Plan to store the KV of a sequence that ends, as a prefix cache entry: the prompt and all but the last
+        sampled token where the entry can be cut to that, else every token it fed (the last sampled included)."""
         if not req.insert.keep or not req.sampled:
             return
-        tokens = req.insert.tokens + req.sampled[:-1]
+        fed = req.insert.tokens + req.sampled
+        tokens = fed[:-1] if self.prefix.cuts.can_cut(len(fed)) else fed
         entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len, len(req.insert.tokens), req.tenant)
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
@@ -286,7 +294,7 @@ class Scheduler:
             if req is None:
                 continue
             req.sampled.append(token)
-            if len(req.sampled) == 1 and finish is None and req.rid in self.wanted:
+            if len(req.sampled) == 1 and (req.insert.keep_prompt or (finish is None and req.rid in self.wanted)):
                 self._prompt_done(req)
             if finish is not None:
                 self.running.pop(rid)  # the batch already dropped it on every rank

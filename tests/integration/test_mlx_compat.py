@@ -35,6 +35,22 @@ def test_batch_occupancy_follows_prompts_from_waiting_to_decoding(loaded):
     gen.close()
 
 
+def test_a_sequence_decodes_from_the_step_that_fed_its_whole_prompt_to_the_one_that_feeds_its_first_token(loaded):
+    # the batch keeps a prompt's end (engine/lockstep/batch.py) in the step a sequence joins the decoding batch
+    model, tok = loaded
+    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=16)
+    prompt = list(range(5, 45))
+    (uid,) = gen.insert([prompt], max_tokens=[4])
+    fed = []
+    while uid not in mlx_compat.decoding_uids(gen):
+        assert not gen.next()[1]  # nothing sampled yet
+        fed.append(len(gen.extract_cache([uid])[uid][1]))
+    assert fed[-1] == len(prompt) and fed[-2] < len(prompt)
+    _, (first,) = gen.next()  # the next step feeds the first sampled token
+    assert len(gen.extract_cache([uid])[uid][1]) == len(prompt) + 1 and first.finish_reason is None
+    gen.close()
+
+
 def test_a_detokenizer_keeps_its_leading_space(loaded):
     _, tok = loaded
     ids = tok.encode(" hello", add_special_tokens=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from engine.lockstep.prefix import PrefixEntries, cache_length
+from engine.lockstep.prefix import PrefixEntries
 
 
 def _cache(tokens: int, layers: int = 2) -> list[KVCache]:
@@ -20,11 +20,11 @@ def _cache(tokens: int, layers: int = 2) -> list[KVCache]:
 
 def test_taking_a_short_prefix_copies_those_tokens_and_leaves_the_entry_whole():
     entries = PrefixEntries()
-    entries.put(7, _cache(300), 300)
+    entries.put(7, _cache(300), 300, 300)
     before = [mx.array(c.keys[..., :300, :]) for c in entries.entries[7]]
 
     taken = entries.take(7, 5)
-    assert cache_length(taken) == 5
+    assert taken[0].offset == 5
     for c, whole in zip(taken, before):
         assert c.keys.shape[2] == 5 and c.values.shape[2] == 5  # the prefix, not the 300-token buffer
         assert mx.array_equal(c.keys, whole[..., :5, :])
@@ -33,18 +33,18 @@ def test_taking_a_short_prefix_copies_those_tokens_and_leaves_the_entry_whole():
     # the new sequence extends its copy; the entry still holds its own 300 tokens
     for c in taken:
         c.update_and_fetch(mx.zeros((1, 1, 3, 4)), mx.zeros((1, 1, 3, 4)))
-    assert cache_length(taken) == 8
-    assert cache_length(entries.entries[7]) == 300
+    assert taken[0].offset == 8
+    assert entries.entries[7][0].offset == 300 and entries.lengths[7] == 300
     for c, whole in zip(entries.entries[7], before):
         assert mx.array_equal(c.keys[..., :300, :], whole)
 
 
 def test_taking_the_whole_entry_twice_gives_two_independent_copies():
     entries = PrefixEntries()
-    entries.put(1, _cache(40), 40)
+    entries.put(1, _cache(40), 40, 40)
     a, b = entries.take(1, 40), entries.take(1, 40)
     a[0].update_and_fetch(mx.ones((1, 1, 1, 4)), mx.ones((1, 1, 1, 4)))
-    assert cache_length(a) == 41 and cache_length(b) == 40
+    assert a[0].offset == 41 and b[0].offset == 40
     assert mx.array_equal(b[0].keys, entries.entries[1][0].keys[..., :40, :])
 
 
