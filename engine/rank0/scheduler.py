@@ -258,7 +258,10 @@ class Scheduler:
         _, cached = self.prefix.best(req.key, limit, req.tenant)
         for other in self.running.values():
             if other.insert.keep and not other.sampled and not other.done and other.tenant == req.tenant:
-                if min(common_prefix(other.key, req.key), limit) - cached >= SHARE_MIN_TOKENS:
+                # what its prompt's entry could give req (of a model whose entries cannot be cut: all or nothing)
+                common = min(common_prefix(other.key, req.key), limit)
+                shared = self.prefix.cuts.reusable(len(other.insert.tokens), common)
+                if shared - cached >= SHARE_MIN_TOKENS:
                     self.wanted.add(other.rid)
                     return True
         return False

@@ -97,3 +97,11 @@ def test_plain_kv_models_plan_as_before():
     insert, stores = run(sched, "a", SYSTEM + [7], [50, 51, EOS])
     assert not insert.keep_prompt and stores[0] == []
     assert [s.length for s in stores[-1]] == [len(SYSTEM) + 1 + 2]
+
+
+def test_concurrent_prompts_wait_for_a_prefill_only_where_its_entry_could_serve_them():
+    sched = make(HYBRID)
+    long_system = list(range(100, 700))
+    submit(sched, *(request(f"s{i}", long_system + [10 + i], []) for i in range(3)))
+    # the first prompt's end would hold the others' system prompt and more: it cannot give them any of it
+    assert [i.rid for i in sched.next_plan(0, 0).inserts] == ["s0", "s1", "s2"]
