@@ -53,6 +53,10 @@ def _unchanged(text: str) -> str:
     return text
 
 
-def decoding_uids(gen: Any) -> list[int]:
-    """The uids of a BatchGenerator's sequences that have fed their whole prompt (its decoding batch)."""
-    return list(gen._generation_batch.uids)
+
+def fed_tokens(gen: Any) -> dict[int, int]:
+    """uid -> tokens fed so far, of a BatchGenerator's sequences being prefilled or decoded (mlx-lm keeps each
+    one's tokens, those it started from included, as its cache holds them)."""
+    fed = {uid: len(t) for uid, t in zip(gen._prompt_batch.uids, gen._prompt_batch.tokens)}
+    fed.update((uid, len(t)) for uid, t in zip(gen._generation_batch.uids, gen._generation_batch.tokens))
+    return fed

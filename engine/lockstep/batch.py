@@ -10,16 +10,12 @@ from mlx_lm.generate import BatchGenerator
 from engine import mlx_compat
 from engine.decoding.constrained import GrammarFailed, Grammars
 from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
+from engine.lockstep.boundaries import Boundaries
 from engine.lockstep.plan import Plan, Store, fingerprint, token_checksum
 from engine.lockstep.prefix import PrefixEntries, model_cuts
 from engine.lockstep.results import StepResults
 
 log = logging.getLogger(__name__)
-
-# Plans a prompt's end is held for rank 0 to store: it sees the sequence's first token one step after the state
-# exists, and with several ranks its plans are made one step ahead (engine/lockstep/loop.py), so its store
-# comes in the third plan at the latest; one more for margin.
-PROMPT_END_PLANS = 4
 
 
 class DesyncError(RuntimeError):
@@ -54,6 +50,13 @@ def _argmax(logprobs):
 
 def _unchanged(tokens, logits):
     return logits
+
+
+def _segments(ins, reused: int) -> list[list[int]]:
+    """The prompt tokens a sequence computes, in segments mlx-lm pauses between: split where a state is kept."""
+    if reused < ins.keep_at < len(ins.tokens):
+        return [ins.tokens[reused:ins.keep_at], ins.tokens[ins.keep_at:]]
+    return [ins.tokens[reused:]]
 
 
 def _reason(exc: BaseException) -> str:
@@ -91,10 +94,8 @@ class LockstepBatch:
         self.ended: dict[str, tuple[list, int]] = {}
         # ...kept through one more plan: a plan sent ahead was made before rank 0 saw them end
         self.ended_before: dict[str, tuple[list, int]] = {}
-        # Sequences whose state right after their prompt is to be kept (Insert.keep_prompt): rid -> prompt
-        # length; then that state, taken the step it exists, until a plan stores it or PROMPT_END_PLANS pass.
-        self.prompt_wanted: dict[str, int] = {}
-        self.prompt_ends: dict[str, list] = {}  # rid -> [cache, tokens fed, plans left]
+        # states at a prompt's end or a shared prefix's (Insert.keep_prompt, keep_at), until a plan stores them
+        self.boundaries = Boundaries()
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -126,8 +127,7 @@ class LockstepBatch:
         self.keep.clear()
         self.ended.clear()
         self.ended_before.clear()
-        self.prompt_wanted.clear()
-        self.prompt_ends.clear()
+        self.boundaries.clear()
 
     def __len__(self) -> int:
         return len(self.order)
@@ -171,7 +171,7 @@ class LockstepBatch:
         removed_stores = self._store(plan.stores, gone)
         self.ended_before = {rid: c for rid, c in self.ended.items() if rid not in {s.rid for s in plan.stores}}
         self.ended = {}
-        self._age_prompt_ends()
+        self.boundaries.age()
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
             if uids:
@@ -191,7 +191,7 @@ class LockstepBatch:
             self.wants_logprobs -= gone
             self.keep -= gone
             for rid in gone:
-                self.prompt_wanted.pop(rid, None)
+                self.boundaries.forget(rid)
         if plan.inserts:
             self._insert(plan.inserts)
         if plan.evicts:
@@ -205,10 +205,9 @@ class LockstepBatch:
         ended = {**self.ended_before, **self.ended}
         removed: dict[str, Store] = {}
         for st in stores:
-            held = self.prompt_ends.get(st.rid)
-            if held is not None and held[1] == st.length:
-                self.prefix.put(st.entry, held[0], st.length, held[1])
-                del self.prompt_ends[st.rid]
+            held = self.boundaries.pop(st.rid, st.length)
+            if held is not None:
+                self.prefix.put(st.entry, held, st.length, st.length)
             elif st.rid in ended:
                 cache, fed = ended.pop(st.rid)
                 self.prefix.put(st.entry, cache, st.length, fed)
@@ -217,31 +216,6 @@ class LockstepBatch:
             elif st.rid in self.uid_of:
                 self._snapshot(st)  # a running sequence whose prompt others wait for: a copy of its KV so far
         return removed
-
-    def _age_prompt_ends(self) -> None:
-        """A prompt's end not stored within PROMPT_END_PLANS plans never will be (rank 0 decided otherwise)."""
-        for rid in list(self.prompt_ends):
-            self.prompt_ends[rid][2] -= 1
-            if self.prompt_ends[rid][2] <= 0:
-                del self.prompt_ends[rid]
-
-    def _take_prompt_ends(self) -> None:
-        """After a step: the state of each sequence that has just fed its whole prompt and not yet its first sampled
-        token (mlx-lm moves a sequence to decoding in the step that feeds its last prompt token, and feeds
-        the first sampled token the next step), kept for rank 0's store."""
-        decoding = set(mlx_compat.decoding_uids(self.gen))
-        for rid, length in list(self.prompt_wanted.items()):
-            uid = self.uid_of.get(rid)
-            if uid is None or uid not in decoding:
-                continue
-            del self.prompt_wanted[rid]
-            try:
-                cache, tokens = self.gen.extract_cache([uid])[uid]
-            except Exception:  # the same on every rank: the entry is missing everywhere, and rank 0 forgets it
-                log.exception("request %s: the state after its prompt could not be copied", rid)
-                continue
-            if len(tokens) == length:
-                self.prompt_ends[rid] = [cache, length, PROMPT_END_PLANS]
 
     def _snapshot(self, st) -> None:
         uid = self.uid_of[st.rid]
@@ -277,10 +251,10 @@ class LockstepBatch:
             # (an entry the ranks did not keep is missing on every rank alike: the whole prompt is computed)
             reuse = [ins.cache_len if ins.cache_id in self.prefix.entries else 0 for ins in ready]
             caches = [self.prefix.take(ins.cache_id, n) if n else None for ins, n in zip(ready, reuse)]
-            uids = self.gen.insert([ins.tokens[n:] for ins, n in zip(ready, reuse)],
-                                   max_tokens=[ins.max_tokens for ins in ready], caches=caches,
-                                   all_tokens=[ins.tokens[:n] for ins, n in zip(ready, reuse)],
-                                   samplers=samplers, logits_processors=processors)
+            uids = self.gen.insert_segments([_segments(ins, n) for ins, n in zip(ready, reuse)],
+                                            max_tokens=[ins.max_tokens for ins in ready], caches=caches,
+                                            all_tokens=[ins.tokens[:n] for ins, n in zip(ready, reuse)],
+                                            samplers=samplers, logits_processors=processors)
         except Exception as exc:
             for ins in ready:
                 self.failed[ins.rid] = _reason(exc)
@@ -294,8 +268,8 @@ class LockstepBatch:
                 self.wants_logprobs.add(ins.rid)
             if ins.keep:
                 self.keep.add(ins.rid)
-            if ins.keep_prompt:
-                self.prompt_wanted[ins.rid] = len(ins.tokens)
+            at = [ins.keep_at] if 0 < ins.keep_at < len(ins.tokens) else []
+            self.boundaries.want(ins.rid, at + [len(ins.tokens)] if ins.keep_prompt else at)
             if self._fail_seed is not None and ins.seed == self._fail_seed:
                 self._seeded.add(ins.rid)
 
@@ -332,9 +306,9 @@ class LockstepBatch:
             self.wants_logprobs -= finished
             self.keep -= finished
             for rid in finished:
-                self.prompt_wanted.pop(rid, None)
-        if self.prompt_wanted:
-            self._take_prompt_ends()
+                self.boundaries.forget(rid)
+        if self.boundaries.wanted:
+            self.boundaries.take(self.gen, self.uid_of)
         self.last_check = token_checksum([tok for _, tok, _ in out.tokens])
         out.failed = dict(self.failed)
         self.failed.clear()  # in place: the guards of running requests hold this dict

@@ -53,6 +53,8 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # keep its state right after the prompt (before the first sampled token is fed) likewise: the boundary a
     # next turn extends, for a model whose entries cannot be cut (engine/lockstep/cuts.py)
     keep_prompt: bool = False
+    # ...and its state after its first keep_at tokens (0: none): where its prompt parts from other prompts
+    keep_at: int = 0
 
 
 class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -20,7 +20,7 @@ from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
-from engine.rank0.prefix_index import SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
+from engine.rank0.prefix_index import MIN_REUSE_TOKENS, SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 
@@ -208,8 +208,9 @@ class Scheduler:
                 # where its entry could not be cut back to the prompt, the prompt's end is kept apart: a next turn
                 # extends the prompt, not the answer as it was sampled
                 whole = not self.prefix.cuts.can_cut(len(req.insert.tokens) + req.insert.max_tokens)
+                parting = self._parting(req, reuse) if whole else 0
                 req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True,
-                                                     keep_prompt=whole)
+                                                     keep_prompt=whole, keep_at=parting)
             else:
                 self.prefix.count(req.insert.tokens)
             inserts.append(req.insert)
@@ -261,16 +262,37 @@ class Scheduler:
                 # what its prompt's entry could give req (of a model whose entries cannot be cut: all or nothing)
                 common = min(common_prefix(other.key, req.key), limit)
                 shared = self.prefix.cuts.reusable(len(other.insert.tokens), common)
+                if other.insert.keep_at and common >= other.insert.keep_at:
+                    shared = max(shared, other.insert.keep_at)  # where it parts from others, kept as an entry
                 if shared - cached >= SHARE_MIN_TOKENS:
                     self.wanted.add(other.rid)
                     return True
         return False
 
+    def _parting(self, req: Request, reused: int) -> int:
+        """Where req's prompt parts from another conversation's (an entry's prompt, a prompt waiting or running) past
+        what it reuses: the end of a system prompt and tools they share, kept as an entry of its own on a model
+        whose entries cannot be cut (0: nowhere worth it). A turn that holds another's whole prompt continues it."""
+        limit = len(req.insert.tokens) - 1
+        best = 0
+        for tokens, prompt, tenant in (*((e.tokens, e.prompt, e.tenant) for e in self.prefix.entries.values()),
+                                       *((o.key, len(o.insert.tokens), o.tenant)
+                                         for o in (*self.waiting, *self.running.values()) if o is not req)):
+            if tenant == req.tenant:
+                n = common_prefix(tokens, req.key)
+                if n < prompt:
+                    best = max(best, min(n, limit))
+        return best if best >= reused + MIN_REUSE_TOKENS else 0
+
     def _prompt_done(self, req: Request) -> None:
         """A prompt has been prefilled (its first token came back) that others wait for, or whose end the batch kept
-        (Insert.keep_prompt): keep its KV as an entry (the next plan stores it)."""
+        (Insert.keep_prompt): keep its KV as an entry (the next plan stores it), and where it parts from others."""
         self.wanted.discard(req.rid)
         ins = req.insert
+        if ins.keep_at:
+            entry = self.prefix.add(ins.tokens[:ins.keep_at], tenant=req.tenant)
+            if entry is not None:
+                self.stores.append(Store(rid=req.rid, entry=entry, length=ins.keep_at))
         source = (ins.cache_id, ins.cache_len) if ins.keep_prompt else (0, 0)  # a turn moving on from its last
         entry = self.prefix.add(ins.tokens, *source, tenant=req.tenant)
         if entry is not None:

@@ -1,8 +1,11 @@
 """The prefix cache on models whose caches cannot be cut (linear attention: Qwen3.5, Qwen3-Next) or stop being
 cuttable once their sliding window wraps (gpt-oss): an agent's next turns start from the previous prompt's end,
-and every answer is byte-identical to an engine without the cache."""
+other conversations from where conversations on the same system prompt part, and every answer is
+byte-identical to an engine without the cache."""
 
 from __future__ import annotations
+
+import concurrent.futures as cf
 
 import httpx
 import pytest
@@ -21,8 +24,9 @@ def chat(base: str, messages: list[dict]) -> dict:
     return r.json()
 
 
-def agent_session(name: str, cache_bytes: str, ranks: int = 1) -> list[dict]:
-    """Three turns of one conversation (each resends the whole history), and the engine's log."""
+def agent_session(name: str, cache_bytes: str, ranks: int = 1) -> dict[str, list[dict]]:
+    """Three turns of one conversation (each resends the whole history), then two other conversations on its
+    system prompt, then four at once on a new one; checks the engine's log."""
     stack = Stack(extra={"MODEL": "zoo-" + name, "PROMPT_CACHE_BYTES": cache_bytes})
     engine = stack.start_engine(ranks=ranks)
     try:
@@ -34,6 +38,12 @@ def agent_session(name: str, cache_bytes: str, ranks: int = 1) -> list[dict]:
                 messages.append({"role": "user", "content": question})
                 turns.append(chat(stack.base_url, messages))
                 messages.append({"role": "assistant", "content": turns[-1]["choices"][0]["message"]["content"]})
+            others = [chat(stack.base_url, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
+                      for q in ("List the rules about file 2.py.", "Summarise rule 9.")]
+            system = "Another agent. " + SYSTEM
+            with cf.ThreadPoolExecutor(4) as pool:
+                concurrent = list(pool.map(lambda i: chat(stack.base_url, [
+                    {"role": "system", "content": system}, {"role": "user", "content": f"Task {i}."}]), range(4)))
             assert stack.probe()["ranks"] == ranks  # no rank ended
         finally:
             api.stop()
@@ -41,18 +51,29 @@ def agent_session(name: str, cache_bytes: str, ranks: int = 1) -> list[dict]:
         engine.stop()
     log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
     assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
-    return turns
+    return {"turns": turns, "others": others, "concurrent": concurrent}
+
+
+def texts(session: dict[str, list[dict]]) -> dict[str, list[str]]:
+    return {k: [r["choices"][0]["message"]["content"] for r in v] for k, v in session.items()}
+
+
+def cached(reply: dict) -> int:
+    return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def check_reuse_and_identical_answers(name: str, ranks: int = 1) -> None:
     on = agent_session(name, str(64 << 20), ranks)
     off = agent_session(name, "0", ranks)
-    for before, turn in zip(on, on[1:]):
-        cached = turn["usage"]["prompt_tokens_details"]["cached_tokens"]
-        assert cached >= 0.9 * before["usage"]["prompt_tokens"], (cached, before["usage"])
-    assert all(t["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for t in off)
-    assert [t["choices"][0]["message"]["content"] for t in on] == [t["choices"][0]["message"]["content"] for t in off]
-    assert [t["usage"] for t in on][0] == [t["usage"] for t in off][0]
+    for before, turn in zip(on["turns"], on["turns"][1:]):
+        assert cached(turn) >= 0.9 * before["usage"]["prompt_tokens"], (cached(turn), before["usage"])
+    # the second other conversation starts where the first parted from the agent's: after the system prompt
+    assert cached(on["others"][1]) >= 0.9 * on["others"][1]["usage"]["prompt_tokens"], on["others"][1]["usage"]
+    # four at once on a new system prompt: the first two compute it (the first to arrive alone parts from no
+    # one), the others start where those two part
+    assert sum(cached(r) for r in on["concurrent"]) >= 2 * 0.9 * on["concurrent"][0]["usage"]["prompt_tokens"]
+    assert not any(cached(r) for v in off.values() for r in v)
+    assert texts(on) == texts(off)
 
 
 @pytest.mark.parametrize("name", ONE_RANK)

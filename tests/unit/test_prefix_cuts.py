@@ -61,9 +61,30 @@ def test_an_entry_that_cannot_be_cut_never_serves_a_prompt_that_parts_inside_it(
     run(sched, "a", SYSTEM + [7, 8, 9], [50, EOS])
     insert, _ = run(sched, "b", SYSTEM + [20, 21], [60, EOS])  # another question on the same system prompt
     assert (insert.cache_id, insert.cache_len) == (0, 0)
-    # the very same prompt again: its last token must be computed, so the prompt's end cannot serve it
+    # the very same prompt again: its last token must be computed, so its own prompt's end cannot serve it
+    sched = make(HYBRID)
+    run(sched, "a", SYSTEM + [7, 8, 9], [50, EOS])
     insert, _ = run(sched, "c", SYSTEM + [7, 8, 9], [60, EOS])
     assert insert.cache_len == 0
+
+
+def test_where_conversations_part_is_kept_and_the_next_conversation_starts_there():
+    sched = make(HYBRID)
+    run(sched, "a", SYSTEM + [7, 8, 9], [50, EOS])
+    insert, stores = run(sched, "b", SYSTEM + [20, 21], [60, EOS])
+    # b parts from a's prompt after the system prompt: that state is kept besides b's prompt's end
+    assert insert.keep_at == len(SYSTEM)
+    assert sorted(s.length for s in stores[0]) == [len(SYSTEM), len(SYSTEM) + 2]
+    insert, _ = run(sched, "c", SYSTEM + [30, 31, 32], [70, EOS])
+    assert insert.cache_len == len(SYSTEM) and insert.keep_at == 0  # nothing new to keep: it starts there
+
+
+def test_a_next_turn_keeps_no_parting_inside_its_own_conversation():
+    sched = make(HYBRID)
+    turn1 = SYSTEM + [7, 8, 9]
+    run(sched, "a", turn1, [50, 51, EOS])
+    insert, _ = run(sched, "b", turn1 + [50, 5, 11], [60, EOS])  # its answer re-tokenised
+    assert insert.cache_len == len(turn1) and insert.keep_at == 0
 
 
 def test_an_entry_that_cannot_be_cut_leaves_the_shorter_ones_it_extends():
@@ -99,9 +120,27 @@ def test_plain_kv_models_plan_as_before():
     assert [s.length for s in stores[-1]] == [len(SYSTEM) + 1 + 2]
 
 
+def test_concurrent_prompts_on_one_system_prompt_compute_it_once():
+    sched = make(HYBRID)
+    long_system = list(range(100, 700))
+    submit(sched, *(request(f"s{i}", long_system + [10 + i, 5], []) for i in range(3)))
+    # the first prompt's end cannot give the others anything, but where it parts from them can: they wait for it
+    first = sched.next_plan(0, 0)
+    assert [(i.rid, i.keep_at) for i in first.inserts] == [("s0", len(long_system))]
+    applied(sched, first)
+    sched.absorb(StepResults(tokens=[("s0", 50, None)]))
+    second = sched.next_plan(0, 0)
+    applied(sched, second)
+    parting = [s.entry for s in second.stores if s.length == len(long_system)]
+    assert [(i.rid, i.cache_id, i.cache_len) for i in second.inserts] == \
+        [("s1", *parting, len(long_system)), ("s2", *parting, len(long_system))]
+
+
 def test_concurrent_prompts_wait_for_a_prefill_only_where_its_entry_could_serve_them():
     sched = make(HYBRID)
     long_system = list(range(100, 700))
-    submit(sched, *(request(f"s{i}", long_system + [10 + i], []) for i in range(3)))
-    # the first prompt's end would hold the others' system prompt and more: it cannot give them any of it
-    assert [i.rid for i in sched.next_plan(0, 0).inserts] == ["s0", "s1", "s2"]
+    submit(sched, request("s0", long_system + [10, 5], []))
+    assert [i.rid for i in sched.next_plan(0, 0).inserts] == ["s0"]
+    # s0 parts from nothing, so keeps only its prompt's end, which cannot give s1 its system prompt
+    submit(sched, request("s1", long_system + [11, 5], []))
+    assert [i.rid for i in sched.next_plan(0, 0).inserts] == ["s1"]
