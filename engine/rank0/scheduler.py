@@ -20,7 +20,7 @@ from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
-from engine.rank0.prefix_index import MIN_REUSE_TOKENS, SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
+from engine.rank0.prefix_index import SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 
@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 
 # the reason a step gives for a choice whose grammar failed mid-output (engine/decoding/constrained.py)
 GRAMMAR_FAILED = "GrammarFailed"
+
+# Where conversations part is kept as an entry only this many tokens past what the prompt reuses: on a model whose
+# entries cannot be cut, each entry holds a whole state (a linear-attention layer's is constant, and large on real
+# models), worth it for a system prompt and tools, not for a chat template's header.
+PARTING_MIN_TOKENS = 64
 
 # (sampled token, its logprob row, how many alternatives) per asking choice -> one TokenLogprob each;
 # the first argument is the choices' token texts (engine/rank0/logprobs.py: extract).
@@ -282,7 +287,7 @@ class Scheduler:
                 n = common_prefix(tokens, req.key)
                 if n < prompt:
                     best = max(best, min(n, limit))
-        return best if best >= reused + MIN_REUSE_TOKENS else 0
+        return best if best >= reused + PARTING_MIN_TOKENS else 0
 
     def _prompt_done(self, req: Request) -> None:
         """A prompt has been prefilled (its first token came back) that others wait for, or whose end the batch kept

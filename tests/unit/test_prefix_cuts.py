@@ -79,6 +79,13 @@ def test_where_conversations_part_is_kept_and_the_next_conversation_starts_there
     assert insert.cache_len == len(SYSTEM) and insert.keep_at == 0  # nothing new to keep: it starts there
 
 
+def test_a_short_shared_header_is_not_worth_a_state_of_its_own():
+    sched = make(HYBRID)
+    run(sched, "a", SYSTEM[:10] + [7, 8, 9] * 30, [50, EOS])
+    insert, _ = run(sched, "b", SYSTEM[:10] + [20, 21] * 30, [60, EOS])
+    assert insert.keep_at == 0
+
+
 def test_a_next_turn_keeps_no_parting_inside_its_own_conversation():
     sched = make(HYBRID)
     turn1 = SYSTEM + [7, 8, 9]
