@@ -68,6 +68,7 @@ class Entry:
     tokens: bytes  # token_bytes of the tokens its KV covers
     prompt: int = 0  # how many of them were the sequence's prompt (the rest it generated)
     tenant: str = ""  # only requests of the same tenant (Generate.cache_salt) reuse or supersede it
+    shared: bool = False  # where several conversations part: none of them supersedes it by going on from it
     nbytes: int = 0  # known once the store has been applied
 
     @property
@@ -134,7 +135,7 @@ class PrefixIndex:
         self.stats.prompt_tokens += len(tokens)
 
     def add(self, tokens: list[int], source: int = 0, reused: int = 0, prompt: int = -1,
-            tenant: str = "") -> int | None:
+            tenant: str = "", shared: bool = False) -> int | None:
         """A new entry for a sequence's tokens (its KV stored by the next plan); None when not worth keeping.
 
         `prompt` of the tokens were the sequence's prompt (all of them by default). Entries whose tokens are a
@@ -150,7 +151,7 @@ class PrefixIndex:
             return None
         key = token_bytes(tokens)
         old = self.entries.get(source)
-        if old is not None and reused >= old.prompt:
+        if old is not None and reused >= old.prompt and not old.shared:
             self._evict(source)
         cut = self.cuts.can_cut(len(tokens))
         for entry_id, entry in list(self.entries.items()):
@@ -164,7 +165,7 @@ class PrefixIndex:
         entry_id = self.next_id
         self.next_id += 1
         self.entries[entry_id] = Entry(tokens=key, prompt=len(tokens) if prompt < 0 else min(prompt, len(tokens)),
-                                       tenant=tenant)
+                                       tenant=tenant, shared=shared)
         self.stats.stored += 1
         return entry_id
 

@@ -295,7 +295,7 @@ class Scheduler:
         self.wanted.discard(req.rid)
         ins = req.insert
         if ins.keep_at:
-            entry = self.prefix.add(ins.tokens[:ins.keep_at], tenant=req.tenant)
+            entry = self.prefix.add(ins.tokens[:ins.keep_at], tenant=req.tenant, shared=True)
             if entry is not None:
                 self.stores.append(Store(rid=req.rid, entry=entry, length=ins.keep_at))
         source = (ins.cache_id, ins.cache_len) if ins.keep_prompt else (0, 0)  # a turn moving on from its last

@@ -25,7 +25,7 @@ def chat(base: str, messages: list[dict]) -> dict:
 
 
 def agent_session(name: str, cache_bytes: str, ranks: int = 1) -> dict[str, list[dict]]:
-    """Three turns of one conversation (each resends the whole history), then two other conversations on its
+    """Three turns of one conversation (each resends the whole history), then three other conversations on its
     system prompt, then four at once on a new one; checks the engine's log."""
     stack = Stack(extra={"MODEL": "zoo-" + name, "PROMPT_CACHE_BYTES": cache_bytes})
     engine = stack.start_engine(ranks=ranks)
@@ -39,7 +39,7 @@ def agent_session(name: str, cache_bytes: str, ranks: int = 1) -> dict[str, list
                 turns.append(chat(stack.base_url, messages))
                 messages.append({"role": "assistant", "content": turns[-1]["choices"][0]["message"]["content"]})
             others = [chat(stack.base_url, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
-                      for q in ("List the rules about file 2.py.", "Summarise rule 9.")]
+                      for q in ("List the rules about file 2.py.", "Summarise rule 9.", "Quote rule 11.")]
             system = "Another agent. " + SYSTEM
             with cf.ThreadPoolExecutor(4) as pool:
                 concurrent = list(pool.map(lambda i: chat(stack.base_url, [
@@ -67,8 +67,9 @@ def check_reuse_and_identical_answers(name: str, ranks: int = 1) -> None:
     off = agent_session(name, "0", ranks)
     for before, turn in zip(on["turns"], on["turns"][1:]):
         assert cached(turn) >= 0.9 * before["usage"]["prompt_tokens"], (cached(turn), before["usage"])
-    # the second other conversation starts where the first parted from the agent's: after the system prompt
-    assert cached(on["others"][1]) >= 0.9 * on["others"][1]["usage"]["prompt_tokens"], on["others"][1]["usage"]
+    # the later other conversations start where the first parted from the agent's: after the system prompt
+    for other in on["others"][1:]:
+        assert cached(other) >= 0.9 * other["usage"]["prompt_tokens"], other["usage"]
     # four at once on a new system prompt: the first two compute it (the first to arrive alone parts from no
     # one), the others start where those two part
     assert sum(cached(r) for r in on["concurrent"]) >= 2 * 0.9 * on["concurrent"][0]["usage"]["prompt_tokens"]

@@ -75,8 +75,9 @@ def test_where_conversations_part_is_kept_and_the_next_conversation_starts_there
     # b parts from a's prompt after the system prompt: that state is kept besides b's prompt's end
     assert insert.keep_at == len(SYSTEM)
     assert sorted(s.length for s in stores[0]) == [len(SYSTEM), len(SYSTEM) + 2]
-    insert, _ = run(sched, "c", SYSTEM + [30, 31, 32], [70, EOS])
-    assert insert.cache_len == len(SYSTEM) and insert.keep_at == 0  # nothing new to keep: it starts there
+    for rid in ("c", "d"):  # every later conversation starts there (none supersedes it by going on from it)
+        insert, _ = run(sched, rid, SYSTEM + [30, 31, ord(rid)], [70, EOS])
+        assert insert.cache_len == len(SYSTEM) and insert.keep_at == 0  # nothing new to keep: it starts there
 
 
 def test_a_short_shared_header_is_not_worth_a_state_of_its_own():
