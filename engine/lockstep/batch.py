@@ -169,7 +169,8 @@ class LockstepBatch:
             mlx_compat.set_prefill_chunk(self.gen, plan.prefill_chunk)
         gone = set(plan.removes)
         removed_stores = self._store(plan.stores, gone)
-        self.ended_before = {rid: c for rid, c in self.ended.items() if rid not in {s.rid for s in plan.stores}}
+        stored = {s.rid for s in plan.stores}
+        self.ended_before = {rid: c for rid, c in self.ended.items() if rid not in stored}
         self.ended = {}
         self.boundaries.age()
         if plan.removes:

@@ -82,3 +82,44 @@ def test_a_kept_entry_of_every_cache_kind_holds_what_it_counts_not_the_batch_it_
         counted = sum(c.nbytes for c in kept)
         held = mx.get_active_memory() - base
         assert counted > 0 and held <= counted + 4096, f"{kind}: {held} bytes held for {counted} counted"
+
+
+def _hybrid(tokens: int, window: int = 16) -> list:
+    """A linear-attention state, a sliding window and a plain KV layer, `tokens` deep."""
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+    state = ArraysCache(2)
+    state.cache = [mx.ones((1, 3, 8)) * tokens, mx.ones((1, 2, 4, 4))]
+    rotating = RotatingKVCache(max_size=window)
+    kv = KVCache()
+    for _ in range(tokens):
+        k = mx.ones((1, 1, 1, 4))
+        rotating.update_and_fetch(k, k)
+        kv.update_and_fetch(k, k)
+    return [state, rotating, kv]
+
+
+def test_a_cache_that_cannot_be_cut_is_kept_only_at_the_length_it_holds_and_taken_only_whole():
+    import pytest
+
+    entries = PrefixEntries()
+    entries.put(1, _hybrid(40), 39, 40)  # one token too many, and a state cannot give it back
+    assert 1 not in entries.entries
+    entries.put(2, _hybrid(40), 40, 40)
+    assert entries.lengths[2] == 40 and entries.nbytes() == sum(c.nbytes for c in entries.entries[2])
+    whole = entries.take(2, 40)
+    assert [type(c).__name__ for c in whole] == ["ArraysCache", "RotatingKVCache", "KVCache"]
+    assert whole[1].offset == 40 and whole[2].offset == 40 and whole[0].cache[0] is not entries.entries[2][0].cache[0]
+    with pytest.raises(RuntimeError, match="cannot be cut"):
+        entries.take(2, 30)  # rank 0 never plans this
+
+
+def test_a_sliding_window_that_has_not_wrapped_is_cut_and_keeps_only_its_tokens():
+    from mlx_lm.models.cache import RotatingKVCache
+
+    entries = PrefixEntries()
+    window = _hybrid(10, window=64)[1:]  # a window and a plain KV layer
+    entries.put(3, window, 8, 10)
+    kept = entries.entries[3]
+    assert isinstance(kept[0], RotatingKVCache) and kept[0].offset == 8 and kept[0].keys.shape[2] == 8
+    assert entries.take(3, 5)[0].offset == 5
