@@ -59,3 +59,11 @@ def local_model_path(target: str, download: bool = True) -> Path:
     from mlx_lm.utils import _download, hf_repo_to_path
 
     return _download(target) if download or Path(target).exists() else hf_repo_to_path(target)
+
+
+def fed_tokens(gen: Any) -> dict[int, int]:
+    """uid -> tokens fed so far, of a BatchGenerator's sequences being prefilled or decoded (mlx-lm keeps each
+    one's tokens, those it started from included, as its cache holds them)."""
+    fed = {uid: len(t) for uid, t in zip(gen._prompt_batch.uids, gen._prompt_batch.tokens)}
+    fed.update((uid, len(t)) for uid, t in zip(gen._generation_batch.uids, gen._generation_batch.tokens))
+    return fed

@@ -10,8 +10,9 @@ from mlx_lm.generate import BatchGenerator
 from engine import mlx_compat
 from engine.decoding.constrained import GrammarFailed, Grammars
 from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
-from engine.lockstep.plan import Plan, fingerprint, token_checksum
-from engine.lockstep.prefix import PrefixEntries
+from engine.lockstep.boundaries import Boundaries
+from engine.lockstep.plan import Plan, Store, fingerprint, token_checksum
+from engine.lockstep.prefix import PrefixEntries, model_cuts
 from engine.lockstep.results import StepResults
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,13 @@ def _unchanged(tokens, logits):
     return logits
 
 
+def _segments(ins, reused: int) -> list[list[int]]:
+    """The prompt tokens a sequence computes, in segments mlx-lm pauses between: split where a state is kept."""
+    if reused < ins.keep_at < len(ins.tokens):
+        return [ins.tokens[reused:ins.keep_at], ins.tokens[ins.keep_at:]]
+    return [ins.tokens[reused:]]
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
@@ -79,12 +87,15 @@ class LockstepBatch:
         self._fail_seed = failpoint_seed("step")
         self._seeded: set[str] = set()  # requests carrying the failpoint's seed
         # The prefix cache's entries on this rank, and what they are built from: the inserts that asked to
-        # be kept, and the KV of those that ended in the last step, until the next plan stores or drops it.
-        self.prefix = PrefixEntries()
+        # be kept, and the caches of those that ended in the last step (with the tokens they fed), until the
+        # next plan stores or drops them.
+        self.prefix = PrefixEntries(model_cuts(model))
         self.keep: set[str] = set()
-        self.ended: dict[str, list] = {}
+        self.ended: dict[str, tuple[list, int]] = {}
         # ...kept through one more plan: a plan sent ahead was made before rank 0 saw them end
-        self.ended_before: dict[str, list] = {}
+        self.ended_before: dict[str, tuple[list, int]] = {}
+        # states at a prompt's end or a shared prefix's (Insert.keep_prompt, keep_at), until a plan stores them
+        self.boundaries = Boundaries()
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -116,6 +127,7 @@ class LockstepBatch:
         self.keep.clear()
         self.ended.clear()
         self.ended_before.clear()
+        self.boundaries.clear()
 
     def __len__(self) -> int:
         return len(self.order)
@@ -155,40 +167,56 @@ class LockstepBatch:
         """Store, remove, insert, then evict, exactly as the plan says."""
         if plan.prefill_chunk and plan.prefill_chunk != self.gen.prefill_step_size:
             mlx_compat.set_prefill_chunk(self.gen, plan.prefill_chunk)
-        stores = {s.rid: s for s in plan.stores}
-        ended = {**self.ended_before, **self.ended}
-        for rid, cache in ended.items():
-            if rid in stores:
-                self.prefix.put(stores[rid].entry, cache, stores[rid].length)
         gone = set(plan.removes)
-        for st in plan.stores:
-            # a running sequence whose prompt others wait for: a copy of its KV so far
-            if st.rid not in ended and st.rid not in gone and st.rid in self.uid_of:
-                self._snapshot(st)
-        self.ended_before = {rid: c for rid, c in self.ended.items() if rid not in stores}
+        removed_stores = self._store(plan.stores, gone)
+        stored = {s.rid for s in plan.stores}
+        self.ended_before = {rid: c for rid, c in self.ended.items() if rid not in stored}
         self.ended = {}
+        self.boundaries.age()
         if plan.removes:
             uids = [self.uid_of.pop(rid) for rid in plan.removes if rid in self.uid_of]
             if uids:
                 kept = [self.rid_of.get(uid, "") for uid in uids]
                 try:
-                    caches = self.gen.remove(uids, return_prompt_caches=any(r in stores for r in kept))
+                    caches = self.gen.remove(uids, return_prompt_caches=any(r in removed_stores for r in kept))
                 except Exception as exc:
                     caches = {}
                     self.reset(_reason(exc))
                 for uid, rid in zip(uids, kept):
-                    if rid in stores and uid in caches:
-                        self.prefix.put(stores[rid].entry, caches[uid][0], stores[rid].length)
+                    if rid in removed_stores and uid in caches:
+                        cache, tokens = caches[uid]
+                        self.prefix.put(removed_stores[rid].entry, cache, removed_stores[rid].length, len(tokens))
             for uid in uids:
                 self.rid_of.pop(uid, None)
-            gone = set(plan.removes)
             self.order = [rid for rid in self.order if rid not in gone]
             self.wants_logprobs -= gone
             self.keep -= gone
+            for rid in gone:
+                self.boundaries.forget(rid)
         if plan.inserts:
             self._insert(plan.inserts)
         if plan.evicts:
             self.prefix.evict(plan.evicts)
+
+    def _store(self, stores, gone: set[str]) -> dict[str, Store]:
+        """Keep what the plan's stores name, each from the state holding exactly its tokens where one is held (a
+        prompt's end, a sequence that ended), else from the running sequence; the stores of sequences this plan
+        removes are returned, for their caches to come from the removal. A cache serves one store (keeping it
+        cuts and compacts it): a second store of the same sequence's cache is dropped, as on every rank."""
+        ended = {**self.ended_before, **self.ended}
+        removed: dict[str, Store] = {}
+        for st in stores:
+            held = self.boundaries.pop(st.rid, st.length)
+            if held is not None:
+                self.prefix.put(st.entry, held, st.length, st.length)
+            elif st.rid in ended:
+                cache, fed = ended.pop(st.rid)
+                self.prefix.put(st.entry, cache, st.length, fed)
+            elif st.rid in gone:
+                removed.setdefault(st.rid, st)
+            elif st.rid in self.uid_of:
+                self._snapshot(st)  # a running sequence whose prompt others wait for: a copy of its KV so far
+        return removed
 
     def _snapshot(self, st) -> None:
         uid = self.uid_of[st.rid]
@@ -198,7 +226,8 @@ class LockstepBatch:
             log.exception("request %s: its KV could not be copied for the prefix cache", st.rid)
             return
         if uid in caches:
-            self.prefix.put(st.entry, caches[uid][0], st.length)
+            cache, tokens = caches[uid]
+            self.prefix.put(st.entry, cache, st.length, len(tokens))
 
     def _insert(self, inserts) -> None:
         """Insert what can be built; a request whose sampler or grammar cannot be made fails alone."""
@@ -223,10 +252,10 @@ class LockstepBatch:
             # (an entry the ranks did not keep is missing on every rank alike: the whole prompt is computed)
             reuse = [ins.cache_len if ins.cache_id in self.prefix.entries else 0 for ins in ready]
             caches = [self.prefix.take(ins.cache_id, n) if n else None for ins, n in zip(ready, reuse)]
-            uids = self.gen.insert([ins.tokens[n:] for ins, n in zip(ready, reuse)],
-                                   max_tokens=[ins.max_tokens for ins in ready], caches=caches,
-                                   all_tokens=[ins.tokens[:n] for ins, n in zip(ready, reuse)],
-                                   samplers=samplers, logits_processors=processors)
+            uids = self.gen.insert_segments([_segments(ins, n) for ins, n in zip(ready, reuse)],
+                                            max_tokens=[ins.max_tokens for ins in ready], caches=caches,
+                                            all_tokens=[ins.tokens[:n] for ins, n in zip(ready, reuse)],
+                                            samplers=samplers, logits_processors=processors)
         except Exception as exc:
             for ins in ready:
                 self.failed[ins.rid] = _reason(exc)
@@ -240,6 +269,8 @@ class LockstepBatch:
                 self.wants_logprobs.add(ins.rid)
             if ins.keep:
                 self.keep.add(ins.rid)
+            at = [ins.keep_at] if 0 < ins.keep_at < len(ins.tokens) else []
+            self.boundaries.want(ins.rid, at + [len(ins.tokens)] if ins.keep_prompt else at)
             if self._fail_seed is not None and ins.seed == self._fail_seed:
                 self._seeded.add(ins.rid)
 
@@ -262,7 +293,8 @@ class LockstepBatch:
                 self.uid_of.pop(rid, None)
                 del self.rid_of[r.uid]
                 if rid in self.keep and rid not in self.failed:
-                    self.ended[rid] = r.prompt_cache  # until the next plan says whether to store it
+                    # until the next plan says whether to store it
+                    self.ended[rid] = (r.prompt_cache, len(r.all_tokens))
             if rid in self.failed:
                 continue  # its token came from a fallback; the request ends with an error instead
             out.tokens.append((rid, r.token, r.finish_reason))
@@ -274,6 +306,10 @@ class LockstepBatch:
             self.order = [rid for rid in self.order if rid not in finished]
             self.wants_logprobs -= finished
             self.keep -= finished
+            for rid in finished:
+                self.boundaries.forget(rid)
+        if self.boundaries.wanted:
+            self.boundaries.take(self.gen, self.uid_of)
         self.last_check = token_checksum([tok for _, tok, _ in out.tokens])
         out.failed = dict(self.failed)
         self.failed.clear()  # in place: the guards of running requests hold this dict

@@ -50,10 +50,16 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     cache_len: int = 0
     # keep this sequence's KV when it ends, until a plan stores it (Plan.stores) or lets it go
     keep: bool = False
+    # keep its state right after the prompt (before the first sampled token is fed) likewise: the boundary a
+    # next turn extends, for a model whose entries cannot be cut (engine/lockstep/cuts.py)
+    keep_prompt: bool = False
+    # ...and its state after its first keep_at tokens (0: none): where its prompt parts from other prompts
+    keep_at: int = 0
 
 
 class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """Keep the KV of the first `length` tokens of a sequence that ended (or is removed by this plan) as entry `entry`."""
+    """Keep the KV of the first `length` tokens of a sequence as entry `entry`: one that ended (or is removed by
+    this plan), or one running, from its prompt's end when that is what `length` covers."""
 
     rid: str
     entry: int

@@ -5,6 +5,8 @@ travel in the plan (Insert.cache_id/cache_len, Plan.stores, Plan.evicts) and eve
 obeys them.
 The budget is in bytes, measured on rank 0's own shard after each store (every rank holds an equal
 shard of the same entries), and the least recently used entries go first.
+What an entry can give depends on the model's cache kinds (CacheCuts, learnt at load): one that cannot be cut
+serves only prompts that extend it exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from engine.lockstep.cuts import CacheCuts
 
 # Shorter prefixes are neither reused nor stored. Reusing costs a copy of the tokens reused
 # (engine/lockstep/prefix.py), far less than computing them, so even a chat template's first few tokens
@@ -64,6 +68,7 @@ class Entry:
     tokens: bytes  # token_bytes of the tokens its KV covers
     prompt: int = 0  # how many of them were the sequence's prompt (the rest it generated)
     tenant: str = ""  # only requests of the same tenant (Generate.cache_salt) reuse or supersede it
+    shared: bool = False  # where several conversations part: none of them supersedes it by going on from it
     nbytes: int = 0  # known once the store has been applied
 
     @property
@@ -84,8 +89,9 @@ class CacheStats:
 class PrefixIndex:
     """Entry id -> the tokens its KV covers, in LRU order, within a byte budget."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, cuts: CacheCuts = CacheCuts()) -> None:
         self.budget = budget_bytes
+        self.cuts = cuts
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self.next_id = 1
         self.evicting: list[int] = []  # for the next plan
@@ -114,12 +120,12 @@ class PrefixIndex:
         return best, best_len
 
     def best(self, key: bytes, limit: int, tenant: str = "") -> tuple[int, int]:
-        """(entry id, common prefix in tokens, at most limit) of tenant's entry sharing the most with key; no stats."""
+        """(entry id, tokens it can give, at most limit) of tenant's entry giving the most to key; no stats."""
         best, best_len = 0, 0
         for entry_id, entry in self.entries.items():
             if entry.tenant != tenant:
                 continue
-            n = min(common_prefix(entry.tokens, key), limit)
+            n = self.cuts.reusable(entry.length, min(common_prefix(entry.tokens, key), limit))
             if n > best_len:
                 best, best_len = entry_id, n
         return best, best_len
@@ -129,11 +135,12 @@ class PrefixIndex:
         self.stats.prompt_tokens += len(tokens)
 
     def add(self, tokens: list[int], source: int = 0, reused: int = 0, prompt: int = -1,
-            tenant: str = "") -> int | None:
+            tenant: str = "", shared: bool = False) -> int | None:
         """A new entry for a sequence's tokens (its KV stored by the next plan); None when not worth keeping.
 
         `prompt` of the tokens were the sequence's prompt (all of them by default). Entries whose tokens are a
-        prefix of the new one are now redundant (the new one serves every lookup they would) and are evicted.
+        prefix of the new one are now redundant when it can be cut (it serves every lookup they would) and are
+        evicted; one that cannot be cut leaves them, as an entry that cannot be cut covers no shorter one.
         So is the entry the sequence started from (source, of which it reused `reused` tokens) when the
         sequence really continues it: it holds that entry's whole prompt and parts only in what that entry
         generated (a conversation's next turn, whose last answer came back as text and tokenised
@@ -144,20 +151,21 @@ class PrefixIndex:
             return None
         key = token_bytes(tokens)
         old = self.entries.get(source)
-        if old is not None and reused >= old.prompt:
+        if old is not None and reused >= old.prompt and not old.shared:
             self._evict(source)
+        cut = self.cuts.can_cut(len(tokens))
         for entry_id, entry in list(self.entries.items()):
             if entry.tenant != tenant:
                 continue
-            if key.startswith(entry.tokens):
+            if key.startswith(entry.tokens) and cut:
                 self._evict(entry_id)
-            elif entry.tokens.startswith(key):
+            elif entry.tokens.startswith(key) and (entry.tokens == key or self.cuts.can_cut(entry.length)):
                 self.entries.move_to_end(entry_id)
                 return None  # an entry already covers it
         entry_id = self.next_id
         self.next_id += 1
         self.entries[entry_id] = Entry(tokens=key, prompt=len(tokens) if prompt < 0 else min(prompt, len(tokens)),
-                                       tenant=tenant)
+                                       tenant=tenant, shared=shared)
         self.stats.stored += 1
         return entry_id
 

@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 # the reason a step gives for a choice whose grammar failed mid-output (engine/decoding/constrained.py)
 GRAMMAR_FAILED = "GrammarFailed"
 
+# Where conversations part is kept as an entry only this many tokens past what the prompt reuses: on a model whose
+# entries cannot be cut, each entry holds a whole state (a linear-attention layer's is constant, and large on real
+# models), worth it for a system prompt and tools, not for a chat template's header.
+PARTING_MIN_TOKENS = 64
+
 # (sampled token, its logprob row, how many alternatives) per asking choice -> one TokenLogprob each;
 # the first argument is the choices' token texts (engine/rank0/logprobs.py: extract).
 ExtractLogprobs = Callable[[Any, list[tuple[int, Any, int]]], list[TokenLogprob]]
@@ -205,7 +210,12 @@ class Scheduler:
             if self.prefix.enabled:
                 entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant)
                 req.cached_tokens = reuse
-                req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True)
+                # where its entry could not be cut back to the prompt, the prompt's end is kept apart: a next turn
+                # extends the prompt, not the answer as it was sampled
+                whole = not self.prefix.cuts.can_cut(len(req.insert.tokens) + req.insert.max_tokens)
+                parting = self._parting(req, reuse) if whole else 0
+                req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True,
+                                                     keep_prompt=whole, keep_at=parting)
             else:
                 self.prefix.count(req.insert.tokens)
             inserts.append(req.insert)
@@ -254,24 +264,52 @@ class Scheduler:
         _, cached = self.prefix.best(req.key, limit, req.tenant)
         for other in self.running.values():
             if other.insert.keep and not other.sampled and not other.done and other.tenant == req.tenant:
-                if min(common_prefix(other.key, req.key), limit) - cached >= SHARE_MIN_TOKENS:
+                # what its prompt's entry could give req (of a model whose entries cannot be cut: all or nothing)
+                common = min(common_prefix(other.key, req.key), limit)
+                shared = self.prefix.cuts.reusable(len(other.insert.tokens), common)
+                if other.insert.keep_at and common >= other.insert.keep_at:
+                    shared = max(shared, other.insert.keep_at)  # where it parts from others, kept as an entry
+                if shared - cached >= SHARE_MIN_TOKENS:
                     self.wanted.add(other.rid)
                     return True
         return False
 
+    def _parting(self, req: Request, reused: int) -> int:
+        """Where req's prompt parts from another conversation's (an entry's prompt, a prompt waiting or running) past
+        what it reuses: the end of a system prompt and tools they share, kept as an entry of its own on a model
+        whose entries cannot be cut (0: nowhere worth it). A turn that holds another's whole prompt continues it."""
+        limit = len(req.insert.tokens) - 1
+        best = 0
+        for tokens, prompt, tenant in (*((e.tokens, e.prompt, e.tenant) for e in self.prefix.entries.values()),
+                                       *((o.key, len(o.insert.tokens), o.tenant)
+                                         for o in (*self.waiting, *self.running.values()) if o is not req)):
+            if tenant == req.tenant:
+                n = common_prefix(tokens, req.key)
+                if n < prompt:
+                    best = max(best, min(n, limit))
+        return best if best >= reused + PARTING_MIN_TOKENS else 0
+
     def _prompt_done(self, req: Request) -> None:
-        """A prompt others wait for has been prefilled: keep its KV as an entry (the next plan stores it)."""
+        """A prompt has been prefilled (its first token came back) that others wait for, or whose end the batch kept
+        (Insert.keep_prompt): keep its KV as an entry (the next plan stores it), and where it parts from others."""
         self.wanted.discard(req.rid)
-        entry = self.prefix.add(req.insert.tokens, tenant=req.tenant)
+        ins = req.insert
+        if ins.keep_at:
+            entry = self.prefix.add(ins.tokens[:ins.keep_at], tenant=req.tenant, shared=True)
+            if entry is not None:
+                self.stores.append(Store(rid=req.rid, entry=entry, length=ins.keep_at))
+        source = (ins.cache_id, ins.cache_len) if ins.keep_prompt else (0, 0)  # a turn moving on from its last
+        entry = self.prefix.add(ins.tokens, *source, tenant=req.tenant)
         if entry is not None:
-            self.stores.append(Store(rid=req.rid, entry=entry, length=len(req.insert.tokens)))
+            self.stores.append(Store(rid=req.rid, entry=entry, length=len(ins.tokens)))
 
     def _keep(self, req: Request) -> None:
-        """Plan to store the KV of a sequence that ends (every token fed to the model: the prompt and all but
-        the last sampled token), as a prefix cache entry."""
+        """Plan to store the KV of a sequence that ends, as a prefix cache entry: the prompt and all but the last
+        sampled token where the entry can be cut to that, else every token it fed (the last sampled included)."""
         if not req.insert.keep or not req.sampled:
             return
-        tokens = req.insert.tokens + req.sampled[:-1]
+        fed = req.insert.tokens + req.sampled
+        tokens = fed[:-1] if self.prefix.cuts.can_cut(len(fed)) else fed
         entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len, len(req.insert.tokens), req.tenant)
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
@@ -286,7 +324,7 @@ class Scheduler:
             if req is None:
                 continue
             req.sampled.append(token)
-            if len(req.sampled) == 1 and finish is None and req.rid in self.wanted:
+            if len(req.sampled) == 1 and (req.insert.keep_prompt or (finish is None and req.rid in self.wanted)):
                 self._prompt_done(req)
             if finish is not None:
                 self.running.pop(rid)  # the batch already dropped it on every rank

@@ -35,6 +35,26 @@ def test_batch_occupancy_follows_prompts_from_waiting_to_decoding(loaded):
     gen.close()
 
 
+def test_a_sequence_pauses_at_its_segments_ends_and_feeds_its_first_token_the_step_after_its_prompt(loaded):
+    # the batch copies states at these counts (engine/lockstep/boundaries.py)
+    model, tok = loaded
+    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=16)
+    prompt = list(range(5, 45))
+    (uid,) = gen.insert_segments([[prompt[:21], prompt[21:]]], max_tokens=[4])
+    fed = []
+    for _ in range(8):
+        sampled = gen.next()[1]
+        fed.append(mlx_compat.fed_tokens(gen)[uid])
+        assert fed[-1] == len(gen.extract_cache([uid])[uid][1])
+        if fed[-1] == len(prompt):
+            assert not sampled  # its whole prompt fed, no token sampled yet
+            break
+    assert fed == [16, 21, 37, 39, 40]  # mlx-lm feeds the last prompt token apart, the step it decodes from
+    _, (first,) = gen.next()  # the next step feeds the first sampled token
+    assert mlx_compat.fed_tokens(gen)[uid] == len(prompt) + 1 and first.finish_reason is None
+    gen.close()
+
+
 def test_a_detokenizer_keeps_its_leading_space(loaded):
     _, tok = loaded
     ids = tok.encode(" hello", add_special_tokens=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from engine.lockstep.prefix import PrefixEntries, cache_length
+from engine.lockstep.prefix import PrefixEntries
 
 
 def _cache(tokens: int, layers: int = 2) -> list[KVCache]:
@@ -20,11 +20,11 @@ def _cache(tokens: int, layers: int = 2) -> list[KVCache]:
 
 def test_taking_a_short_prefix_copies_those_tokens_and_leaves_the_entry_whole():
     entries = PrefixEntries()
-    entries.put(7, _cache(300), 300)
+    entries.put(7, _cache(300), 300, 300)
     before = [mx.array(c.keys[..., :300, :]) for c in entries.entries[7]]
 
     taken = entries.take(7, 5)
-    assert cache_length(taken) == 5
+    assert taken[0].offset == 5
     for c, whole in zip(taken, before):
         assert c.keys.shape[2] == 5 and c.values.shape[2] == 5  # the prefix, not the 300-token buffer
         assert mx.array_equal(c.keys, whole[..., :5, :])
@@ -33,18 +33,18 @@ def test_taking_a_short_prefix_copies_those_tokens_and_leaves_the_entry_whole():
     # the new sequence extends its copy; the entry still holds its own 300 tokens
     for c in taken:
         c.update_and_fetch(mx.zeros((1, 1, 3, 4)), mx.zeros((1, 1, 3, 4)))
-    assert cache_length(taken) == 8
-    assert cache_length(entries.entries[7]) == 300
+    assert taken[0].offset == 8
+    assert entries.entries[7][0].offset == 300 and entries.lengths[7] == 300
     for c, whole in zip(entries.entries[7], before):
         assert mx.array_equal(c.keys[..., :300, :], whole)
 
 
 def test_taking_the_whole_entry_twice_gives_two_independent_copies():
     entries = PrefixEntries()
-    entries.put(1, _cache(40), 40)
+    entries.put(1, _cache(40), 40, 40)
     a, b = entries.take(1, 40), entries.take(1, 40)
     a[0].update_and_fetch(mx.ones((1, 1, 1, 4)), mx.ones((1, 1, 1, 4)))
-    assert cache_length(a) == 41 and cache_length(b) == 40
+    assert a[0].offset == 41 and b[0].offset == 40
     assert mx.array_equal(b[0].keys, entries.entries[1][0].keys[..., :40, :])
 
 
@@ -82,3 +82,44 @@ def test_a_kept_entry_of_every_cache_kind_holds_what_it_counts_not_the_batch_it_
         counted = sum(c.nbytes for c in kept)
         held = mx.get_active_memory() - base
         assert counted > 0 and held <= counted + 4096, f"{kind}: {held} bytes held for {counted} counted"
+
+
+def _hybrid(tokens: int, window: int = 16) -> list:
+    """A linear-attention state, a sliding window and a plain KV layer, `tokens` deep."""
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+    state = ArraysCache(2)
+    state.cache = [mx.ones((1, 3, 8)) * tokens, mx.ones((1, 2, 4, 4))]
+    rotating = RotatingKVCache(max_size=window)
+    kv = KVCache()
+    for _ in range(tokens):
+        k = mx.ones((1, 1, 1, 4))
+        rotating.update_and_fetch(k, k)
+        kv.update_and_fetch(k, k)
+    return [state, rotating, kv]
+
+
+def test_a_cache_that_cannot_be_cut_is_kept_only_at_the_length_it_holds_and_taken_only_whole():
+    import pytest
+
+    entries = PrefixEntries()
+    entries.put(1, _hybrid(40), 39, 40)  # one token too many, and a state cannot give it back
+    assert 1 not in entries.entries
+    entries.put(2, _hybrid(40), 40, 40)
+    assert entries.lengths[2] == 40 and entries.nbytes() == sum(c.nbytes for c in entries.entries[2])
+    whole = entries.take(2, 40)
+    assert [type(c).__name__ for c in whole] == ["ArraysCache", "RotatingKVCache", "KVCache"]
+    assert whole[1].offset == 40 and whole[2].offset == 40 and whole[0].cache[0] is not entries.entries[2][0].cache[0]
+    with pytest.raises(RuntimeError, match="cannot be cut"):
+        entries.take(2, 30)  # rank 0 never plans this
+
+
+def test_a_sliding_window_that_has_not_wrapped_is_cut_and_keeps_only_its_tokens():
+    from mlx_lm.models.cache import RotatingKVCache
+
+    entries = PrefixEntries()
+    window = _hybrid(10, window=64)[1:]  # a window and a plain KV layer
+    entries.put(3, window, 8, 10)
+    kept = entries.entries[3]
+    assert isinstance(kept[0], RotatingKVCache) and kept[0].offset == 8 and kept[0].keys.shape[2] == 8
+    assert entries.take(3, 5)[0].offset == 5

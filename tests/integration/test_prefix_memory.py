@@ -36,9 +36,12 @@ def idle_states(stack: Stack) -> list[dict]:
     return wait_for(settled, 120, "the engine to be idle")
 
 
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.multirank)])
-def test_after_a_concurrent_burst_each_rank_holds_what_it_reports(ranks):
-    stack = Stack(extra={"KV_MEMORY_BYTES": str(64 << 20)})
+@pytest.mark.parametrize(("model", "ranks"), [
+    ("demo-tiny", 1), pytest.param("demo-tiny", 2, marks=pytest.mark.multirank),
+    # entries of every cache kind: linear-attention states kept at prompts' ends, sliding windows that wrapped
+    ("zoo-qwen3.5", 1), ("zoo-gpt-oss", 1)])
+def test_after_a_concurrent_burst_each_rank_holds_what_it_reports(model, ranks):
+    stack = Stack(extra={"KV_MEMORY_BYTES": str(64 << 20), "MODEL": model})
     engine = stack.start_engine(ranks=ranks)
     api = stack.start_api()
     try:

@@ -1,4 +1,5 @@
-"""Each zoo model served by the real engine on one rank answers a chat request, prefix cache off.
+"""Each zoo model served by the real engine on one rank answers a chat request, prefix cache off; each family's
+second turn starts from the first with the prefix cache on.
 
 SERVED lists the zoo models this holds for; add a model (or a setting: the prefix cache on, two
 ranks) to the lists as the engine learns to serve it."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.zoo import ZOO_MODELS
+from engine.zoo import FAMILIES, ZOO_MODELS
 from tests.harness import Stack
 
 SERVED = ZOO_MODELS
@@ -31,5 +32,31 @@ def test_serves_one_chat_request_with_the_prefix_cache_off(name: str) -> None:
     finally:
         engine.stop()
     assert reply.choices[0].message.content and reply.usage.completion_tokens == 12
+    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
+    assert "ERROR" not in log and "Traceback" not in log, log[-2000:]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_second_turn_starts_from_the_first_with_the_prefix_cache_on(name: str) -> None:
+    openai = pytest.importorskip("openai")
+    stack = Stack(extra={"MODEL": "zoo-" + name})
+    engine = stack.start_engine()
+    try:
+        api = stack.start_api()
+        try:
+            with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+                messages = [{"role": "system", "content": "Answer in one line. " * 20},
+                            {"role": "user", "content": "Tell me a story about a cluster of Macs."}]
+                one = client.chat.completions.create(model="zoo-" + name, max_tokens=8, temperature=0,
+                                                     messages=messages)
+                messages += [{"role": "assistant", "content": one.choices[0].message.content},
+                             {"role": "user", "content": "Another one."}]
+                two = client.chat.completions.create(model="zoo-" + name, max_tokens=8, temperature=0,
+                                                     messages=messages)
+        finally:
+            api.stop()
+    finally:
+        engine.stop()
+    assert two.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens
     log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
     assert "ERROR" not in log and "Traceback" not in log, log[-2000:]
