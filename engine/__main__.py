@@ -144,6 +144,7 @@ def _build(settings, joined: Joined, watchdog):
     from engine.kv_measure import measure_or_none
     from engine.lockstep.batch import LockstepBatch
     from engine.lockstep.channel import PlanChannel
+    from engine.lockstep.cuts import CacheCuts
     from engine.lockstep.doorbell import open_doorbell
     from engine.lockstep.loop import StepLoop
     from engine.ranks import decode_hostnames, hostname_row, local_row
@@ -160,6 +161,8 @@ def _build(settings, joined: Joined, watchdog):
     # every rank measures its own caches (a sharded model's layers meet in their collectives), and rank 0 learns all
     memory = measure_or_none(joined.loaded.model)
     kv_rows = channel.gather([1, *memory.row()] if memory is not None else [0] * 9)
+    # which prefix cache entries may be cut: the same rule on every rank, though pipeline ranks hold other layers
+    batch.prefix.cuts = CacheCuts.strictest(channel.gather(batch.prefix.cuts.row()))
     watchdog.beat("starting the step loop")
     # One startup exchange names every rank's host for status and /health...
     hosts = decode_hostnames(channel.gather(hostname_row()))

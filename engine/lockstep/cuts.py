@@ -30,3 +30,14 @@ class CacheCuts:
         if shared >= length or self.can_cut(length):
             return min(shared, length)
         return 0
+
+    def row(self) -> list[int]:
+        """As int32s for the startup gather: [whole_only, window]."""
+        return [int(self.whole_only), self.window]
+
+    @staticmethod
+    def strictest(rows: list[list[int]]) -> CacheCuts:
+        """The rule every rank can keep: in pipeline parallel each rank holds other layers, so one rank's may be
+        cut where another's cannot; an entry is cut only where every rank's layers allow it."""
+        windows = [w for _, w in rows if w > 0]
+        return CacheCuts(whole_only=any(whole for whole, _ in rows), window=min(windows, default=0))

@@ -130,11 +130,13 @@ class PrefixEntries:
 
     def put(self, entry: int, cache: list[Any] | None, length: int, have: int) -> None:
         """Keep the first `length` of the `have` tokens cache holds as entry. One that holds fewer, or more and
-        cannot be cut (some layer's kind says so), is dropped: identically on every rank, since every rank
-        has fed the same tokens; rank 0 then forgets the entry."""
+        cannot be cut, is dropped: identically on every rank, since every rank has fed the same tokens and
+        follows the same rule (self.cuts: under pipeline parallel this rank's own layers may allow more than
+        another's); rank 0 then forgets the entry."""
         if not cache or length <= 0:
             return
-        if have < length or (have > length and not all(c.is_trimmable() for c in _layers(cache))):
+        cuttable = self.cuts.can_cut(have) and all(c.is_trimmable() for c in _layers(cache))
+        if have < length or (have > length and not cuttable):
             log.debug("prefix entry %d not kept: %d tokens fed, %d wanted", entry, have, length)
             return
         if have > length:

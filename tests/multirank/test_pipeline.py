@@ -56,13 +56,13 @@ def _with_index(name: str, folder):
     return folder
 
 
-def mlx_lm_pipelined(name: str, tmp_path) -> list[str]:
-    """The greedy answers of mlx-lm's own pipelined load of the zoo model on two ranks."""
+def mlx_lm_pipelined(name: str, tmp_path, mode: str = "pipeline") -> list[str]:
+    """The greedy answers of mlx-lm's own pipelined (or, mode "tensor", sharded) load of the zoo model on two ranks."""
     prompts, out = tmp_path / "prompts.json", tmp_path / "out.json"
     prompts.write_text(json.dumps([{"tokens": t, "max_tokens": m} for t, m in zip(_prompts(name), MAX_TOKENS)]))
     cmd = [MLX_LAUNCH, "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--starting-port",
            str(free_port_run(2)), "--cwd", str(REPO), "--", PYTHON, str(REPO / "tests/multirank/mlx_lm_pipelined.py"),
-           str(_with_index(name, tmp_path / name)), str(prompts), str(out)]
+           str(_with_index(name, tmp_path / name)), str(prompts), str(out), mode]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert out.exists(), r.stdout[-2000:] + r.stderr[-2000:]
     return [row["text"] for row in json.loads(out.read_text())]
@@ -128,11 +128,7 @@ def test_an_unequal_layer_split_answers_the_same(qwen3_next_reference):
     assert re.search(r"rank0 .*rank 0 of 2 joined: .*pipeline parallel: 3 of 4 layers", log), log[-2000:]
 
 
-@pytest.mark.parametrize("name", [
-    "deepseek-v3",
-    pytest.param("qwen3-next", marks=pytest.mark.xfail(
-        reason="the prefix cache keeps linear-attention (ArraysCache) layers in a change of its own")),
-])
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-next"])
 def test_a_model_with_both_modes_served_pipelined_answers_as_mlx_lm_with_the_prefix_cache_on_and_off(name, tmp_path):
     reference = mlx_lm_pipelined(name, tmp_path)
     off, _, _, _ = answers(name, PARALLEL="pipeline", **CACHE_OFF)

@@ -152,3 +152,12 @@ def test_concurrent_prompts_wait_for_a_prefill_only_where_its_entry_could_serve_
     # s0 parts from nothing, so keeps only its prompt's end, which cannot give s1 its system prompt
     submit(sched, request("s1", long_system + [11, 5], []))
     assert [i.rid for i in sched.next_plan(0, 0).inserts] == ["s1"]
+
+
+def test_pipeline_ranks_holding_different_layers_agree_on_the_strictest_rule():
+    from engine.lockstep.cuts import CacheCuts
+
+    # rank 0 holds a full-attention layer (any cut), rank 1 a 32-token sliding window, rank 2 a linear state
+    assert CacheCuts.strictest([[0, 0], [0, 32]]) == CacheCuts(whole_only=False, window=32)
+    assert CacheCuts.strictest([[0, 0], [0, 32], [1, 0]]) == CacheCuts(whole_only=True, window=32)
+    assert CacheCuts.strictest([[0, 0], [0, 0]]) == CacheCuts()
