@@ -1,7 +1,8 @@
-"""mlx-lm alone, one rank of it under mlx.launch: load MODEL pipelined (sharded_load(pipeline_group=...)) and
-write the greedy tokens of each prompt, as mlx_lm.generate gives them, to OUT (rank 0).
+"""mlx-lm alone, one rank of it under mlx.launch: load MODEL pipelined (sharded_load(pipeline_group=...)), or
+with MODE `tensor` sharded (sharded_load(tensor_group=...)), and write the greedy tokens of each prompt, as
+mlx_lm.generate gives them, to OUT (rank 0).
 
-    mlx.launch --hosts 127.0.0.1,127.0.0.1 --backend ring -- python mlx_lm_pipelined.py MODEL PROMPTS OUT
+    mlx.launch --hosts 127.0.0.1,127.0.0.1 --backend ring -- python mlx_lm_pipelined.py MODEL PROMPTS OUT [MODE]
 
 PROMPTS is a JSON file: [{"tokens": [...], "max_tokens": n}, ...]. Nothing of the project is imported:
 this is the reference the engine's pipelined serving is checked against.
@@ -21,8 +22,9 @@ from mlx_lm.utils import sharded_load
 def main() -> int:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # keep mlx.launch's stdin forwarding quiet
     model_path, prompts_file, out = sys.argv[1:4]
+    mode = sys.argv[4] if len(sys.argv) > 4 else "pipeline"
     group = mx.distributed.init(strict=True, backend="ring")
-    model, tokenizer = sharded_load(model_path, pipeline_group=group)
+    model, tokenizer = sharded_load(model_path, **{f"{mode}_group": group})
     with open(prompts_file) as f:
         prompts = json.load(f)
     results = []
