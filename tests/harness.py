@@ -146,6 +146,12 @@ class Stack:
         raise RuntimeError(f"API did not answer on {self.base_url} within {timeout:.0f} s:\n{proc.log_tail()}")
 
 
+def assert_engine_logs_clean(stack: Stack) -> None:
+    """No ERROR line and no traceback in any engine log the stack wrote."""
+    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
+    assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+
+
 def wait_for(predicate, timeout: float, what: str):
     """Poll predicate until it returns a truthy value (returned), or fail naming what was awaited."""
     value = poll(predicate, timeout, 0.05)

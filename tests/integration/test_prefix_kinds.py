@@ -10,7 +10,7 @@ import concurrent.futures as cf
 import httpx
 import pytest
 
-from tests.harness import Stack
+from tests.harness import Stack, assert_engine_logs_clean
 
 # far longer than the zoo's 32-token sliding window, like an agent's instructions
 SYSTEM = " ".join(f"Rule {i}: keep the answer short and cite file {i % 7}.py." for i in range(24))
@@ -49,8 +49,7 @@ def agent_session(name: str, cache_bytes: str, ranks: int = 1) -> dict[str, list
             api.stop()
     finally:
         engine.stop()
-    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
-    assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+    assert_engine_logs_clean(stack)
     return {"turns": turns, "others": others, "concurrent": concurrent}
 
 

@@ -14,7 +14,7 @@ from mlx_lm import load
 from mlx_lm.generate import stream_generate
 
 from engine.zoo import FAMILIES, ensure_zoo_model
-from tests.harness import MODEL_CACHE, Stack
+from tests.harness import MODEL_CACHE, Stack, assert_engine_logs_clean
 
 TEXT = ("The cluster's four Macs share one model over Thunderbolt; each rank holds a slice of every layer, and "
         "rank zero broadcasts the plan of every step so that all of them decode in lockstep. ") * 6
@@ -55,8 +55,7 @@ def served(name: str, prompts: list[list[int]], **settings: str) -> tuple[list[s
             api.stop()
     finally:
         engine.stop()
-    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
-    assert "ERROR" not in log and "Traceback" not in log, log[-2000:]
+    assert_engine_logs_clean(stack)
     return texts, cached
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine.zoo import FAMILIES, ZOO_MODELS
-from tests.harness import Stack
+from tests.harness import Stack, assert_engine_logs_clean
 
 SERVED = ZOO_MODELS
 CACHE_OFF = {"PROMPT_CACHE_BYTES": "0"}
@@ -32,8 +32,7 @@ def test_serves_one_chat_request_with_the_prefix_cache_off(name: str) -> None:
     finally:
         engine.stop()
     assert reply.choices[0].message.content and reply.usage.completion_tokens == 12
-    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
-    assert "ERROR" not in log and "Traceback" not in log, log[-2000:]
+    assert_engine_logs_clean(stack)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -58,5 +57,4 @@ def test_a_second_turn_starts_from_the_first_with_the_prefix_cache_on(name: str)
     finally:
         engine.stop()
     assert two.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens
-    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
-    assert "ERROR" not in log and "Traceback" not in log, log[-2000:]
+    assert_engine_logs_clean(stack)

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine.zoo import ensure_zoo_model
-from tests.harness import MODEL_CACHE, Stack
+from tests.harness import MODEL_CACHE, Stack, assert_engine_logs_clean
 
 pytestmark = pytest.mark.multirank
 
@@ -47,8 +47,7 @@ def answers(ranks: int, **settings: str) -> list[str]:
             api.stop()
     finally:
         engine.stop()
-    log = "".join(p.read_text(errors="replace") for p in stack.root.glob("engine-*.log"))
-    assert "ERROR" not in log and "Traceback" not in log, log[-2000:]
+    assert_engine_logs_clean(stack)
     return out
 
 
