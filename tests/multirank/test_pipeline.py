@@ -82,6 +82,20 @@ def serve(name: str, **extra: str):
     return s, engine, api, client
 
 
+def stop(client, api, engine) -> None:
+    """Stop what serve() started."""
+    client.close()
+    api.stop()
+    engine.stop()
+
+
+def clean_log(engine) -> str:
+    """The engine's log, which must hold no ERROR and no traceback."""
+    log = engine.log.read_text(errors="replace")
+    assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+    return log
+
+
 def answers(name: str, **extra: str) -> tuple[list[str], list[str], str, dict]:
     """(one by one, all at once, engine log, Info) of the chats on two ranks."""
     s, engine, api, client = serve(name, **extra)
@@ -95,11 +109,8 @@ def answers(name: str, **extra: str) -> tuple[list[str], list[str], str, dict]:
         assert sampled[0] == sampled[1]
         info = s.probe()
     finally:
-        client.close()
-        api.stop()
-        engine.stop()
-    log = engine.log.read_text(errors="replace")
-    assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+        stop(client, api, engine)
+    log = clean_log(engine)
     return alone, together, log, info
 
 
@@ -147,11 +158,8 @@ def test_a_model_with_both_modes_served_pipelined_answers_as_mlx_lm_with_the_pre
                   for _ in range(2)]
         on = [chat(client, c, m) for c, m in zip(CHATS, MAX_TOKENS)]
     finally:
-        client.close()
-        api.stop()
-        engine.stop()
-    log = engine.log.read_text(errors="replace")
-    assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+        stop(client, api, engine)
+    log = clean_log(engine)
     assert on == reference
     assert cached[0].choices[0].message.content == cached[1].choices[0].message.content
     s2, engine2, api2, client2 = serve(name, PARALLEL="pipeline", **CACHE_OFF)
