@@ -197,6 +197,17 @@ class LockstepBatch:
             self._insert(plan.inserts)
         if plan.evicts:
             self.prefix.evict(plan.evicts)
+        if plan.idle:
+            self.settle()
+
+    def settle(self) -> None:
+        """The engine has gone idle (every rank at the same plan; a single rank whenever it waits for work):
+        every store rank 0 wanted has been applied, so the states held for stores that never came go now. Held
+        on, they would stay until the next request, each a slice pinning a whole batch buffer the prefix cache
+        does not count."""
+        self.ended.clear()
+        self.ended_before.clear()
+        self.boundaries.clear()
 
     def _store(self, stores, gone: set[str]) -> dict[str, Store]:
         """Keep what the plan's stores name, each from the state holding exactly its tokens where one is held (a

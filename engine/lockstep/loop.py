@@ -138,6 +138,7 @@ class StepLoop:
                 shutdown = self._drained(now)
                 if not shutdown and not sched.has_work() and (single or self.asleep):
                     server.post(sched.take_events())
+                    self.batch.settle()
                     self.watchdog.beat("idle")
                     if self.reports is not None and self.reports.due(now):
                         row = local_row(self.step, self.batch.prefix.nbytes())

@@ -55,3 +55,27 @@ def test_a_follower_that_sampled_other_tokens_fails_fast(model):
     follower.last_check ^= 1  # as if this rank had sampled a different token
     with pytest.raises(DesyncError, match="sampled tokens differ"):
         follower.verify(plan(1, lead), rank=1)
+
+
+def test_an_idle_plan_lets_go_of_every_state_held_for_a_store_that_never_came(model):
+    """States kept for rank 0's stores (a sequence's cache as it ended, a prompt's end) wait a few plans; once the
+    engine is idle no store can come, and holding them would keep memory the prefix cache does not count."""
+    import gc
+
+    import mlx.core as mx
+
+    batch = LockstepBatch(model[0], model[1], 512, 8)
+    gc.collect()
+    base = mx.get_active_memory()
+    batch.apply(plan(0, batch, inserts=[Insert(rid=f"r{i}", tokens=[7 + i] * 400, max_tokens=1, keep=True,
+                                              keep_prompt=True) for i in range(4)]))
+    step = 1
+    while len(batch):
+        batch.step()
+        batch.apply(plan(step, batch))  # rank 0 stores none of them (as when an entry already covers a prompt)
+        step += 1
+    gc.collect()
+    assert mx.get_active_memory() > base + (1 << 20), "the ended sequences' states should still be held here"
+    batch.apply(plan(step, batch, idle=True))
+    gc.collect()
+    assert mx.get_active_memory() <= base + (64 << 10)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import random
+import time
 
 import httpx
 import pytest
@@ -24,16 +25,29 @@ SLACK = 4 << 20
 
 
 def idle_states(stack: Stack) -> list[dict]:
-    """Every rank's report, taken after the engine has been idle for a whole report interval."""
-    def settled():
-        first = stack.probe()
-        if not first or first["active"] or first["queued"]:
+    """Every rank's report once the engine is idle: two reports in a row from every rank, both taken after the API
+    saw no request running or queued, that agree. (A report taken in the plan storing the last entries, after the
+    last request ended, says what was held for those stores, not what the engine keeps.)"""
+    idle_since = wait_for(lambda: (i := stack.probe()) and not i["active"] and not i["queued"] and time.monotonic(),
+                          300, "the engine to be idle")
+    last: dict = {"taken": None, "state": None}
+
+    def two_alike():
+        now = time.monotonic()
+        info = stack.probe()
+        if not info:
             return None
-        steps = [r["step"] for r in first["rank_states"]]
-        again = wait_for(lambda: (i := stack.probe()) and min(r["report_age"] for r in i["rank_states"]) < 0.5
-                         and i, 10, "a fresh rank report")
-        return again["rank_states"] if [r["step"] for r in again["rank_states"]] == steps else None
-    return wait_for(settled, 120, "the engine to be idle")
+        taken = [now - r["report_age"] for r in info["rank_states"]]
+        if min(taken) <= idle_since:
+            return None
+        if last["taken"] is not None and any(t <= was + 0.5 for t, was in zip(taken, last["taken"])):
+            return None  # not yet a newer report from every rank
+        state = [{k: r[k] for k in ("rank", "step", "active_memory", "prompt_cache_bytes")} for r in info["rank_states"]]
+        if state == last["state"]:
+            return state
+        last.update(taken=taken, state=state)
+        return None
+    return wait_for(two_alike, 60, "two rank reports in a row that agree")
 
 
 @pytest.mark.parametrize(("model", "ranks"), [
