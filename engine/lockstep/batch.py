@@ -281,7 +281,7 @@ class LockstepBatch:
             if ins.keep:
                 self.keep.add(ins.rid)
             at = [ins.keep_at] if 0 < ins.keep_at < len(ins.tokens) else []
-            self.boundaries.want(ins.rid, at + [len(ins.tokens)] if ins.keep_prompt else at)
+            self.boundaries.want(ins.rid, at + [len(ins.tokens) - 1] if ins.keep_prompt else at)
             if self._fail_seed is not None and ins.seed == self._fail_seed:
                 self._seeded.add(ins.rid)
 

@@ -1,10 +1,11 @@
 """States at the boundaries a later prompt extends, taken in the step they exist and held until a plan stores them.
 
 For a model whose prefix cache entries cannot be cut (engine/lockstep/cuts.py), an entry must end exactly where a
-later prompt goes on: at a prompt's end (before its first sampled token is fed: a next turn extends the prompt,
-not the answer as sampled) and where prompts of several conversations part (the end of a shared system prompt and
-tools). Rank 0 names those token counts in the insert (Insert.keep_prompt, Insert.keep_at), mlx-lm's
-BatchGenerator pauses there (a prompt's segments end there), and every rank copies the state in the same step.
+later prompt goes on: just before a prompt's last token (a next turn extends the prompt, not the answer as sampled,
+and the same prompt again computes only that token) and where prompts of several conversations part (the end of a
+shared system prompt and tools). Rank 0 names those in the insert (Insert.keep_prompt, Insert.keep_at), mlx-lm's
+BatchGenerator pauses there (it feeds a prompt's last token as a segment of its own, and a prompt's segments end
+where keep_at splits it), and every rank copies the state in the same step.
 Rank 0 learns that the prompt was prefilled from its first token and stores what it wants in a later plan.
 """
 
@@ -17,10 +18,10 @@ from engine import mlx_compat
 
 log = logging.getLogger(__name__)
 
-# Plans a state is held once its sequence has fed its whole prompt: rank 0 sees the first token one step after,
-# and with several ranks makes its plans one step ahead (engine/lockstep/loop.py), so its store comes in the
-# third plan at the latest; one more for margin.
-PLANS_HELD = 4
+# Plans a state is held once taken: the prompt's last token is fed one step later and the first token comes back
+# the step after, and with several ranks rank 0 makes its plans one step ahead (engine/lockstep/loop.py), so its
+# store comes in the fourth plan at the latest; two more for margin. The engine going idle lets go of the rest.
+PLANS_HELD = 6
 
 
 class Boundaries:

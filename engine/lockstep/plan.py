@@ -50,8 +50,8 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     cache_len: int = 0
     # keep this sequence's KV when it ends, until a plan stores it (Plan.stores) or lets it go
     keep: bool = False
-    # keep its state right after the prompt (before the first sampled token is fed) likewise: the boundary a
-    # next turn extends, for a model whose entries cannot be cut (engine/lockstep/cuts.py)
+    # keep its state just before the prompt's last token likewise: the boundary a next turn extends (and the same
+    # prompt again starts from), for a model whose entries cannot be cut (engine/lockstep/cuts.py)
     keep_prompt: bool = False
     # ...and its state after its first keep_at tokens (0: none): where its prompt parts from other prompts
     keep_at: int = 0

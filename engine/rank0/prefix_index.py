@@ -151,6 +151,9 @@ class PrefixIndex:
             return None
         key = token_bytes(tokens)
         old = self.entries.get(source)
+        if old is not None and old.tokens == key:  # the very same tokens again: the entry it came from serves
+            self.entries.move_to_end(source)
+            return None
         if old is not None and reused >= old.prompt and not old.shared:
             self._evict(source)
         cut = self.cuts.can_cut(len(tokens))

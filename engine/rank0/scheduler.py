@@ -266,7 +266,8 @@ class Scheduler:
             if other.insert.keep and not other.sampled and not other.done and other.tenant == req.tenant:
                 # what its prompt's entry could give req (of a model whose entries cannot be cut: all or nothing)
                 common = min(common_prefix(other.key, req.key), limit)
-                shared = self.prefix.cuts.reusable(len(other.insert.tokens), common)
+                kept = len(other.insert.tokens) - 1 if other.insert.keep_prompt else len(other.insert.tokens)
+                shared = self.prefix.cuts.reusable(kept, common)
                 if other.insert.keep_at and common >= other.insert.keep_at:
                     shared = max(shared, other.insert.keep_at)  # where it parts from others, kept as an entry
                 if shared - cached >= SHARE_MIN_TOKENS:
@@ -298,10 +299,13 @@ class Scheduler:
             entry = self.prefix.add(ins.tokens[:ins.keep_at], tenant=req.tenant, shared=True)
             if entry is not None:
                 self.stores.append(Store(rid=req.rid, entry=entry, length=ins.keep_at))
+        # kept as the state before the prompt's last token (Insert.keep_prompt): a next turn extends it, and the
+        # very same prompt again (a regenerated answer, a retry) computes only that last token
+        tokens = ins.tokens[:-1] if ins.keep_prompt else ins.tokens
         source = (ins.cache_id, ins.cache_len) if ins.keep_prompt else (0, 0)  # a turn moving on from its last
-        entry = self.prefix.add(ins.tokens, *source, tenant=req.tenant)
+        entry = self.prefix.add(tokens, *source, tenant=req.tenant)
         if entry is not None:
-            self.stores.append(Store(rid=req.rid, entry=entry, length=len(ins.tokens)))
+            self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
 
     def _keep(self, req: Request) -> None:
         """Plan to store the KV of a sequence that ends, as a prefix cache entry: the prompt and all but the last
@@ -310,7 +314,9 @@ class Scheduler:
             return
         fed = req.insert.tokens + req.sampled
         tokens = fed[:-1] if self.prefix.cuts.can_cut(len(fed)) else fed
-        entry = self.prefix.add(tokens, req.insert.cache_id, req.insert.cache_len, len(req.insert.tokens), req.tenant)
+        # a sequence that kept its prompt's end moved on from the entry it started from there (_prompt_done)
+        source = (0, 0) if req.insert.keep_prompt else (req.insert.cache_id, req.insert.cache_len)
+        entry = self.prefix.add(tokens, *source, len(req.insert.tokens), req.tenant)
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
 

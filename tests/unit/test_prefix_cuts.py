@@ -1,6 +1,6 @@
 """Rank 0's prefix cache on models whose entries cannot be cut (a linear-attention state, a sliding window that
 has wrapped), without MLX: an entry is reused only whole, where a prompt extends it exactly, and the batch
-keeps the prompt's end for the next turn."""
+keeps the state before the prompt's last token for the next turn (and the same prompt again)."""
 
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ def test_a_hybrid_models_prompt_end_is_kept_and_a_next_turn_extends_it():
     turn1 = SYSTEM + [7, 8, 9]
     insert1, stores = run(sched, "a", turn1, [50, 51, 52, EOS])
     assert insert1.keep and insert1.keep_prompt
-    # after the first token: the prompt's end; after the last: every token fed, the EOS included (nothing cut)
-    assert [(s.rid, s.length) for s in stores[0]] == [("a", len(turn1))]
+    # after the first token: all but the prompt's last token; after the last: every token fed, the EOS included
+    assert [(s.rid, s.length) for s in stores[0]] == [("a", len(turn1) - 1)]
     assert [(s.rid, s.length) for s in stores[-1]] == [("a", len(turn1) + 4)]
     # the answer came back re-tokenised ([50, 5] for [50, 51, 52]): only the prompt's end serves, whole
     turn2 = turn1 + [50, 5, 11, 12]
     insert2, _ = run(sched, "b", turn2, [60, EOS])
-    assert (insert2.cache_id, insert2.cache_len) == (stores[0][0].entry, len(turn1))
+    assert (insert2.cache_id, insert2.cache_len) == (stores[0][0].entry, len(turn1) - 1)
 
 
 def test_an_entry_that_cannot_be_cut_never_serves_a_prompt_that_parts_inside_it():
@@ -61,11 +61,20 @@ def test_an_entry_that_cannot_be_cut_never_serves_a_prompt_that_parts_inside_it(
     run(sched, "a", SYSTEM + [7, 8, 9], [50, EOS])
     insert, _ = run(sched, "b", SYSTEM + [20, 21], [60, EOS])  # another question on the same system prompt
     assert (insert.cache_id, insert.cache_len) == (0, 0)
-    # the very same prompt again: its last token must be computed, so its own prompt's end cannot serve it
+
+
+def test_the_same_prompt_again_computes_only_its_last_token_every_time():
+    """A regenerated answer, a retry, an agent's identical probe: the prompt's last token must be computed (its
+    logits start the answer), and the state before it serves every repeat; a repeat supersedes nothing."""
     sched = make(HYBRID)
-    run(sched, "a", SYSTEM + [7, 8, 9], [50, EOS])
-    insert, _ = run(sched, "c", SYSTEM + [7, 8, 9], [60, EOS])
-    assert insert.cache_len == 0
+    prompt = SYSTEM + [7, 8, 9]
+    _, stores = run(sched, "a", prompt, [50, EOS])
+    kept = stores[0][0].entry
+    for rid in ("b", "c", "d"):
+        insert, again = run(sched, rid, prompt, [60, EOS])
+        assert (insert.cache_id, insert.cache_len) == (kept, len(prompt) - 1)
+        assert all(s.length != len(prompt) - 1 for s in again[0])  # nothing new to store there
+    assert kept in sched.prefix.entries
 
 
 def test_where_conversations_part_is_kept_and_the_next_conversation_starts_there():
@@ -74,9 +83,9 @@ def test_where_conversations_part_is_kept_and_the_next_conversation_starts_there
     insert, stores = run(sched, "b", SYSTEM + [20, 21], [60, EOS])
     # b parts from a's prompt after the system prompt: that state is kept besides b's prompt's end
     assert insert.keep_at == len(SYSTEM)
-    assert sorted(s.length for s in stores[0]) == [len(SYSTEM), len(SYSTEM) + 2]
+    assert sorted(s.length for s in stores[0]) == [len(SYSTEM), len(SYSTEM) + 1]
     for rid in ("c", "d"):  # every later conversation starts there (none supersedes it by going on from it)
-        insert, _ = run(sched, rid, SYSTEM + [30, 31, ord(rid)], [70, EOS])
+        insert, _ = run(sched, rid, SYSTEM + [ord(rid), 31, 32], [70, EOS])
         assert insert.cache_len == len(SYSTEM) and insert.keep_at == 0  # nothing new to keep: it starts there
 
 
@@ -92,7 +101,7 @@ def test_a_next_turn_keeps_no_parting_inside_its_own_conversation():
     turn1 = SYSTEM + [7, 8, 9]
     run(sched, "a", turn1, [50, 51, EOS])
     insert, _ = run(sched, "b", turn1 + [50, 5, 11], [60, EOS])  # its answer re-tokenised
-    assert insert.cache_len == len(turn1) and insert.keep_at == 0
+    assert insert.cache_len == len(turn1) - 1 and insert.keep_at == 0
 
 
 def test_an_entry_that_cannot_be_cut_leaves_the_shorter_ones_it_extends():
@@ -102,7 +111,7 @@ def test_an_entry_that_cannot_be_cut_leaves_the_shorter_ones_it_extends():
     assert set(sched.prefix.entries) == {prompt_end, whole}
     # a sibling answer to the same prompt starts from the prompt's end, which the longer entry could not give
     insert, _ = run(sched, "b", SYSTEM + [7, 50, 9, 9], [60, EOS])
-    assert (insert.cache_id, insert.cache_len) == (prompt_end, len(SYSTEM) + 1)
+    assert (insert.cache_id, insert.cache_len) == (prompt_end, len(SYSTEM))
 
 
 def test_a_sliding_window_cuts_entries_within_the_window_and_keeps_longer_prompts_whole():
@@ -114,9 +123,9 @@ def test_a_sliding_window_cuts_entries_within_the_window_and_keeps_longer_prompt
     assert insert.cache_len == 30  # cut
     long = SYSTEM[:200]
     insert, stores = run(sched, "c", long, [50, EOS])
-    assert insert.keep_prompt and [s.length for s in stores[0]] == [200]
+    assert insert.keep_prompt and [s.length for s in stores[0]] == [199]
     insert, _ = run(sched, "d", long + [3, 4], [60, EOS])
-    assert (insert.cache_id, insert.cache_len) == (stores[0][0].entry, 200)
+    assert (insert.cache_id, insert.cache_len) == (stores[0][0].entry, 199)
     insert, _ = run(sched, "e", long[:150] + [3, 4], [60, EOS])
     assert insert.cache_len < 128  # never a cut of the wrapped window: at most an entry within it
 
