@@ -46,6 +46,8 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "context_length": info.context_length,
         "ranks": info.ranks,
         "backend": info.backend,
+        "parallel": info.parallel,
+        "pipeline_layers": info.pipeline_layers,
         "engine_pid": info.engine_pid,
         "uptime": round(info.uptime, 1),
         "step": info.step,

@@ -220,7 +220,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     facts=loaded.facts, **prefix_info(scheduler.prefix),
                     kv_budget_bytes=kv.budget if kv.enabled else 0, kv_reserved_bytes=scheduler.kv_reserved,
                     kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
-                    kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured)
+                    kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured,
+                    parallel=loaded.parallel, pipeline_layers=list(loaded.pipeline_split))
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)

@@ -120,6 +120,10 @@ class Info(Msg):
     kv_measured: bool = False
     # None from an engine older than this field
     facts: ModelFacts | None = None
+    # how the ranks split the model: "tensor" (each holds a slice of every layer), "pipeline" (each holds whole
+    # layers: pipeline_layers per rank, rank 0 first), "single" (one rank; "" from an engine older than this field)
+    parallel: str = ""
+    pipeline_layers: list[int] = []
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

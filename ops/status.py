@@ -30,11 +30,17 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def _parallel(i: Info) -> str:
+    if i.parallel == "pipeline" and i.pipeline_layers:
+        return f" (pipeline parallel: layers {' + '.join(map(str, i.pipeline_layers))})"
+    return f" ({i.parallel} parallel)" if i.parallel == "tensor" else ""
+
+
 def describe_info(i: Info) -> str:
     """A readable view of rank 0's Info."""
     lines = [
         f"  model     {i.model}  ({i.model_path}, context {i.context_length} tokens)",
-        f"  ranks     {i.ranks}, backend {i.backend}, engine pid {i.engine_pid}, up {_duration(i.uptime)}",
+        f"  ranks     {i.ranks}{_parallel(i)}, backend {i.backend}, engine pid {i.engine_pid}, up {_duration(i.uptime)}",
         f"  step      {i.step}  (last step {i.last_step_age:.1f}s ago)",
         f"  requests  {i.active} active of {i.max_batch} slots, {i.queued} queued of {i.max_queue}",
         _prompt_cache(i),

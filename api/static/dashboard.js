@@ -61,6 +61,9 @@ function renderStatus(state) {
   $("model").textContent = state.model;
   const facts = [];
   if (h.backend) facts.push(`${h.ranks} rank${h.ranks === 1 ? "" : "s"} · ${h.backend}`);
+  if (h.parallel === "pipeline" && h.pipeline_layers && h.pipeline_layers.length) {
+    facts.push(`pipeline parallel: layers ${h.pipeline_layers.join(" + ")}`);
+  } else if (h.parallel === "tensor") facts.push("tensor parallel");
   if (h.context_length) facts.push(`context ${h.context_length}`);
   if (h.uptime !== undefined) facts.push(`engine up ${duration(h.uptime)}`);
   facts.push(`API up ${duration(h.api_uptime)}`);

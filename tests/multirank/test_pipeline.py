@@ -125,6 +125,7 @@ def test_qwen3_next_runs_pipelined_by_default_and_answers_as_mlx_lm_pipelined(qw
     assert together == qwen3_next_reference
     assert "qwen3_next has no tensor parallelism in mlx-lm (no shard()): running it in pipeline parallel" in log
     assert re.search(r"rank1 .*rank 1 of 2 joined: .*pipeline parallel: 2 of 4 layers", log), log[-2000:]
+    assert (info["parallel"], info["pipeline_layers"]) == ("pipeline", [2, 2])  # status, /health, the dashboard
     # admission counts what the busiest rank holds per token, as measured: the rank with the model's only
     # full-attention layer holds its K and V with all their heads (the other layers keep a constant state)
     config = json.loads((_model_path("qwen3-next") / "config.json").read_text())
@@ -133,8 +134,9 @@ def test_qwen3_next_runs_pipelined_by_default_and_answers_as_mlx_lm_pipelined(qw
 
 
 def test_an_unequal_layer_split_answers_the_same(qwen3_next_reference):
-    alone, _, log, _ = answers("qwen3-next", PARALLEL="pipeline", PIPELINE_LAYERS="3,1", **CACHE_OFF)
+    alone, _, log, info = answers("qwen3-next", PARALLEL="pipeline", PIPELINE_LAYERS="3,1", **CACHE_OFF)
     assert alone == qwen3_next_reference
+    assert info["pipeline_layers"] == [3, 1]
     assert "4 layers over 2 ranks, rank 0: 3, rank 1: 1" in log
     assert re.search(r"rank0 .*rank 0 of 2 joined: .*pipeline parallel: 3 of 4 layers", log), log[-2000:]
 

@@ -54,7 +54,7 @@ def test_two_ranks_match_one_rank_and_survive_concurrency(outputs_one_rank):
     s, engine, api, client = serve(2)
     try:
         info = s.probe()
-        assert info["ranks"] == 2 and info["backend"] == "ring"
+        assert info["ranks"] == 2 and info["backend"] == "ring" and info["parallel"] == "tensor"
         # Sequential greedy requests: byte-identical to the single-rank engine.
         for p in PROMPTS:
             assert greedy(client, p) == single[p], p

@@ -371,3 +371,15 @@ def test_rank_0_budgets_with_every_ranks_measurement_and_falls_back_to_the_confi
     kv, measured = _kv_budget(settings, loaded, 2, [], [rows[0], [0] * 9])
     assert not measured and kv.token_bytes == token_bytes(QWEN3_4B, 2, "bfloat16") and not kv.constant_bytes
     assert "rank(s) [1] could not measure" in caplog.text
+
+
+def test_status_names_how_the_ranks_split_the_model(info):
+    from ops.status import describe_info
+
+    def ranks_line(**kw) -> str:
+        return [ln for ln in describe_info(msgspec.structs.replace(info, **kw)).splitlines() if "ranks" in ln][0]
+
+    assert "pipeline parallel: layers 3 + 1" in ranks_line(ranks=2, backend="ring", parallel="pipeline",
+                                                            pipeline_layers=[3, 1])
+    assert "(tensor parallel)" in ranks_line(ranks=2, backend="ring", parallel="tensor")
+    assert "parallel" not in ranks_line(parallel="single")
