@@ -1,0 +1,43 @@
+"""Tool-call formats, one module per format (engine/toolformats/base.py says what each knows).
+
+A module is named after the format, as mlx-lm names its parsers (mlx_lm/tool_parsers/<name>.py, chosen from the
+chat template), and holds FORMAT, its ToolFormat. Formats mlx-lm has no parser for are recognised here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from engine.toolformats.base import ToolFormat
+
+
+def format_named(name: str) -> ToolFormat | None:
+    """The format of that name, None when there is no module for it."""
+    if not name.isidentifier():
+        return None
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError:
+        return None
+    return getattr(module, "FORMAT", None)
+
+
+def format_name(tokenizer: Any) -> str:
+    """The tokenizer's tool-call format: one mlx-lm has no parser for, recognised here, else mlx-lm's choice
+    ("" when the model has none)."""
+    own = _own_format(tokenizer)
+    if own:
+        return own
+    parser = getattr(tokenizer, "tool_parser", None)
+    return getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser is not None else ""
+
+
+def for_tokenizer(tokenizer: Any) -> ToolFormat | None:
+    name = format_name(tokenizer)
+    return format_named(name) if name else None
+
+
+def _own_format(tokenizer: Any) -> str:
+    """Formats recognised from the chat template or vocabulary where mlx-lm recognises none ("": none)."""
+    return ""
