@@ -14,22 +14,22 @@ from collections.abc import Callable
 
 from ipc.messages import ToolCall
 
-# (text after the start marker) -> (name, arguments text so far), or None while the name is incomplete
-Reader = Callable[[str], "tuple[str, str] | None"]
+# (text after the start marker) -> (name, arguments text so far); name None while it is not written whole
+Reader = Callable[[str], "tuple[str | None, str]"]
 
 # `{"name": "get_weather", "arguments": {...`: the name's closing quote is the first thing the reader needs
 _JSON_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _JSON_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
-def _json_tools(text: str) -> tuple[str, str] | None:
+def _json_tools(text: str) -> tuple[str | None, str]:
     head = _JSON_NAME.match(text)
     if head is None:
-        return None
+        return None, ""
     try:
         name = json.loads(f'"{head.group(1)}"')
     except json.JSONDecodeError:  # an escape the model wrote wrong: no name to report
-        return None
+        return None, ""
     rest = text[head.end():]
     key = _JSON_ARGUMENTS.match(rest)
     if key is None:  # cut before (or inside) the arguments key: the name alone is known
@@ -50,8 +50,7 @@ def cut_call(parser_name: str, text: str) -> ToolCall | None:
     """The call text (after its start marker) was cut by max_tokens: its name and arguments so far, marked
     partial; None when the format has no reader or the name is not complete."""
     reader = READERS.get(parser_name)
-    found = reader(text) if reader is not None else None
-    if found is None or not found[0]:
+    name, arguments = reader(text) if reader is not None else (None, "")
+    if not name:
         return None
-    name, arguments = found
     return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments, partial=True)

@@ -50,7 +50,8 @@ def test_chat_says_length_and_gives_the_call_with_its_arguments_so_far(client, w
         assert choice.finish_reason == "length" and not choice.message.content
         (call,) = choice.message.tool_calls
         assert call.id.startswith("call_") and call.function.name == "get_weather"
-        assert call.function.arguments and whole.startswith(call.function.arguments) and call.function.arguments != whole
+        written = call.function.arguments
+        assert written and whole.startswith(written) and written != whole
 
         calls: dict[int, dict] = {}
         content, finish = "", None
