@@ -199,11 +199,13 @@ class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
-    """One complete tool call parsed from the model's output; arguments is a JSON object as text."""
+    """One tool call parsed from the model's output; arguments is a JSON object as text (unless partial)."""
 
     id: str
     name: str
     arguments: str
+    # cut by max_tokens before its end: arguments is the text written so far, often not valid JSON yet
+    partial: bool = False
 
 
 class Delta(Msg):

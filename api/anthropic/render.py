@@ -12,6 +12,7 @@ from api.anthropic.protocol import Message, OutputBlock, TextBlock, ThinkingBloc
 from api.bodies import encode
 from api.errors import APIError
 from api.generation import Choice, Renderer
+from api.partial_json import partial_object
 
 
 def named_event(name: str, data: Any) -> bytes:
@@ -29,7 +30,10 @@ def tool_use_id(call: ToolCall) -> str:
 
 
 def tool_input(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments as the object Anthropic's input is (the engine's tool parser made them JSON)."""
+    """The call's arguments as the object Anthropic's input is (the engine's tool parser made them JSON); of a
+    call cut by max_tokens, the values written whole so far."""
+    if call.partial:
+        return partial_object(call.arguments)
     try:
         value = json.loads(call.arguments or "{}")
     except json.JSONDecodeError:
@@ -38,7 +42,8 @@ def tool_input(call: ToolCall) -> dict[str, Any]:
 
 
 def stop_reason(choice: Choice) -> str:
-    if choice.tool_calls:
+    # a call cut by max_tokens is not one to run: max_tokens, with its partial tool_use block
+    if choice.tool_calls and not any(c.partial for c in choice.tool_calls):
         return "tool_use"
     if choice.stop_sequence is not None:
         return "stop_sequence"
@@ -123,8 +128,11 @@ class BlockWriter:
             out += self._text(ev.text)
         for call in ev.tool_calls:
             self.pending = ""
-            # each call arrives whole: one input_json_delta carries all of its input
+            # each call arrives whole: one input_json_delta carries all of its input (of a call cut by
+            # max_tokens, the JSON text written so far, as Anthropic streams a cut call)
             out += self._switch("tool_use", {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
                                              "input": {}})
-            out.append(self._delta({"type": "input_json_delta", "partial_json": json.dumps(tool_input(call))}))
+            partial_json = call.arguments if call.partial else json.dumps(tool_input(call))
+            if partial_json:
+                out.append(self._delta({"type": "input_json_delta", "partial_json": partial_json}))
         return out

@@ -31,6 +31,7 @@ from api.ollama.protocol import (
     ToolCallOut,
     ToolCallOutFunction,
 )
+from api.partial_json import partial_object
 from ipc.messages import TokenLogprob as EngineLogprob
 from ipc.messages import ToolCall
 
@@ -68,11 +69,12 @@ def timestamp(seconds: float | None = None) -> str:
 
 
 def tool_calls(calls: list[ToolCall], first: int = 0) -> list[ToolCallOut]:
-    """The engine's calls with their arguments as objects (its tool parser made them JSON)."""
+    """The engine's calls with their arguments as objects (its tool parser made them JSON); of a call cut by
+    max_tokens (done_reason "length"), the values written whole so far."""
     out = []
     for i, call in enumerate(calls, first):
         try:
-            args = json.loads(call.arguments or "{}")
+            args = partial_object(call.arguments) if call.partial else json.loads(call.arguments or "{}")
         except json.JSONDecodeError:
             args = {}
         out.append(ToolCallOut(id=call.id, function=ToolCallOutFunction(

@@ -163,13 +163,15 @@ class ItemWriter:
         fields: dict[str, Any] = {"id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id, "name": name,
                                   "namespace": namespace or UNSET}
         index = len(self.output)
-        item = FunctionCallItem(**fields, arguments=call.arguments)
+        # a call cut by max_output_tokens: the arguments so far, in an item marked incomplete
+        item = FunctionCallItem(**fields, arguments=call.arguments,
+                                status="incomplete" if call.partial else "completed")
         where = {"item_id": item.id, "output_index": index}
-        out = [
-            {"type": "response.output_item.added", "output_index": index,
-             "item": FunctionCallItem(**fields, arguments="", status="in_progress")},
-            # each call arrives whole: one delta carries all of its arguments
-            {"type": "response.function_call_arguments.delta", **where, "delta": call.arguments},
+        out = [{"type": "response.output_item.added", "output_index": index,
+                "item": FunctionCallItem(**fields, arguments="", status="in_progress")}]
+        if call.arguments:  # each call arrives whole: one delta carries all of its arguments
+            out.append({"type": "response.function_call_arguments.delta", **where, "delta": call.arguments})
+        out += [
             {"type": "response.function_call_arguments.done", **where, "arguments": call.arguments},
             {"type": "response.output_item.done", "output_index": index, "item": item},
         ]

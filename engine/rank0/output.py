@@ -14,6 +14,7 @@ from typing import Any
 
 from mlx_lm.generate import TextStateMachine
 
+from engine.rank0.cut_call import cut_call
 from engine.rank0.piece import Piece
 from ipc.messages import ToolCall
 
@@ -114,24 +115,29 @@ class TextSplitter:
                     self.hold = ""
         return piece, ended
 
-    def finish(self) -> Piece:
-        """The text still held back when generation stops (EOS or length) goes where it belongs."""
+    def finish(self, reason: str = "stop") -> Piece:
+        """The text still held back when generation stops (reason "stop" at EOS, "length" at max_tokens) goes
+        where it belongs."""
         piece = Piece()
         if self.stop_sequence is not None:
             return piece
         self.state, rest, state = TextStateMachine.flush(self.state)
         self._route(piece, state, rest)
         if state == "tool":
-            self._cut_call(piece)
+            self._cut_call(piece, length=reason == "length")
         return piece
 
-    def _cut_call(self, piece: Piece) -> None:
-        """A call whose end marker never came (cut by max_tokens, a stop string or EOS) counts only if it
-        parses; its text never becomes content, so a truncated call leaks no markup."""
+    def _cut_call(self, piece: Piece, length: bool = False) -> None:
+        """A call whose end marker never came (cut by max_tokens, a stop string or EOS) counts if it parses;
+        cut by max_tokens it is reported partial, with its name and the arguments so far, so the client
+        learns what was cut. Its text never becomes content, so a truncated call leaks no markup."""
         text, self.tool_text = self.tool_text, ""
         if not text:
             return
         calls = parse_calls(self.rules.parser, text, self.tools, closed=False)
+        if calls is None and length:
+            partial = cut_call(self.rules.parser_name, text)
+            calls = [partial] if partial is not None else None
         piece.tool_calls.extend(calls or [])
         self.calls += len(calls or [])
 

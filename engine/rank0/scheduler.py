@@ -355,7 +355,7 @@ class Scheduler:
         piece, ended = req.splitter.feed(req.detok.last_segment)
         if ended or finish is not None:
             if not ended:
-                piece.add(req.splitter.finish())
+                piece.add(req.splitter.finish(finish))
             # A stop string or a lone tool call ends the choice early: the batch lets it go.
             self._close(req, None, "stop" if ended else finish, piece, req.splitter.stop_sequence if ended else None)
             if ended and finish is None:

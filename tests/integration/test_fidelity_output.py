@@ -133,3 +133,44 @@ def test_token_texts_give_exact_utf8_bytes(tokenizer):
         assert joined == text.encode()
     token, raw = texts.get(tokenizer.encode(" the", add_special_tokens=False)[0])
     assert (token, raw) == (" the", list(b" the"))
+
+
+def test_a_call_cut_by_max_tokens_at_any_point_is_reported_with_what_was_written(tokenizer):
+    arguments = '{"city": "Paris", "days": 3}'
+    markup = f'Sure.<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>'
+    opened = markup.index("<tool_call>") + len("<tool_call>")
+    named = markup.index("get_weather") + len("get_weather") + 1
+    ended = markup.index("}}") + 2
+    for cut in range(len("Sure."), markup.index("</tool_call>")):
+        text = markup[:cut]
+        results = []
+        for pieces in ([text], list(text)):  # whole, and one character per token
+            steps, tail = _cut(tokenizer, pieces, "length")
+            content = "".join(p.content for p, _ in steps) + tail.content
+            calls = [c for p, _ in steps for c in p.tool_calls] + tail.tool_calls
+            results.append((content, [(c.name, c.arguments, c.partial) for c in calls]))
+        assert results[0] == results[1], text
+        content, calls = results[0]
+        if cut < opened:  # a start marker not yet whole is text the model wrote
+            assert (content, calls) == (text, []), text
+        elif cut < named:
+            assert (content, calls) == ("Sure.", []), text
+        elif cut < ended:
+            assert content == "Sure." and len(calls) == 1, text
+            name, written, partial = calls[0]
+            assert (name, partial) == ("get_weather", True) and arguments.startswith(written), (text, written)
+        else:  # the arguments are whole: a complete call, only its end marker is missing
+            assert (content, calls) == ("Sure.", [("get_weather", arguments, False)]), text
+
+
+def test_a_call_cut_by_eos_or_a_stop_string_still_counts_only_when_it_parses(tokenizer):
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"ci'
+    steps, tail = _cut(tokenizer, [text], "stop")
+    assert (steps[0][0], tail) == (Piece(), Piece())
+
+
+def _cut(tokenizer, pieces: list[str], reason: str):
+    rules = OutputRules(tokenizer)
+    splitter = TextSplitter(rules, rules.machine(chat=True, tools=True, stop=[]), "normal", TOOLS, True)
+    steps = [splitter.feed(p) for p in pieces]
+    return steps, splitter.finish(reason)

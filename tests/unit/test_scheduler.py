@@ -53,7 +53,7 @@ class TextSplitter:
             return Piece(content=text.split(self.stop)[0]), True
         return Piece(content=text), False
 
-    def finish(self) -> Piece:
+    def finish(self, reason: str = "stop") -> Piece:
         return Piece()
 
 
