@@ -15,6 +15,7 @@ from ops.engine_ctl import EngineCtl
 from ops.hostprobe import model_facts
 from ops.layout import Die, Layout
 from ops.probe import drop_stale_socket
+from ops.procs import free_port_run
 from ops.procs import free_port
 
 NO_ENV_FILE = Path("/nonexistent/.env")
@@ -66,10 +67,13 @@ def test_start_names_a_ring_port_in_use_instead_of_failing_later_without_it() ->
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        settings = load_settings({"HOSTS": "127.0.0.1,127.0.0.1", "RING_PORT": str(port - 1)}, NO_ENV_FILE)
-        with pytest.raises(Die, match=f"port {port} is in use .* need ports {port - 1} to {port}"):
+        # the taken port first: the port after it may be anyone's on a busy machine, the one before it too
+        settings = load_settings({"HOSTS": "127.0.0.1,127.0.0.1", "RING_PORT": str(port)}, NO_ENV_FILE)
+        with pytest.raises(Die, match=f"port {port} is in use .* need ports {port} to {port + 1}"):
             EngineCtl(Layout(settings)).refuse_taken_ring_ports()
-    EngineCtl(Layout(settings)).refuse_taken_ring_ports()  # free again: nothing to say
+    free = free_port_run(2)
+    free_range = load_settings({"HOSTS": "127.0.0.1,127.0.0.1", "RING_PORT": str(free)}, NO_ENV_FILE)
+    EngineCtl(Layout(free_range)).refuse_taken_ring_ports()  # nothing to say
 
 
 def api_at(host: str, port: int, run_dir: str) -> ApiCtl:
