@@ -5,6 +5,7 @@ grammar) and what rank 0 needs to report it (splitter, logprobs)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -19,6 +20,8 @@ from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.scheduler import Request
 from engine.rank0.text_only import ClientText
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
+
+log = logging.getLogger(__name__)
 
 # Tool formats a forced tool_choice can be enforced for by grammar (engine/decoding/constrained.py).
 FORCEABLE_PARSERS = {"json_tools"}
@@ -57,10 +60,7 @@ class Admission:
         chat = gen.kind == "chat"
         tools = gen.tools if chat and gen.tools and gen.tool_choice != "none" else None
         grammar = self.grammar(gen, tools)
-        if grammar and p.stop:
-            raise Refused("stop cannot be combined with response_format or a forced tool_choice: cutting "
-                          "constrained output at a stop string would break its JSON; drop stop", "stop")
-        machine = self.rules.machine(chat=chat, tools=tools is not None, stop=list(p.stop))
+        machine = self.rules.machine(chat=chat, tools=tools is not None, stop=_free_text_stop(p.stop, grammar))
         initial = self.rules.initial_state(tokens, chat)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         echo = self.tokenizer.decode(tokens) if gen.echo and not chat else ""
@@ -194,6 +194,16 @@ class Prompter:
         """The text of msg's ids, special tokens included (as vLLM's /detokenize); raises Refused."""
         validate.check_detokenize(msg, self.limits)
         return Detokenized(prompt=self.tokenizer.decode(msg.tokens))
+
+
+def _free_text_stop(stop: list[str], grammar: str) -> list[str]:
+    """The stop strings that apply: stop strings end free text only. A grammar constrains the whole output
+    (JSON, or the model's tool calls), and a stop string cutting it would break what the grammar guarantees, so
+    with one they are kept out (agents send stop strings and forced calls together, as OpenAI accepts)."""
+    if grammar and stop:
+        log.debug("stop strings %r left out: the output is constrained by a grammar", stop)
+        return []
+    return list(stop)
 
 
 def _special_texts(tokenizer: Any) -> list[str]:
