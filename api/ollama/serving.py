@@ -19,6 +19,7 @@ import ipc
 from api.errors import InvalidRequest, ModelNotFound
 from api.ollama.protocol import ChatRequest, Format, GenerateRequest, Message, Options, Think
 from api.openai.serving import MODEL_ALIAS, check_depth, max_tokens_within, server_max_tokens
+from api.schemas import closed
 from config import Settings
 
 # Ollama names a model "name:tag"; a name without a tag means ":latest"
@@ -153,14 +154,15 @@ def thinking(think: Think | None) -> bool | None:
 
 
 def json_schema(fmt: Format | None) -> dict[str, Any] | None:
-    """format "json" is any object; a schema is enforced as it is; "" is no format."""
+    """format "json" is any object; "" is no format; a schema is enforced as Ollama reads it: an object that
+    declares properties allows no other key unless its additionalProperties says so."""
     if not fmt:
         return None
     if fmt == "json":
         return {"type": "object"}
     assert isinstance(fmt, dict)
     check_depth(fmt, "format")
-    return fmt
+    return closed(fmt)
 
 
 def engine_messages(messages: list[Message]) -> list[dict[str, Any]]:

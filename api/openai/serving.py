@@ -17,6 +17,7 @@ import ipc
 from api.errors import InvalidRequest, ModelNotFound
 from api.openai.protocol import (TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat,
                                  Tool)
+from api.schemas import closed
 from config import Settings
 
 MODEL_ALIAS = "default"
@@ -142,7 +143,9 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[
 
 
 def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
-    """The schema constrained decoding enforces: json_object is any object."""
+    """The schema constrained decoding enforces: json_object is any object. With strict, as OpenAI's strict mode
+    reads it, an object that declares properties allows no other key unless its additionalProperties says so;
+    without, a schema means what JSON Schema says."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -150,7 +153,7 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     assert fmt.json_schema is not UNSET
     schema = fmt.json_schema.schema or {}
     check_depth(schema, "response_format.json_schema.schema")
-    return schema
+    return closed(schema) if fmt.json_schema.strict else schema
 
 
 def max_tokens_within(value: int | None, param: str, settings: Settings) -> int:

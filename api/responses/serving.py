@@ -20,6 +20,7 @@ from api.access import escape
 from api.errors import InvalidRequest
 from api.openai.serving import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
 from api.responses.protocol import InputContent, InputItem, ResponsesRequest, ResponseTool, TextConfig, ToolChoice
+from api.schemas import closed
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -345,7 +346,8 @@ def _json_schema(text: TextConfig | None) -> dict[str, Any] | None:
         return {"type": "object"}
     assert fmt.schema is not UNSET
     check_depth(fmt.schema, "text.format.schema")
-    return fmt.schema
+    # strict reads objects as closed, as chat's response_format does
+    return closed(fmt.schema) if fmt.strict is True else fmt.schema
 
 
 def _shown(value: Any) -> str:

@@ -113,7 +113,8 @@ async def test_chat_translation(engine, client):
         {"role": "tool", "content": "late", "tool_call_id": "call_late"},
     ]
     assert gen.tools == [WEATHER] and gen.tool_choice is None
-    assert gen.json_schema == body["format"] and gen.enable_thinking is True
+    # as Ollama reads a schema: an object that declares properties takes no others unless it says so
+    assert gen.json_schema == {**body["format"], "additionalProperties": False} and gen.enable_thinking is True
     assert gen.params == ipc.SamplingParams(
         max_tokens=9, temperature=0.0, top_p=0.5, top_k=0, min_p=0.1, seed=3, stop=["END"], repetition_penalty=1.1,
         presence_penalty=0.5, frequency_penalty=-0.5)

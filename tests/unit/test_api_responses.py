@@ -260,7 +260,10 @@ async def test_reasoning_effort(engine, client, effort, switch):
 
 @pytest.mark.parametrize(("fmt", "schema"), [
     ({"type": "text"}, None), ({"type": "json_object"}, {"type": "object"}),
-    ({"type": "json_schema", "name": "w", "schema": WEATHER, "strict": True}, WEATHER),
+    # strict reads the object as closed
+    ({"type": "json_schema", "name": "w", "schema": WEATHER, "strict": True},
+     {**WEATHER, "additionalProperties": False}),
+    ({"type": "json_schema", "name": "w", "schema": WEATHER}, WEATHER),
 ])
 async def test_text_format(engine, client, fmt, schema):
     r = await client.post("/v1/responses", json={**BODY, "text": {"format": fmt, "verbosity": "medium"}})
