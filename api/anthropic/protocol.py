@@ -73,6 +73,7 @@ class JSONOutputFormat(Struct, kw_only=True):
 
 
 class OutputConfig(Struct, kw_only=True):
+    effort: str | None = None
     format: JSONOutputFormat | None = None
 
 

@@ -19,6 +19,8 @@ from api.openai.serving import check_depth, check_model, max_tokens_within
 from api.schemas import closed
 from config import Settings
 
+# Anthropic's effort levels (the engine's reasoning levels, which hold them all)
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # Claude Code's first system block: it changes between versions and sessions, so it would end the
 # cached prefix at the prompt's first line; it says nothing to the model.
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -50,6 +52,7 @@ def messages_generate(req: MessagesRequest, request_id: str, settings: Settings)
         parallel_tool_calls=not (req.tool_choice and req.tool_choice.disable_parallel_tool_use),
         json_schema=output_schema(req),
         enable_thinking=_thinking(req),
+        reasoning_effort=effort(req),
     )
 
 
@@ -66,6 +69,7 @@ def count_generate(req: CountTokensRequest, request_id: str, settings: Settings)
         tools=tools or None,
         tool_choice=engine_tool_choice(req.tool_choice or None, tools),
         enable_thinking=_thinking(req),
+        reasoning_effort=effort(req),
     )
 
 
@@ -83,6 +87,17 @@ def output_schema(req: CountTokensRequest) -> dict[str, Any] | None:
         return None
     check_depth(fmt.schema, param)
     return closed(fmt.schema)
+
+
+def effort(req: CountTokensRequest) -> str:
+    """output_config.effort as the engine's reasoning level ("" when absent); one this server does not know: 400."""
+    level = req.output_config.effort if req.output_config else None
+    if level is None:
+        return ""
+    if level not in EFFORTS:
+        raise InvalidRequest(f"Invalid value for 'output_config.effort': {level[:40]!r} is not a level this server "
+                             f"knows; use one of {', '.join(EFFORTS)}.", param="output_config.effort")
+    return level
 
 
 def _thinking(req: CountTokensRequest) -> bool | None:

@@ -64,6 +64,7 @@ def chat_generate(req: ChatRequest, request_id: str, settings: Settings) -> ipc.
         tools=tools,
         json_schema=json_schema(req.format),
         enable_thinking=thinking(req.think),
+        reasoning_effort=effort(req.think),
     )
 
 
@@ -81,7 +82,8 @@ def generate_generate(req: GenerateRequest, request_id: str, settings: Settings)
     messages = [{"role": "system", "content": req.system}] if req.system else []
     messages.append({"role": "user", "content": req.prompt or ""})
     return ipc.Generate(request_id=request_id, kind="chat", params=params, messages=messages,
-                        json_schema=json_schema(req.format), enable_thinking=thinking(req.think))
+                        json_schema=json_schema(req.format), enable_thinking=thinking(req.think),
+                        reasoning_effort=effort(req.think))
 
 
 def _refuse_generate_fields(req: GenerateRequest) -> None:
@@ -147,10 +149,16 @@ def _max_tokens(num_predict: int | None, settings: Settings) -> int:
 
 
 def thinking(think: Think | None) -> bool | None:
-    """think switches the chat template's enable_thinking; a level ("low", ...) is on (levels are not honoured)."""
+    """think switches the chat template's enable_thinking; a level ("low", ...) is on, and reaches the templates
+    that take a level too (effort)."""
     if think is None:
         return None
     return think if isinstance(think, bool) else True
+
+
+def effort(think: Think | None) -> str:
+    """A think level as the engine's reasoning level ("" for a switch or none)."""
+    return think if isinstance(think, str) else ""
 
 
 def json_schema(fmt: Format | None) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ import msgspec
 from msgspec import UNSET
 
 import ipc
+from ipc.messages import REASONING_EFFORTS
 from api.errors import InvalidRequest, ModelNotFound
 from api.openai.protocol import (TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat,
                                  Tool)
@@ -33,8 +34,6 @@ REFUSED_CHAT: dict[str, Refusal] = {
     "audio": (lambda v: v is None, "text only"),
     "modalities": (lambda v: v is None or v == ["text"], 'only ["text"]'),
     "prediction": (lambda v: v is None, "not available"),
-    # "none" turns a reasoning model's thinking off through its chat template; levels cannot be honoured
-    "reasoning_effort": (lambda v: v in (None, "none"), 'only "none"'),
     "verbosity": (lambda v: v is None, "not available"),
     "web_search_options": (lambda v: v is None, "not available"),
 }
@@ -91,7 +90,19 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
         parallel_tool_calls=req.parallel_tool_calls is not False,
         json_schema=_json_schema(req.response_format),
         enable_thinking=False if req.reasoning_effort == "none" else None,
+        reasoning_effort=_reasoning_effort(req.reasoning_effort),
     )
+
+
+def _reasoning_effort(effort: str | None) -> str:
+    """The wire's level ("" for none, or "none", which is enable_thinking off); an unknown level is a 400."""
+    if effort is None or effort == "none":
+        return ""
+    if effort not in REASONING_EFFORTS:
+        raise InvalidRequest(f"Invalid value for 'reasoning_effort': {json.dumps(effort)[:40]} is not a level this "
+                             f"server knows; use one of none, {', '.join(REASONING_EFFORTS)}.",
+                             param="reasoning_effort")
+    return effort
 
 
 def completion_generate(req: CompletionRequest, request_id: str, settings: Settings) -> ipc.Generate:

@@ -16,6 +16,7 @@ from typing import Any
 from msgspec import UNSET
 
 import ipc
+from ipc.messages import REASONING_EFFORTS
 from api.access import escape
 from api.errors import InvalidRequest
 from api.openai.serving import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
@@ -110,8 +111,10 @@ def responses_generate(req: ResponsesRequest, request_id: str, settings: Setting
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls is not False,
         json_schema=_json_schema(req.text),
-        # "none" and "minimal" turn thinking off through the chat template; other levels keep its default
-        enable_thinking=False if effort in ("none", "minimal") else None,
+        # "none" turns thinking off through the chat template; a level reaches the template as it takes one; a
+        # level this server does not know keeps the template's default
+        enable_thinking=False if effort == "none" else None,
+        reasoning_effort=effort if effort in REASONING_EFFORTS else "",
     )
     return msg, toolset
 

@@ -112,7 +112,7 @@ async def test_translation_to_the_chat_generate(engine, client):
         "name": "weather", "description": "The weather", "parameters": WEATHER["input_schema"]}}]
     assert gen.tool_choice == {"type": "function", "function": {"name": "weather"}}
     assert gen.parallel_tool_calls is False
-    assert gen.enable_thinking is False
+    assert gen.enable_thinking is False and gen.reasoning_effort == "low"
 
 
 @pytest.mark.parametrize(("choice", "wire"), [("auto", "auto"), ("any", "required"), ("none", "none")])
@@ -363,3 +363,14 @@ async def test_a_schema_the_engine_cannot_enforce_is_named_in_anthropics_words(e
     assert r.status_code == 400
     assert r.json()["error"]["message"] == ("cannot enforce output_config.format: invalid JSON schema: unknown type "
                                             "'thing'")
+
+
+async def test_effort_reaches_the_engine_as_its_reasoning_level_and_count_tokens_renders_it(engine, client):
+    r = await client.post("/v1/messages", json={**BODY, "output_config": {"effort": "xhigh"}})
+    assert r.status_code == 200 and engine.generates[0].reasoning_effort == "xhigh"
+    count = {k: v for k, v in BODY.items() if k != "max_tokens"}
+    r = await client.post("/v1/messages/count_tokens", json={**count, "output_config": {"effort": "max"}})
+    assert r.status_code == 200 and engine.token_requests[-1].reasoning_effort == "max"
+    r = await client.post("/v1/messages", json={**BODY, "output_config": {"effort": "extreme"}})
+    assert r.status_code == 400 and "output_config.effort" in r.json()["error"]["message"]
+    assert "low, medium, high, xhigh, max" in r.json()["error"]["message"] and len(engine.generates) == 1
