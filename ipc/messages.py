@@ -7,7 +7,11 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
+
+
+# The reasoning levels a Generate may ask for (OpenAI's reasoning_effort but "none", which is enable_thinking false).
+REASONING_EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max")
 
 
 class Msg(
@@ -169,6 +173,9 @@ class Generate(Msg):
     json_schema: dict[str, Any] | None = None
     # chat template switch for reasoning models; None leaves the template's default
     enable_thinking: bool | None = None
+    # a reasoning level (one of REASONING_EFFORTS, "": none asked), passed to templates that take one and read as
+    # thinking on (off for "minimal") by templates with only a switch
+    reasoning_effort: str = ""
     # prefix cache entries are shared only among requests with the same salt (the API sets one per API key
     # when it accepts several), so one tenant's cached_tokens say nothing of another's prompts
     cache_salt: str = ""
@@ -255,6 +262,7 @@ class Tokenize(Msg):
     messages: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] | None = None
     enable_thinking: bool | None = None
+    reasoning_effort: str = ""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     # None: as a Generate of this kind (a completion adds the tokenizer's special tokens, a chat does not)

@@ -24,6 +24,7 @@ ENGINE_NAMES = [
     (r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),
     (r"tools\[(\d+)\]\.function\.name", r"tools[\1].name"),
     ("stop", "stop_sequences"),
+    ("response_format", "output_config.format"),
 ]
 
 

@@ -1,7 +1,7 @@
 """Anthropic Messages request and response bodies as msgspec Structs (Anthropic's names and field order).
 
 Request structs tolerate unknown fields: Claude Code sends beta features (context_management,
-output_config, cache_control, ...) that change nothing here. Content blocks are one loose Struct
+cache_control, ...) that change nothing here. Content blocks are one loose Struct
 checked in api/anthropic/serving.py, so a refused block (an image) is named with its place.
 """
 
@@ -65,6 +65,18 @@ class ThinkingConfig(Struct, kw_only=True):
     budget_tokens: int | UnsetType = UNSET
 
 
+class JSONOutputFormat(Struct, kw_only=True):
+    """Structured outputs: the answer's text is one JSON value matching schema."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(Struct, kw_only=True):
+    effort: str | None = None
+    format: JSONOutputFormat | None = None
+
+
 class CountTokensRequest(Struct, kw_only=True):
     model: str
     messages: list[InputMessage]
@@ -72,6 +84,9 @@ class CountTokensRequest(Struct, kw_only=True):
     tools: list[Tool] | UnsetType = UNSET
     tool_choice: ToolChoice | UnsetType = UNSET
     thinking: ThinkingConfig | UnsetType = UNSET
+    output_config: OutputConfig | None | UnsetType = UNSET
+    # the structured-outputs beta's spelling of output_config.format, which the API still accepts
+    output_format: JSONOutputFormat | None | UnsetType = UNSET
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):

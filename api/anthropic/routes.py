@@ -54,6 +54,7 @@ class AnthropicRoutes:
         msg = count_generate(req, record.request_id, self.settings)
         # tool_choice "none" hides the tools from the prompt, as a generation does
         tokenize = ipc.Tokenize(kind="chat", messages=msg.messages, enable_thinking=msg.enable_thinking,
+                                reasoning_effort=msg.reasoning_effort,
                                 tools=msg.tools if msg.tool_choice != "none" else None)
         tokens = await until_disconnect(request, lambda: self.engine.tokenize(tokenize, self.settings.REQUEST_TIMEOUT))
         if tokens is None:

@@ -16,8 +16,11 @@ import ipc
 from api.anthropic.protocol import ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, Tool, ToolChoice
 from api.errors import InvalidRequest
 from api.openai.serving import check_depth, check_model, max_tokens_within
+from api.schemas import closed
 from config import Settings
 
+# Anthropic's effort levels (the engine's reasoning levels, which hold them all)
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # Claude Code's first system block: it changes between versions and sessions, so it would end the
 # cached prefix at the prompt's first line; it says nothing to the model.
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -47,7 +50,9 @@ def messages_generate(req: MessagesRequest, request_id: str, settings: Settings)
         tools=tools or None,
         tool_choice=engine_tool_choice(req.tool_choice or None, tools),
         parallel_tool_calls=not (req.tool_choice and req.tool_choice.disable_parallel_tool_use),
+        json_schema=output_schema(req),
         enable_thinking=_thinking(req),
+        reasoning_effort=effort(req),
     )
 
 
@@ -64,7 +69,35 @@ def count_generate(req: CountTokensRequest, request_id: str, settings: Settings)
         tools=tools or None,
         tool_choice=engine_tool_choice(req.tool_choice or None, tools),
         enable_thinking=_thinking(req),
+        reasoning_effort=effort(req),
     )
+
+
+def output_schema(req: CountTokensRequest) -> dict[str, Any] | None:
+    """The schema of output_config.format (or of the beta's output_format), enforced like OpenAI's response_format.
+
+    Anthropic's structured outputs read every object as closed (its API wants additionalProperties false on each):
+    an object with properties that does not say gets it here; one that says is enforced as it says.
+    """
+    fmt = req.output_config.format if req.output_config else None
+    param = "output_config.format.schema"
+    if fmt is None and req.output_format:
+        fmt, param = req.output_format, "output_format.schema"
+    if fmt is None:
+        return None
+    check_depth(fmt.schema, param)
+    return closed(fmt.schema)
+
+
+def effort(req: CountTokensRequest) -> str:
+    """output_config.effort as the engine's reasoning level ("" when absent); one this server does not know: 400."""
+    level = req.output_config.effort if req.output_config else None
+    if level is None:
+        return ""
+    if level not in EFFORTS:
+        raise InvalidRequest(f"Invalid value for 'output_config.effort': {level[:40]!r} is not a level this server "
+                             f"knows; use one of {', '.join(EFFORTS)}.", param="output_config.effort")
+    return level
 
 
 def _thinking(req: CountTokensRequest) -> bool | None:

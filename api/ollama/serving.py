@@ -19,6 +19,7 @@ import ipc
 from api.errors import InvalidRequest, ModelNotFound
 from api.ollama.protocol import ChatRequest, Format, GenerateRequest, Message, Options, Think
 from api.openai.serving import MODEL_ALIAS, check_depth, max_tokens_within, server_max_tokens
+from api.schemas import closed
 from config import Settings
 
 # Ollama names a model "name:tag"; a name without a tag means ":latest"
@@ -63,6 +64,7 @@ def chat_generate(req: ChatRequest, request_id: str, settings: Settings) -> ipc.
         tools=tools,
         json_schema=json_schema(req.format),
         enable_thinking=thinking(req.think),
+        reasoning_effort=effort(req.think),
     )
 
 
@@ -80,7 +82,8 @@ def generate_generate(req: GenerateRequest, request_id: str, settings: Settings)
     messages = [{"role": "system", "content": req.system}] if req.system else []
     messages.append({"role": "user", "content": req.prompt or ""})
     return ipc.Generate(request_id=request_id, kind="chat", params=params, messages=messages,
-                        json_schema=json_schema(req.format), enable_thinking=thinking(req.think))
+                        json_schema=json_schema(req.format), enable_thinking=thinking(req.think),
+                        reasoning_effort=effort(req.think))
 
 
 def _refuse_generate_fields(req: GenerateRequest) -> None:
@@ -146,21 +149,28 @@ def _max_tokens(num_predict: int | None, settings: Settings) -> int:
 
 
 def thinking(think: Think | None) -> bool | None:
-    """think switches the chat template's enable_thinking; a level ("low", ...) is on (levels are not honoured)."""
+    """think switches the chat template's enable_thinking; a level ("low", ...) is on, and reaches the templates
+    that take a level too (effort)."""
     if think is None:
         return None
     return think if isinstance(think, bool) else True
 
 
+def effort(think: Think | None) -> str:
+    """A think level as the engine's reasoning level ("" for a switch or none)."""
+    return think if isinstance(think, str) else ""
+
+
 def json_schema(fmt: Format | None) -> dict[str, Any] | None:
-    """format "json" is any object; a schema is enforced as it is; "" is no format."""
+    """format "json" is any object; "" is no format; a schema is enforced as Ollama reads it: an object that
+    declares properties allows no other key unless its additionalProperties says so."""
     if not fmt:
         return None
     if fmt == "json":
         return {"type": "object"}
     assert isinstance(fmt, dict)
     check_depth(fmt, "format")
-    return fmt
+    return closed(fmt)
 
 
 def engine_messages(messages: list[Message]) -> list[dict[str, Any]]:

@@ -139,7 +139,8 @@ class ChatCompletionRequest(Struct, kw_only=True):
     parallel_tool_calls: bool | None = None
     prediction: Any = UNSET
     presence_penalty: Penalty | None = None
-    reasoning_effort: Any = UNSET
+    # "none" turns thinking off; serving.py checks the levels, which reach the model's chat template as it takes them
+    reasoning_effort: str | None = None
     response_format: ResponseFormat | None = None
     seed: Seed | None = None
     stop: Stop | None = None

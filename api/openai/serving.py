@@ -14,9 +14,11 @@ import msgspec
 from msgspec import UNSET
 
 import ipc
+from ipc.messages import REASONING_EFFORTS
 from api.errors import InvalidRequest, ModelNotFound
 from api.openai.protocol import (TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat,
                                  Tool)
+from api.schemas import closed
 from config import Settings
 
 MODEL_ALIAS = "default"
@@ -32,8 +34,6 @@ REFUSED_CHAT: dict[str, Refusal] = {
     "audio": (lambda v: v is None, "text only"),
     "modalities": (lambda v: v is None or v == ["text"], 'only ["text"]'),
     "prediction": (lambda v: v is None, "not available"),
-    # "none" turns a reasoning model's thinking off through its chat template; levels cannot be honoured
-    "reasoning_effort": (lambda v: v in (None, "none"), 'only "none"'),
     "verbosity": (lambda v: v is None, "not available"),
     "web_search_options": (lambda v: v is None, "not available"),
 }
@@ -90,7 +90,19 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
         parallel_tool_calls=req.parallel_tool_calls is not False,
         json_schema=_json_schema(req.response_format),
         enable_thinking=False if req.reasoning_effort == "none" else None,
+        reasoning_effort=_reasoning_effort(req.reasoning_effort),
     )
+
+
+def _reasoning_effort(effort: str | None) -> str:
+    """The wire's level ("" for none, or "none", which is enable_thinking off); an unknown level is a 400."""
+    if effort is None or effort == "none":
+        return ""
+    if effort not in REASONING_EFFORTS:
+        raise InvalidRequest(f"Invalid value for 'reasoning_effort': {json.dumps(effort)[:40]} is not a level this "
+                             f"server knows; use one of none, {', '.join(REASONING_EFFORTS)}.",
+                             param="reasoning_effort")
+    return effort
 
 
 def completion_generate(req: CompletionRequest, request_id: str, settings: Settings) -> ipc.Generate:
@@ -142,7 +154,9 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[
 
 
 def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
-    """The schema constrained decoding enforces: json_object is any object."""
+    """The schema constrained decoding enforces: json_object is any object. With strict, as OpenAI's strict mode
+    reads it, an object that declares properties allows no other key unless its additionalProperties says so;
+    without, a schema means what JSON Schema says."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -150,7 +164,7 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     assert fmt.json_schema is not UNSET
     schema = fmt.json_schema.schema or {}
     check_depth(schema, "response_format.json_schema.schema")
-    return schema
+    return closed(schema) if fmt.json_schema.strict else schema
 
 
 def max_tokens_within(value: int | None, param: str, settings: Settings) -> int:

@@ -94,7 +94,7 @@ class TextConfig(Struct, kw_only=True):
 
 
 class ReasoningConfig(Struct, kw_only=True):
-    # any level is accepted (new ones keep coming); serving.py reads "none" and "minimal" as thinking off
+    # any level is accepted (new ones keep coming); serving.py reads "none" as thinking off and passes the known levels
     effort: str | None = None
     summary: str | None = None
     generate_summary: str | None = None

@@ -16,10 +16,12 @@ from typing import Any
 from msgspec import UNSET
 
 import ipc
+from ipc.messages import REASONING_EFFORTS
 from api.access import escape
 from api.errors import InvalidRequest
 from api.openai.serving import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
 from api.responses.protocol import InputContent, InputItem, ResponsesRequest, ResponseTool, TextConfig, ToolChoice
+from api.schemas import closed
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -109,8 +111,10 @@ def responses_generate(req: ResponsesRequest, request_id: str, settings: Setting
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls is not False,
         json_schema=_json_schema(req.text),
-        # "none" and "minimal" turn thinking off through the chat template; other levels keep its default
-        enable_thinking=False if effort in ("none", "minimal") else None,
+        # "none" turns thinking off through the chat template; a level reaches the template as it takes one; a
+        # level this server does not know keeps the template's default
+        enable_thinking=False if effort == "none" else None,
+        reasoning_effort=effort if effort in REASONING_EFFORTS else "",
     )
     return msg, toolset
 
@@ -345,7 +349,8 @@ def _json_schema(text: TextConfig | None) -> dict[str, Any] | None:
         return {"type": "object"}
     assert fmt.schema is not UNSET
     check_depth(fmt.schema, "text.format.schema")
-    return fmt.schema
+    # strict reads objects as closed, as chat's response_format does
+    return closed(fmt.schema) if fmt.strict is True else fmt.schema
 
 
 def _shown(value: Any) -> str:

@@ -5,6 +5,7 @@ grammar) and what rank 0 needs to report it (splitter, logprobs)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -16,9 +17,12 @@ from engine.rank0.errors import Refused
 from engine.rank0.kv_budget import KVBudget
 from engine.rank0.logprobs import TokenTexts
 from engine.rank0.output import OutputRules, TextSplitter
+from engine.rank0.reasoning import ReasoningLevels, template_source
 from engine.rank0.scheduler import Request
 from engine.rank0.text_only import ClientText
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
+
+log = logging.getLogger(__name__)
 
 # Tool formats a forced tool_choice can be enforced for by grammar (engine/decoding/constrained.py).
 FORCEABLE_PARSERS = {"json_tools"}
@@ -57,10 +61,7 @@ class Admission:
         chat = gen.kind == "chat"
         tools = gen.tools if chat and gen.tools and gen.tool_choice != "none" else None
         grammar = self.grammar(gen, tools)
-        if grammar and p.stop:
-            raise Refused("stop cannot be combined with response_format or a forced tool_choice: cutting "
-                          "constrained output at a stop string would break its JSON; drop stop", "stop")
-        machine = self.rules.machine(chat=chat, tools=tools is not None, stop=list(p.stop))
+        machine = self.rules.machine(chat=chat, tools=tools is not None, stop=_free_text_stop(p.stop, grammar))
         initial = self.rules.initial_state(tokens, chat)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         echo = self.tokenizer.decode(tokens) if gen.echo and not chat else ""
@@ -136,13 +137,14 @@ class Prompter:
         self.vocab_size = limits.vocab_size
         self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars, kv)
         self.client_text = ClientText(tokenizer)
+        self.reasoning = ReasoningLevels(template_source(mlx_compat.hf_tokenizer(tokenizer)))
 
     def tokens(self, gen: Generate) -> list[int]:
         """The prompt's token ids; raises Refused."""
         if gen.kind == "chat":
             # tool_choice "none": the model is not shown the tools it may not call
             return self.chat_tokens(gen.messages, gen.tools if gen.tool_choice != "none" else None,
-                                    gen.enable_thinking)
+                                    gen.enable_thinking, reasoning_effort=gen.reasoning_effort)
         if isinstance(gen.prompt, str):
             if not gen.prompt:
                 raise Refused("prompt is empty", "prompt")
@@ -155,12 +157,12 @@ class Prompter:
         return list(gen.prompt)
 
     def chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                    enable_thinking: bool | None, *, add_generation_prompt: bool = True,
+                    enable_thinking: bool | None, *, reasoning_effort: str = "", add_generation_prompt: bool = True,
                     continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
         """The chat template's rendering of messages and tools, as token ids; raises Refused."""
         if not messages:
             raise Refused("messages must contain at least one message", "messages")
-        options: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        options = self.reasoning.options(reasoning_effort, enable_thinking)
         if continue_final_message:
             options["continue_final_message"] = True
         try:
@@ -182,6 +184,7 @@ class Prompter:
         special = msg.add_special_tokens
         if msg.kind == "chat":
             tokens = self.chat_tokens(msg.messages, msg.tools, msg.enable_thinking,
+                                      reasoning_effort=msg.reasoning_effort,
                                       add_generation_prompt=msg.add_generation_prompt,
                                       continue_final_message=msg.continue_final_message,
                                       add_special_tokens=bool(special))
@@ -194,6 +197,16 @@ class Prompter:
         """The text of msg's ids, special tokens included (as vLLM's /detokenize); raises Refused."""
         validate.check_detokenize(msg, self.limits)
         return Detokenized(prompt=self.tokenizer.decode(msg.tokens))
+
+
+def _free_text_stop(stop: list[str], grammar: str) -> list[str]:
+    """The stop strings that apply: stop strings end free text only. A grammar constrains the whole output
+    (JSON, or the model's tool calls), and a stop string cutting it would break what the grammar guarantees, so
+    with one they are kept out (agents send stop strings and forced calls together, as OpenAI accepts)."""
+    if grammar and stop:
+        log.debug("stop strings %r left out: the output is constrained by a grammar", stop)
+        return []
+    return list(stop)
 
 
 def _special_texts(tokenizer: Any) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from ipc import Detokenize, Generate, SamplingParams, Tokenize
+from ipc.messages import REASONING_EFFORTS
 
 from engine.rank0.errors import Refused
 
@@ -63,6 +64,7 @@ def check(gen: Generate, limits: Limits) -> Generate:
         _messages(gen.messages)
         _tools(gen.tools, gen.tool_choice)
         _json_only(gen.tools, "tools")
+        _reasoning_effort(gen.reasoning_effort)
     _json_only(gen.json_schema, "response_format")
     if params is not gen.params:
         gen = msgspec.structs.replace(gen, params=params)
@@ -75,9 +77,16 @@ def check_tokenize(msg: Tokenize) -> None:
         _messages(msg.messages)
         _tools(msg.tools, None)
         _json_only(msg.tools, "tools")
+        _reasoning_effort(msg.reasoning_effort)
         if msg.continue_final_message and msg.add_generation_prompt:
             raise Refused("continue_final_message and add_generation_prompt cannot both be true: continue the "
                           "last message, or start the assistant's turn after it", "continue_final_message")
+
+
+def _reasoning_effort(effort: str) -> None:
+    if effort and effort not in REASONING_EFFORTS:
+        raise Refused(f"reasoning_effort {_show(effort)} is not a level this server knows; use one of "
+                      f"{', '.join(REASONING_EFFORTS)} (or none)", "reasoning_effort")
 
 
 def check_detokenize(msg: Detokenize, limits: Limits) -> None:

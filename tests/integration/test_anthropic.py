@@ -7,9 +7,11 @@ constrained decoding.
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import anthropic
 import jsonschema
+import pydantic
 import pytest
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -177,3 +179,37 @@ def test_a_stop_sequence_that_never_appears_is_not_named(claude):
     m = claude.messages.create(model="default", max_tokens=8, messages=MESSAGES, extra_body=GREEDY,
                                stop_sequences=["never in this text"])
     assert m.stop_reason in ("end_turn", "max_tokens") and m.stop_sequence is None
+
+
+class Forecast(pydantic.BaseModel):
+    city: Literal["Paris", "Rome", "Oslo"]
+    sunny: bool
+    unit: Literal["celsius", "fahrenheit"]
+
+
+def test_messages_parse_gives_the_model_it_asked_for(claude):
+    # what messages.parse(output_format=...) and langchain-anthropic's json_schema structured output send
+    for seed in range(3):
+        m = claude.messages.parse(model="default", max_tokens=80, messages=MESSAGES, output_format=Forecast,
+                                  extra_body={"seed": seed, "temperature": 1.0})
+        assert m.stop_reason == "end_turn"
+        assert isinstance(m.parsed_output, Forecast)
+
+
+def test_output_config_streamed_equals_created_and_a_bad_schema_is_a_400(claude):
+    # no additionalProperties: Anthropic reads the object as closed
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "cold": {"type": "boolean"}}}
+    kw = dict(model="default", max_tokens=80, messages=MESSAGES, extra_body={"seed": 4, "temperature": 1.0},
+              output_config={"format": {"type": "json_schema", "schema": schema}})
+    full = claude.messages.create(**kw)
+    with claude.messages.stream(**kw) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == text_of(full) and final.stop_reason == full.stop_reason == "end_turn"
+    doc = json.loads(streamed)
+    assert set(doc) <= {"city", "cold"}
+    jsonschema.validate(doc, schema)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(**{**kw, "output_config": {"format": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}})
+    assert "output_config.format" in err.value.message

@@ -148,3 +148,31 @@ def test_auto_with_a_response_format_answers_json_or_calls_tools(client):
             assert all(name in ("get_weather", "get_time") for name, _ in calls_of(message))
         else:
             jsonschema.validate(json.loads(message.content), PERSON)
+
+
+def test_stop_strings_with_a_forced_call_never_cut_it(client):
+    # smolagents' ToolCallingAgent sends these stop strings with every forced call
+    r = chat(client, tools=TOOLS, tool_choice="required", stop=["Observation:", "Calling tools:"], temperature=1.0,
+             seed=0, max_tokens=200)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls
+    # a stop string every call of get_weather contains: constrained output is never cut by one
+    for seed in range(3):
+        r = chat(client, tools=TOOLS, tool_choice=FORCED, stop=['"city"', "}"], temperature=1.0, seed=seed,
+                 max_tokens=200)
+        assert r.choices[0].finish_reason == "tool_calls"
+        ((name, args),) = calls_of(r.choices[0].message)
+        assert name == "get_weather"
+        jsonschema.validate(args, WEATHER)
+
+
+def test_stop_strings_with_a_response_format_never_cut_the_json(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for stream in (False, True):
+        kw = dict(response_format=fmt, stop=[": ", '"name"'], temperature=1.0, seed=5, max_tokens=120)
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in chat(client, stream=True, **kw))
+        else:
+            r = chat(client, **kw)
+            assert r.choices[0].finish_reason == "stop"
+            text = r.choices[0].message.content
+        jsonschema.validate(json.loads(text), PERSON)

@@ -136,3 +136,18 @@ def test_greedy_output_with_tool_turns_equals_chat_completions(llama, client):
     assert r.prompt_eval_count == chat.usage.prompt_tokens
     assert r.eval_count == chat.usage.completion_tokens
     assert r.message.content == (chat.choices[0].message.content or "")
+
+
+def test_a_format_schema_that_does_not_say_additional_properties_allows_no_other_key(llama):
+    # as Ollama's own conversion reads it: declared properties only (random weights invent keys otherwise)
+    weather = {"type": "object", "properties": {"location": {"type": "string", "maxLength": 10},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]},
+                                                "days": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                                                    "maximum": 9}, "maxItems": 3}}}
+    for seed in range(8):
+        r = llama.chat(model="default", messages=MESSAGES, format=weather, think=False,
+                       options={"seed": seed, "num_predict": 200})
+        assert r.done_reason == "stop", (seed, r.message.content)
+        doc = json.loads(r.message.content)
+        assert set(doc) <= {"location", "unit", "days"}, (seed, doc)
+        jsonschema.validate(doc, weather)

@@ -112,7 +112,7 @@ async def test_translation_to_the_chat_generate(engine, client):
         "name": "weather", "description": "The weather", "parameters": WEATHER["input_schema"]}}]
     assert gen.tool_choice == {"type": "function", "function": {"name": "weather"}}
     assert gen.parallel_tool_calls is False
-    assert gen.enable_thinking is False
+    assert gen.enable_thinking is False and gen.reasoning_effort == "low"
 
 
 @pytest.mark.parametrize(("choice", "wire"), [("auto", "auto"), ("any", "required"), ("none", "none")])
@@ -320,3 +320,57 @@ async def test_a_tool_without_a_name_is_refused_naming_anthropics_field(engine, 
     r = await client.post("/v1/messages", json={**BODY, "tools": [{**WEATHER, "name": ""}]})
     assert r.status_code == 400 and "tools[0].name" in r.json()["error"]["message"]
     assert "function" not in r.json()["error"]["message"] and not engine.generates
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "pets": {"type": "array", "items": {
+    "type": "object", "properties": {"kind": {"type": "string"}}}}}, "required": ["name"]}
+CLOSED_PERSON = {**PERSON, "additionalProperties": False, "properties": {**PERSON["properties"], "pets": {
+    "type": "array", "items": {"type": "object", "properties": {"kind": {"type": "string"}},
+                               "additionalProperties": False}}}}
+
+
+@pytest.mark.parametrize("field", [
+    {"output_config": {"format": {"type": "json_schema", "schema": PERSON}, "effort": "high"}},
+    {"output_format": {"type": "json_schema", "schema": PERSON}},  # the structured-outputs beta's spelling
+])
+async def test_structured_outputs_reach_the_engine_as_its_json_schema(engine, client, field):
+    # Anthropic reads every object as closed: one that does not say additionalProperties gets false
+    r = await client.post("/v1/messages", json={**BODY, **field})
+    assert r.status_code == 200, r.text
+    assert engine.generates[0].json_schema == CLOSED_PERSON
+    r = await client.post("/v1/messages", json={**BODY, "output_config": {"effort": "low"}})
+    assert r.status_code == 200 and engine.generates[1].json_schema is None
+
+
+@pytest.mark.parametrize(("fmt", "words"), [
+    ({"type": "json_object", "schema": PERSON}, ["output_config.format.type"]),
+    ({"type": "json_schema"}, ["schema", "output_config.format"]),
+    ({"type": "json_schema", "schema": "{}"}, ["output_config.format.schema"]),
+])
+async def test_a_malformed_output_format_is_an_anthropic_400(engine, client, fmt, words):
+    r = await client.post("/v1/messages", json={**BODY, "output_config": {"format": fmt}})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    for word in words:
+        assert word in r.json()["error"]["message"], r.text
+    assert not engine.generates
+
+
+async def test_a_schema_the_engine_cannot_enforce_is_named_in_anthropics_words(engine, client):
+    engine.refuse(ipc.Error(status=400, param="response_format",
+                            message="cannot enforce response_format: invalid JSON schema: unknown type 'thing'"))
+    r = await client.post("/v1/messages", json={**BODY, "output_config": {"format": {
+        "type": "json_schema", "schema": {"type": "thing"}}}})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ("cannot enforce output_config.format: invalid JSON schema: unknown type "
+                                            "'thing'")
+
+
+async def test_effort_reaches_the_engine_as_its_reasoning_level_and_count_tokens_renders_it(engine, client):
+    r = await client.post("/v1/messages", json={**BODY, "output_config": {"effort": "xhigh"}})
+    assert r.status_code == 200 and engine.generates[0].reasoning_effort == "xhigh"
+    count = {k: v for k, v in BODY.items() if k != "max_tokens"}
+    r = await client.post("/v1/messages/count_tokens", json={**count, "output_config": {"effort": "max"}})
+    assert r.status_code == 200 and engine.token_requests[-1].reasoning_effort == "max"
+    r = await client.post("/v1/messages", json={**BODY, "output_config": {"effort": "extreme"}})
+    assert r.status_code == 400 and "output_config.effort" in r.json()["error"]["message"]
+    assert "low, medium, high, xhigh, max" in r.json()["error"]["message"] and len(engine.generates) == 1

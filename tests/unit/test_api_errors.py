@@ -83,7 +83,6 @@ async def test_malformed_bodies(client, body):
     [
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": {"name": "f"}}, "function_call"),
-        ({"reasoning_effort": "high"}, "reasoning_effort"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"prediction": {"type": "content", "content": "x"}}, "prediction"),

@@ -105,6 +105,24 @@ async def test_engine_gets_tools_choice_schema_and_thinking_switch(engine, clien
     assert msg.messages[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
 
 
+@pytest.mark.parametrize(("effort", "switch", "level"), [
+    ("none", False, ""), ("minimal", None, "minimal"), ("low", None, "low"), ("medium", None, "medium"),
+    ("high", None, "high"), ("xhigh", None, "xhigh"), ("max", None, "max"), (None, None, ""),
+])
+async def test_reasoning_effort_levels_reach_the_engine(engine, client, effort, switch, level):
+    # cline --thinking low sends "low", which used to be a 400
+    r = await client.post("/v1/chat/completions", json={**CHAT, "reasoning_effort": effort})
+    assert r.status_code == 200, r.text
+    (msg,) = engine.generates
+    assert msg.enable_thinking is switch and msg.reasoning_effort == level
+
+
+async def test_an_unknown_reasoning_effort_is_a_400_naming_it(engine, client):
+    r = await client.post("/v1/chat/completions", json={**CHAT, "reasoning_effort": "turbo"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+    assert "low" in r.json()["error"]["message"] and not engine.generates
+
+
 async def test_json_object_becomes_any_object(engine, client):
     await client.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "json_object"}})
     assert engine.generates[0].json_schema == {"type": "object"}

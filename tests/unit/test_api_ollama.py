@@ -113,7 +113,8 @@ async def test_chat_translation(engine, client):
         {"role": "tool", "content": "late", "tool_call_id": "call_late"},
     ]
     assert gen.tools == [WEATHER] and gen.tool_choice is None
-    assert gen.json_schema == body["format"] and gen.enable_thinking is True
+    # as Ollama reads a schema: an object that declares properties takes no others unless it says so
+    assert gen.json_schema == {**body["format"], "additionalProperties": False} and gen.enable_thinking is True
     assert gen.params == ipc.SamplingParams(
         max_tokens=9, temperature=0.0, top_p=0.5, top_k=0, min_p=0.1, seed=3, stop=["END"], repetition_penalty=1.1,
         presence_penalty=0.5, frequency_penalty=-0.5)
@@ -132,10 +133,11 @@ async def test_format_json_is_any_object(engine, client, fmt, schema):
     assert engine.generates[0].json_schema == schema
 
 
-@pytest.mark.parametrize(("think", "enabled"), [(True, True), (False, False), ("low", True), (None, None)])
-async def test_think_switches_the_template(engine, client, think, enabled):
+@pytest.mark.parametrize(("think", "enabled", "level"), [(True, True, ""), (False, False, ""), ("low", True, "low"),
+                                                         ("max", True, "max"), (None, None, "")])
+async def test_think_switches_the_template_and_a_level_reaches_it(engine, client, think, enabled, level):
     assert (await client.post("/api/chat", json={**CHAT, "think": think})).status_code == 200
-    assert engine.generates[0].enable_thinking is enabled
+    assert engine.generates[0].enable_thinking is enabled and engine.generates[0].reasoning_effort == level
 
 
 @pytest.mark.parametrize(("num_predict", "max_tokens"), [(-1, 32768), (-2, 32768), (None, 32768), (1, 1)])

@@ -248,19 +248,24 @@ async def test_tool_choice(engine, client, choice, wire, offered):
     assert r.json()["tool_choice"] == choice
 
 
-@pytest.mark.parametrize(("effort", "switch"), [("none", False), ("minimal", False), ("low", None), ("high", None),
-                                                (None, None)])
-async def test_reasoning_effort(engine, client, effort, switch):
+@pytest.mark.parametrize(("effort", "switch", "level"), [
+    ("none", False, ""), ("minimal", None, "minimal"), ("low", None, "low"), ("high", None, "high"),
+    ("xhigh", None, "xhigh"), (None, None, ""), ("turbo", None, ""),  # a level this server does not know: default
+])
+async def test_reasoning_effort(engine, client, effort, switch, level):
     r = await client.post("/v1/responses", json={**BODY, "reasoning": {"effort": effort, "summary": "auto"},
                                                 "include": ["reasoning.encrypted_content"]})
     assert r.status_code == 200
-    assert engine.generates[0].enable_thinking is switch
+    assert engine.generates[0].enable_thinking is switch and engine.generates[0].reasoning_effort == level
     assert r.json()["reasoning"] == {"effort": effort, "summary": "auto"}
 
 
 @pytest.mark.parametrize(("fmt", "schema"), [
     ({"type": "text"}, None), ({"type": "json_object"}, {"type": "object"}),
-    ({"type": "json_schema", "name": "w", "schema": WEATHER, "strict": True}, WEATHER),
+    # strict reads the object as closed
+    ({"type": "json_schema", "name": "w", "schema": WEATHER, "strict": True},
+     {**WEATHER, "additionalProperties": False}),
+    ({"type": "json_schema", "name": "w", "schema": WEATHER}, WEATHER),
 ])
 async def test_text_format(engine, client, fmt, schema):
     r = await client.post("/v1/responses", json={**BODY, "text": {"format": fmt, "verbosity": "medium"}})
