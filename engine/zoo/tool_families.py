@@ -20,6 +20,12 @@ MARKERS: dict[str, tuple[tuple[str, bool], ...]] = {
                 ("<|im_middle|>", True), ("<|tool_calls_section_begin|>", True),
                 ("<|tool_calls_section_end|>", True), ("<|tool_call_begin|>", True),
                 ("<|tool_call_argument_begin|>", True), ("<|tool_call_end|>", True)),
+    "minimax_m2": (("<minimax:tool_call>", False), ("</minimax:tool_call>", False)),
+    "longcat": (("<longcat_tool_call>", False), ("</longcat_tool_call>", False), ("<longcat_arg_key>", False),
+                ("</longcat_arg_key>", False), ("<longcat_arg_value>", False), ("</longcat_arg_value>", False)),
+    # MiniCPM 5's and Muse Spark's markup is text
+    "minicpm5": (),
+    "muse_spark": (),
     "mistral": (("[AVAILABLE_TOOLS]", True), ("[/AVAILABLE_TOOLS]", True), ("[TOOL_CALLS]", True),
                 ("[ARGS]", True), ("[TOOL_RESULTS]", True), ("[/TOOL_RESULTS]", True)),
 }

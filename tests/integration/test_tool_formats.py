@@ -63,6 +63,14 @@ REAL_MARKUP = {
     "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
                '{"city": "Rome", "days": 3}<|tool_call_end|><|tool_calls_section_end|>',
     "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "days": 3}',
+    "minimax_m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Rome</parameter>\n'
+                  '<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>',
+    "longcat": "<longcat_tool_call>get_weather\n<longcat_arg_key>city</longcat_arg_key>\n<longcat_arg_value>Rome"
+               "</longcat_arg_value>\n<longcat_arg_key>days</longcat_arg_key>\n<longcat_arg_value>3</longcat_arg_value>\n"
+               "</longcat_tool_call>",
+    "minicpm5": '<function name="get_weather"><param name="city">Rome</param><param name="days">3</param></function>',
+    "muse_spark": '<atem:function_calls><atem:invoke name="get_weather"><atem:parameter name="city">Rome'
+                  '</atem:parameter><atem:parameter name="days">3</atem:parameter></atem:invoke></atem:function_calls>',
 }
 FORMATS = ("json_tools", *TOOL_FORMATS)
 
