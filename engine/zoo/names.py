@@ -9,6 +9,7 @@ ARCH_MODELS = tuple(name for family in FAMILIES for name in (family, family + QU
 # Named as mlx-lm names its tool parsers (mlx_lm/tool_parsers/<format>.py); engine/zoo/tool_families.py
 # holds each one's markers and chat template.
 TOOLS_PREFIX = "tools-"
-TOOL_FORMATS = ("qwen3_coder", "glm47", "kimi_k2", "mistral", "minimax_m2", "longcat", "minicpm5", "muse_spark")
+TOOL_FORMATS = ("qwen3_coder", "glm47", "kimi_k2", "mistral", "minimax_m2", "longcat", "minicpm5", "muse_spark",
+                "pythonic", "gemma4", "function_gemma")
 TOOL_MODELS = tuple(TOOLS_PREFIX + name for name in TOOL_FORMATS)
 ZOO_MODELS = ARCH_MODELS + TOOL_MODELS

@@ -26,6 +26,13 @@ MARKERS: dict[str, tuple[tuple[str, bool], ...]] = {
     # MiniCPM 5's and Muse Spark's markup is text
     "minicpm5": (),
     "muse_spark": (),
+    "pythonic": (("<|tool_list_start|>", True), ("<|tool_list_end|>", True), ("<|tool_call_start|>", True),
+                 ("<|tool_call_end|>", True), ("<|tool_response_start|>", True), ("<|tool_response_end|>", True)),
+    "gemma4": (("<|tool>", True), ("<tool|>", True), ("<|tool_call>", True), ("<tool_call|>", True),
+               ("<|tool_response>", True), ("<tool_response|>", True), ('<|"|>', True)),
+    "function_gemma": (("<start_function_declaration>", True), ("<end_function_declaration>", True),
+                       ("<start_function_call>", True), ("<end_function_call>", True),
+                       ("<start_function_response>", True), ("<end_function_response>", True), ("<escape>", True)),
     "mistral": (("[AVAILABLE_TOOLS]", True), ("[/AVAILABLE_TOOLS]", True), ("[TOOL_CALLS]", True),
                 ("[ARGS]", True), ("[TOOL_RESULTS]", True), ("[/TOOL_RESULTS]", True)),
 }

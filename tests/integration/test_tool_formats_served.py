@@ -29,7 +29,7 @@ WEATHER = {
     "required": ["city", "days"],
     "additionalProperties": False,
 }
-TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"],
         "additionalProperties": False}
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in SCHEMAS.items()]
