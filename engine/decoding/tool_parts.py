@@ -28,11 +28,25 @@ class ToolParts:
         self._shared: dict[str, str] = {}
 
     def literal(self, text: str) -> str:
+        # Special tokens by id (llguidance never matches one as text), the text between them as text:
+        # Kimi K3's "<|open|>tools<|sep|>" is two special tokens around a word.
         tokenizer = self.grammars.tokenizer
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) == 1 and self.grammars.ll_tokenizer().is_special_token(ids[0]):
-            return f"<[{ids[0]}]>"  # llguidance never matches a special token as text
-        return json.dumps(text)
+        ll = self.grammars.ll_tokenizer()
+        pieces: list[str] = []
+        plain: list[int] = []
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            if not ll.is_special_token(token):
+                plain.append(token)
+                continue
+            if plain:
+                pieces.append(json.dumps(tokenizer.decode(plain)))
+                plain = []
+            pieces.append(f"<[{token}]>")
+        if not pieces:
+            return json.dumps(text)
+        if plain:
+            pieces.append(json.dumps(tokenizer.decode(plain)))
+        return " ".join(pieces)
 
     def json(self, schema: dict[str, Any], blame: tuple[str, str] | None = None) -> str:
         what, param = blame or ("a tool's schema", None)

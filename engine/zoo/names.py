@@ -10,6 +10,6 @@ ARCH_MODELS = tuple(name for family in FAMILIES for name in (family, family + QU
 # holds each one's markers and chat template.
 TOOLS_PREFIX = "tools-"
 TOOL_FORMATS = ("qwen3_coder", "glm47", "kimi_k2", "mistral", "minimax_m2", "longcat", "minicpm5", "muse_spark",
-                "pythonic", "gemma4", "function_gemma")
+                "pythonic", "gemma4", "function_gemma", "kimi_k3")
 TOOL_MODELS = tuple(TOOLS_PREFIX + name for name in TOOL_FORMATS)
 ZOO_MODELS = ARCH_MODELS + TOOL_MODELS

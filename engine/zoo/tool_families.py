@@ -33,6 +33,7 @@ MARKERS: dict[str, tuple[tuple[str, bool], ...]] = {
     "function_gemma": (("<start_function_declaration>", True), ("<end_function_declaration>", True),
                        ("<start_function_call>", True), ("<end_function_call>", True),
                        ("<start_function_response>", True), ("<end_function_response>", True), ("<escape>", True)),
+    "kimi_k3": (("<|open|>", True), ("<|close|>", True), ("<|sep|>", True), ("<|end_of_msg|>", True)),
     "mistral": (("[AVAILABLE_TOOLS]", True), ("[/AVAILABLE_TOOLS]", True), ("[TOOL_CALLS]", True),
                 ("[ARGS]", True), ("[TOOL_RESULTS]", True), ("[/TOOL_RESULTS]", True)),
 }

@@ -74,6 +74,9 @@ REAL_MARKUP = {
     "pythonic": '<|tool_call_start|>[get_weather(city="Rome", days=3)]<|tool_call_end|>',
     "gemma4": '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:3}<tool_call|>',
     "function_gemma": "<start_function_call>call:get_weather{city:<escape>Rome<escape>,days:3}<end_function_call>",
+    "kimi_k3": '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" '
+               'type="string"<|sep|>Rome<|close|>argument<|sep|><|open|>argument key="days" type="integer"<|sep|>3'
+               '<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
 }
 FORMATS = ("json_tools", *TOOL_FORMATS)
 # Tools a format cannot hold: FunctionGemma's parser ends a value at the first "," (no arrays or objects).
