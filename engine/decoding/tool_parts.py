@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.decoding.constrained import TOOL_OPTIONS, GrammarError, Grammars, must_end
+from engine.decoding.constrained import TOOL_OPTIONS, Grammars, must_end
 
 # Characters with a meaning in llguidance's regex syntax (Rust's regex plus & and ~), and / that ends a lark regex.
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
@@ -89,6 +89,3 @@ class ToolParts:
 def _escape(text: str) -> str:
     return "".join("\\n" if c == "\n" else "\\t" if c == "\t" else f"\\{c}" if c in _REGEX_META else c
                    for c in text)
-
-
-__all__ = ["GrammarError", "ToolParts"]
