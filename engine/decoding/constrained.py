@@ -31,8 +31,6 @@ log = logging.getLogger(__name__)
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # Tool schemas come from clients as they are: unknown keywords are ignored rather than refused.
 TOOL_OPTIONS: dict[str, Any] = {**JSON_OPTIONS, "lenient": True}
-# A function declared without parameters takes none, as OpenAI reads it: its arguments are {}.
-NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 # Compiling a grammar happens on every rank inside the step (a follower learns it from the plan), so
 # it holds up the whole batch: rank 0 refuses a grammar of more symbols than this (a 3,900-property
 # object has 31,000 and compiles in about a second here). A count, not a clock, so that whether a
@@ -99,7 +97,7 @@ class Grammars:
 
     def json_grammar(self, schema: dict[str, Any]) -> str:
         """Grammar text for one JSON value matching schema, checked; raises GrammarError."""
-        _must_end(schema, "invalid JSON schema")
+        must_end(schema, "invalid JSON schema")
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
             self.check(grammar)
@@ -107,34 +105,30 @@ class Grammars:
             raise GrammarError(f"invalid JSON schema: {_reason(str(exc))}") from None
         return grammar
 
-    def tool_grammar(self, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, start: str,
-                     end: str, json_schema: dict[str, Any] | None = None) -> str:
-        """Checked grammar for the json_tools format (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`).
+    def tool_grammar(self, fmt: Any, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool,
+                     json_schema: dict[str, Any] | None = None) -> str:
+        """Checked grammar for forced calls in fmt, the model's tool-call format (engine/toolformats).
 
         choice "required" allows any declared tool, a named choice only that one; parallel allows
         several calls in a row. With choice "auto" and a json_schema, the output is either the JSON
         answer or tool calls. Raises GrammarError, naming the tool whose schema is at fault.
         """
+        from engine.decoding.tool_parts import ToolParts
+
         named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-        bodies, schemas = _tool_bodies(tools, named)
-        if not bodies:
-            raise GrammarError(f"tool_choice names a function that is not in tools: {named!r}")
-        lines = [
-            "start: calls",
-            f"call: {self._literal(start)} \"\\n\" body \"\\n\" {self._literal(end)}",
-            "body: " + " | ".join(bodies),
-            'calls: call ("\\n" call)*' if parallel and named is None else "calls: call",
-        ]
+        parts = ToolParts(self)
+        calls = fmt.grammar(parts, tools, named, parallel)
+        lines = ["start: calls", calls, *parts.rules]
         if json_schema is not None and choice == "auto":
-            _must_end(json_schema, "response_format is not a JSON schema that can be enforced", "response_format")
+            must_end(json_schema, "response_format is not a JSON schema that can be enforced", "response_format")
             answer = {**json_schema, "x-guidance": JSON_OPTIONS}
             lines[0] = f"start: calls | %json {json.dumps(answer)}"
-            schemas.append(("response_format", "response_format", answer))
+            parts.schemas.append(("response_format", "response_format", answer))
         try:
             grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(lines))
             self.check(grammar)
         except ValueError as exc:  # GrammarError included
-            self._blame(schemas)
+            self._blame(parts.schemas)
             raise GrammarError(_reason(str(exc))) from None
         return grammar
 
@@ -146,13 +140,6 @@ class Grammars:
             except ValueError as exc:  # GrammarError included
                 raise GrammarError(f"{what} is not a JSON schema that can be enforced: {_reason(str(exc))}",
                                    param) from None
-
-    def _literal(self, marker: str) -> str:
-        """A marker in lark: a single special token by id (llguidance never matches those as text), else text."""
-        ids = self.tokenizer.encode(marker, add_special_tokens=False)
-        if len(ids) == 1 and self.ll_tokenizer().is_special_token(ids[0]):
-            return f"<[{ids[0]}]>"
-        return json.dumps(marker)
 
     def check(self, grammar: str) -> None:
         """Raise GrammarError unless grammar compiles within LIMITS and admits some text: rank 0 checks
@@ -202,33 +189,7 @@ class Grammars:
             self._compiled.pop(grammar, None)
 
 
-def _tool_bodies(tools: list[dict[str, Any]], named: str | None) -> tuple[list[str], list[tuple[str, str, dict]]]:
-    """One lark alternative per allowed tool, and (what, param, schema) of each for blaming."""
-    bodies, schemas = [], []
-    for i, tool in enumerate(tools):
-        fn = tool.get("function", {})
-        name = fn.get("name")
-        if named is not None and name != named:
-            continue
-        param = f"tools[{i}].function.parameters"
-        params = fn.get("parameters")
-        if params is None:
-            params = NO_ARGUMENTS
-        elif not isinstance(params, dict):
-            raise GrammarError(f"{param} (function {name!r}) must be a JSON schema object", param)
-        elif not params:
-            params = {"type": "object"}
-        # The arguments are a %json of their own rather than a property of one wrapper schema, so
-        # the tool's schema stays a root and its "#/$defs/..." references resolve in it.
-        _must_end(params, f"{param} (function {name!r}) is not a JSON schema that can be enforced", param)
-        params = {**params, "x-guidance": TOOL_OPTIONS}
-        head = json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
-        bodies.append(f'{json.dumps(head)} %json {json.dumps(params)} "}}"')
-        schemas.append((f"{param} (function {name!r})", param, params))
-    return bodies, schemas
-
-
-def _must_end(schema: Any, what: str, param: str | None = None) -> None:
+def must_end(schema: Any, what: str, param: str | None = None) -> None:
     """Raise GrammarError when schema has no finite value (the grammar would run on without end)."""
     ref = endless_ref(schema)
     if ref is not None:

@@ -46,7 +46,7 @@ def _filler_lines(count: int) -> list[str]:
     return [" ".join(tokens[i : i + 12]) + "." for i in range(0, len(tokens), 12)]
 
 
-def train_tokenizer(vocab_size: int, filler_words: int):
+def train_tokenizer(vocab_size: int, filler_words: int, extra: tuple[tuple[str, bool], ...] = ()):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -69,6 +69,12 @@ def train_tokenizer(vocab_size: int, filler_words: int):
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     if tok.get_vocab_size() != vocab_size:
         raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size}")
+    # A model family's own markers go on top, after the demo vocabulary: every other id stays the demo's.
+    for text, special in extra:
+        if special:
+            tok.add_special_tokens([AddedToken(text, special=True, normalized=False)])
+        else:
+            tok.add_tokens([AddedToken(text, special=False, normalized=False)])
     return tok
 
 
@@ -84,11 +90,11 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in chars.items()}
 
 
-def quiet_ids(vocab: dict[str, int]) -> list[int]:
-    """Tokens the random model should (almost) never pick: special and added tokens, and pieces
-    that are not whole printable UTF-8 on their own (stray bytes, control characters)."""
+def quiet_ids(vocab: dict[str, int], extra: tuple[str, ...] = ()) -> list[int]:
+    """Tokens the random model should (almost) never pick: special and added tokens (extra: a family's
+    markers), and pieces that are not whole printable UTF-8 on their own (stray bytes, control characters)."""
     decoder = _byte_decoder()
-    quiet = {vocab[t] for t in SPECIAL_TOKENS + ADDED_TOKENS}
+    quiet = {vocab[t] for t in SPECIAL_TOKENS + ADDED_TOKENS + extra}
     for piece, idx in vocab.items():
         if idx in quiet:
             continue
@@ -102,8 +108,9 @@ def quiet_ids(vocab: dict[str, int]) -> list[int]:
     return sorted(quiet)
 
 
-def tokenizer_config(context_length: int) -> dict:
-    return {
+def tokenizer_config(context_length: int, template: str | None = None, tool_parser: str | None = "json_tools") -> dict:
+    """tokenizer_config.json; tool_parser None leaves the format for mlx-lm to infer from the template."""
+    config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": context_length,
         "bos_token": None,
@@ -114,22 +121,28 @@ def tokenizer_config(context_length: int) -> dict:
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
-        "tool_parser_type": "json_tools",
-        "chat_template": chat_template(),
+        "tool_parser_type": tool_parser,
+        "chat_template": chat_template() if template is None else template,
     }
+    if tool_parser is None:
+        del config["tool_parser_type"]
+    return config
 
 
-def write_tokenizer(out, vocab_size: int, filler_words: int, context_length: int) -> dict[str, int]:
+def write_tokenizer(out, vocab_size: int, filler_words: int, context_length: int,
+                    extra: tuple[tuple[str, bool], ...] = (), template: str | None = None,
+                    tool_parser: str | None = "json_tools") -> dict[str, int]:
     """Train the tokenizer and write its files (tokenizer.json, its config, the special tokens and the
-    generation config) into `out`; return its vocabulary."""
+    generation config) into `out`; return its vocabulary. extra: (text, special) markers added on top of
+    the vocabulary; template and tool_parser: see tokenizer_config."""
     from engine.modelgen.store import write_json
 
-    tok = train_tokenizer(vocab_size, filler_words)
+    tok = train_tokenizer(vocab_size, filler_words, extra)
     tok.save(str(out / "tokenizer.json"), pretty=False)
     vocab = tok.get_vocab()
     eos_id, pad_id = vocab[IM_END], vocab[ENDOFTEXT]
     write_json(out / "generation_config.json", {"bos_token_id": None, "eos_token_id": [eos_id, pad_id],
                                                 "pad_token_id": pad_id})
-    write_json(out / "tokenizer_config.json", tokenizer_config(context_length))
+    write_json(out / "tokenizer_config.json", tokenizer_config(context_length, template, tool_parser))
     write_json(out / "special_tokens_map.json", {"eos_token": IM_END, "pad_token": ENDOFTEXT})
     return vocab

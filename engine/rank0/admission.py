@@ -24,9 +24,6 @@ from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
 log = logging.getLogger(__name__)
 
-# Tool formats a forced tool_choice can be enforced for by grammar (engine/decoding/constrained.py).
-FORCEABLE_PARSERS = {"json_tools"}
-
 
 class Admission:
     """What rank 0 derives once from the tokenizer to admit requests."""
@@ -99,14 +96,14 @@ class Admission:
             self._refuse_special_text(tool, f"tools[{i}]")
         try:
             if tools is not None and (forced or gen.json_schema is not None):
-                start, end = self.rules.tool or (None, None)
-                if self.rules.parser_name not in FORCEABLE_PARSERS or start is None or end is None:
+                fmt = self.rules.format
+                if fmt is None or not fmt.forceable:
                     raise Refused(
                         f"this model's tool-call format ({self.rules.parser_name or 'none'}) cannot be enforced, so "
                         f"{'a forced tool_choice' if forced else 'response_format together with tools'} is not "
                         "supported for it; use tool_choice 'auto'" + ("" if forced else " without response_format"),
                         param, "unsupported_parameter")
-                grammar = self.grammars.tool_grammar(tools, choice, gen.parallel_tool_calls, start, end,
+                grammar = self.grammars.tool_grammar(fmt, tools, choice, gen.parallel_tool_calls,
                                                      None if forced else gen.json_schema)
             else:
                 grammar = self.grammars.json_grammar(gen.json_schema or {})

@@ -14,8 +14,11 @@ from typing import Any
 
 from mlx_lm.generate import TextStateMachine
 
+from engine import toolformats
 from engine.rank0.cut_call import cut_call
 from engine.rank0.piece import Piece
+from engine.toolformats.base import ToolFormat
+from engine.toolformats.mlx_parsed import MlxParsed
 from ipc.messages import ToolCall
 
 log = logging.getLogger(__name__)
@@ -26,9 +29,11 @@ class OutputRules:
 
     def __init__(self, tokenizer: Any):
         self.think = (tokenizer.think_start, tokenizer.think_end) if tokenizer.has_thinking else None
-        self.tool = (tokenizer.tool_call_start, tokenizer.tool_call_end) if tokenizer.has_tool_calling else None
-        self.parser = tokenizer.tool_parser
-        self.parser_name = getattr(self.parser, "__module__", "").rsplit(".", 1)[-1]
+        # the model's tool-call format (engine/toolformats) knows its markers and parses its calls
+        self.format = _tool_format(tokenizer)
+        self.tool = (self.format.start, self.format.end) if self.format is not None else None
+        self.parser = self.format.parse if self.format is not None else None
+        self.parser_name = self.format.name if self.format is not None else ""
         self.markers = tuple(getattr(tokenizer, "structural_markers", ()) or ())
         self.response_transitions = dict(getattr(tokenizer, "response_transitions", {}) or {})
         self.response_initial = getattr(tokenizer, "response_initial_state", None)
@@ -69,6 +74,14 @@ class OutputRules:
         for s in stop:
             t[("stop", s)] = []  # type: ignore[index]
         return TextStateMachine(t or None)
+
+
+def _tool_format(tokenizer: Any) -> ToolFormat | None:
+    """The format's module, or mlx-lm's parser alone for a format without one (parsed, never forced)."""
+    fmt = toolformats.for_tokenizer(tokenizer)
+    if fmt is None and tokenizer.has_tool_calling:
+        fmt = MlxParsed(toolformats.format_name(tokenizer))
+    return fmt
 
 
 class TextSplitter:
@@ -169,7 +182,7 @@ class TextSplitter:
 
 def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None,
                 closed: bool = True) -> list[ToolCall] | None:
-    """mlx-lm's parser output as ToolCalls with ids and JSON-text arguments; None when it fails.
+    """The format's parser output as ToolCalls with ids and JSON-text arguments; None when it fails.
 
     An unclosed call (closed=False) is usually cut short, so its failure is logged at DEBUG only.
     """

@@ -12,16 +12,24 @@ from typing import Any, Protocol
 
 
 class GrammarParts(Protocol):
-    """The pieces a format's grammar is written with, bound to one tokenizer (engine/decoding/constrained.py)."""
+    """The pieces a format's grammar is written with, bound to one tokenizer (engine/decoding/constrained.py).
+    Expressions it returns may name rules it adds to the grammar itself (named part_N)."""
 
     def literal(self, text: str) -> str:
         """A marker as a lark terminal: one special token by id where the tokenizer has it whole, else text."""
 
-    def json(self, schema: dict[str, Any]) -> str:
-        """A lark expression for one JSON value of schema (compact separators, unknown keywords ignored)."""
+    def json(self, schema: dict[str, Any], blame: tuple[str, str] | None = None) -> str:
+        """A lark expression for one JSON value of schema (compact separators, unknown keywords ignored).
+        blame: (what, param) naming the tool whose schema this is, for the error when it cannot be enforced."""
 
-    def text(self, stop: str) -> str:
-        """A lark expression for free text that cannot contain `stop` (an XML parameter's string value)."""
+    def text(self, close: str, schema: dict[str, Any] | None = None, forbid: tuple[str, ...] = (),
+             strip: bool = False) -> str:
+        """A lark expression for raw text, then `close`: an XML parameter's string value. The text never
+        contains `close` nor any of `forbid`; it keeps to schema's enum, const, minLength and maxLength; with
+        strip, it neither starts nor ends with whitespace (for parsers that strip values)."""
+
+    def rule(self, body: str) -> str:
+        """A rule of its own for body (a lark expression written once, used in several places): its name."""
 
 
 class ToolFormat:
@@ -43,6 +51,11 @@ class ToolFormat:
         (only `named` when given), from `start` through `end`, each argument constrained by its schema.
         Raises engine.decoding.constrained.GrammarError for a tool that cannot be enforced."""
         raise NotImplementedError
+
+    @property
+    def forceable(self) -> bool:
+        """Whether a forced call can be enforced in this format (its module writes a grammar)."""
+        return type(self).grammar is not ToolFormat.grammar
 
     def partial(self, text: str) -> tuple[str | None, str]:
         """A call cut short (max_tokens): its name, once written whole, and the arguments text so far."""

@@ -1,7 +1,15 @@
 """The zoo's model names, without the "zoo-" prefix (plain data: `launch.sh check` reads ZOO_MODELS
-without importing the project). Each family also comes 4-bit, quantized as mlx_lm.convert does."""
+without importing the project). Each family also comes 4-bit, quantized as mlx_lm.convert does; each
+tool-call format has a small Qwen3 of its own whose tokenizer and chat template are that family's."""
 
 FAMILIES = ("llama", "qwen3", "qwen3-moe", "qwen3.5", "qwen3-next", "deepseek-v3", "gpt-oss", "glm4-moe",
             "ministral3")
 QUANTIZED_SUFFIX = "-4bit"
-ZOO_MODELS = tuple(name for family in FAMILIES for name in (family, family + QUANTIZED_SUFFIX))
+ARCH_MODELS = tuple(name for family in FAMILIES for name in (family, family + QUANTIZED_SUFFIX))
+# Named as mlx-lm names its tool parsers (mlx_lm/tool_parsers/<format>.py); engine/zoo/tool_families.py
+# holds each one's markers and chat template.
+TOOLS_PREFIX = "tools-"
+TOOL_FORMATS = ("qwen3_coder", "glm47", "kimi_k2", "mistral", "minimax_m2", "longcat", "minicpm5", "muse_spark",
+                "pythonic", "gemma4", "function_gemma", "kimi_k3")
+TOOL_MODELS = tuple(TOOLS_PREFIX + name for name in TOOL_FORMATS)
+ZOO_MODELS = ARCH_MODELS + TOOL_MODELS

@@ -8,7 +8,7 @@ from pathlib import Path
 from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
 from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, config
-from engine.zoo.names import QUANTIZED_SUFFIX, ZOO_MODELS
+from engine.zoo.names import QUANTIZED_SUFFIX, TOOLS_PREFIX, ZOO_MODELS
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
@@ -29,10 +29,18 @@ def _generate(name: str, out: Path) -> dict:
 
     started = time.perf_counter()
     family = name.removesuffix(QUANTIZED_SUFFIX)
-    vocab = write_tokenizer(out, VOCAB, FILLER_WORDS, CONTEXT_LENGTH)
+    extra, tokenizer_options = (), {}
+    if name.startswith(TOOLS_PREFIX):  # a tool-call format's model: the small Qwen3, the family's tokenizer
+        from engine.zoo import tool_families
+
+        fmt = name.removeprefix(TOOLS_PREFIX)
+        family, extra = "qwen3", tool_families.MARKERS[fmt]
+        tokenizer_options = {"extra": extra, "template": tool_families.template(fmt), "tool_parser": None}
+    vocab = write_tokenizer(out, VOCAB, FILLER_WORDS, CONTEXT_LENGTH, **tokenizer_options)
     eos_id = vocab[IM_END]
-    model, cfg = build(config(family, VOCAB, eos_id, vocab[ENDOFTEXT]), HIDDEN, quiet_ids(vocab),
-                       quantized=name != family)
+    size = VOCAB + len(extra)
+    model, cfg = build(config(family, size, eos_id, vocab[ENDOFTEXT]), HIDDEN,
+                       quiet_ids(vocab, tuple(text for text, _ in extra)), quantized=name.endswith(QUANTIZED_SUFFIX))
     tensors = dict(sorted(tree_flatten(model.parameters())))
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
     save_config(cfg, out / "config.json")  # mlx-lm's own writer: sorted keys, its quantization entries
@@ -41,7 +49,7 @@ def _generate(name: str, out: Path) -> dict:
         "version": VERSION,
         "model_type": cfg["model_type"],
         "parameters": get_total_parameters(model),
-        "vocab_size": VOCAB,
+        "vocab_size": size,
         "eos_token_id": eos_id,
         "dtype": "float32",
         "quantization": cfg.get("quantization"),

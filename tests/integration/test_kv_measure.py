@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.zoo import ZOO_MODELS, ensure_zoo_model
+from engine.zoo import ensure_zoo_model
+from engine.zoo.names import ARCH_MODELS as ZOO_MODELS
 from tests.harness import MODEL_CACHE
 
 TOKENS = 300

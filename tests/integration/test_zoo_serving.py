@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.zoo import FAMILIES, ZOO_MODELS
+from engine.zoo import FAMILIES
+from engine.zoo.names import ARCH_MODELS as ZOO_MODELS
 from tests.harness import Stack, assert_engine_logs_clean
 
 SERVED = ZOO_MODELS

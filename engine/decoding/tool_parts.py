@@ -1,0 +1,91 @@
+"""The pieces tool-call formats write their grammars with (engine/toolformats/base.py GrammarParts), bound to
+one tokenizer: markers as special tokens where the tokenizer has them whole, JSON values by schema, and raw
+text that cannot run past its closing tag.
+
+Raw text is a lazy lexeme (llguidance's `[lazy]`: the shortest text that ends with the closing tag), so the
+first closing tag the model writes ends the value; the text itself is a regex intersected with the negation
+of every marker it must not contain (the format's end marker: the splitter would end the call there).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.decoding.constrained import TOOL_OPTIONS, Grammars, must_end
+
+# Characters with a meaning in llguidance's regex syntax (Rust's regex plus & and ~), and / that ends a lark regex.
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
+
+
+class ToolParts:
+    """GrammarParts for one grammar: the rules it adds and the schemas it used, for blaming a failure."""
+
+    def __init__(self, grammars: Grammars):
+        self.grammars = grammars
+        self.rules: list[str] = []
+        self.schemas: list[tuple[str, str, dict[str, Any]]] = []  # (what, param, schema)
+        self._shared: dict[str, str] = {}
+
+    def literal(self, text: str) -> str:
+        # Special tokens by id (llguidance never matches one as text), the text between them as text:
+        # Kimi K3's "<|open|>tools<|sep|>" is two special tokens around a word.
+        tokenizer = self.grammars.tokenizer
+        ll = self.grammars.ll_tokenizer()
+        pieces: list[str] = []
+        plain: list[int] = []
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            if not ll.is_special_token(token):
+                plain.append(token)
+                continue
+            if plain:
+                pieces.append(json.dumps(tokenizer.decode(plain)))
+                plain = []
+            pieces.append(f"<[{token}]>")
+        if not pieces:
+            return json.dumps(text)
+        if plain:
+            pieces.append(json.dumps(tokenizer.decode(plain)))
+        return " ".join(pieces)
+
+    def json(self, schema: dict[str, Any], blame: tuple[str, str] | None = None) -> str:
+        what, param = blame or ("a tool's schema", None)
+        must_end(schema, f"{what} is not a JSON schema that can be enforced", param)
+        schema = {**schema, "x-guidance": TOOL_OPTIONS}
+        self.schemas.append((what, param, schema))
+        return f"%json {json.dumps(schema)}"
+
+    def text(self, close: str, schema: dict[str, Any] | None = None, forbid: tuple[str, ...] = (),
+             strip: bool = False) -> str:
+        schema = schema or {}
+        end = self.literal(close)
+        choices = schema.get("enum") if "const" not in schema else [schema["const"]]
+        if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+            return "(" + " | ".join(json.dumps(c) for c in choices) + f") {end}"
+        low, high = schema.get("minLength", 0), schema.get("maxLength")
+        body = "(.|\\n)*"
+        if isinstance(low, int) and low > 0 or isinstance(high, int):
+            body = f"(.|\\n){{{max(0, int(low or 0))},{'' if high is None else int(high)}}}"
+        terminal = f"/{body}/"
+        if strip:  # no whitespace at either end: what a parser that strips values reads back unchanged
+            terminal += " & /(\\S((.|\\n)*\\S)?)?/"
+        markers = "|".join(_escape(m) for m in (close, *forbid) if m)
+        terminal += f" & ~/(.|\\n)*({markers})(.|\\n)*/"
+        name = self.rule(f"{terminal}", terminal=True)
+        if end.startswith("<["):  # a special token ends the text by itself: it is never text
+            return f"{name} {end}"
+        return self.rule(f"{name} {end}", lazy=True)
+
+    def rule(self, body: str, *, terminal: bool = False, lazy: bool = False) -> str:
+        key = f"{terminal}{lazy}{body}"
+        if key in self._shared:
+            return self._shared[key]
+        name = f"{'PART' if terminal else 'part'}_{len(self._shared)}"
+        self._shared[key] = name
+        self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
+        return name
+
+
+def _escape(text: str) -> str:
+    return "".join("\\n" if c == "\n" else "\\t" if c == "\t" else f"\\{c}" if c in _REGEX_META else c
+                   for c in text)

@@ -1,0 +1,131 @@
+"""Forced tool calls in every format, served on one rank: each format's zoo model (its family's template and
+markers) answers a required and a named tool_choice with calls whose arguments validate against the schema,
+streamed exactly as not streamed, through chat completions, Anthropic's messages, Responses and Ollama's chat
+(which has no tool_choice: its `format` beside tools makes the answer either that JSON or a call).
+
+The models have random weights: every valid call below is the grammar's doing. Greedy decoding, so a streamed
+request must equal its non-streamed twin."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import jsonschema
+import ollama
+import openai
+import pytest
+
+from engine.zoo.names import TOOL_FORMATS
+from tests.harness import Stack, assert_engine_logs_clean
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "note": {"type": "string", "maxLength": 6},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in SCHEMAS.items()]
+MESSAGES = [{"role": "user", "content": "What is the weather in Rome?"}]
+ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+
+
+def _valid(calls: list[tuple[str, dict]], named: str | None = None) -> list[tuple[str, dict]]:
+    assert calls
+    for name, arguments in calls:
+        assert named in (None, name)
+        jsonschema.validate(arguments, SCHEMAS[name])
+    return calls
+
+
+def _chat(client: openai.OpenAI, choice) -> list[tuple[str, dict]]:
+    kw = {"model": "default", "messages": MESSAGES, "tools": TOOLS, "tool_choice": choice, "temperature": 0,
+          "max_tokens": 96, "parallel_tool_calls": False}
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+    whole = [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls]
+    parts: dict[int, list[str]] = {}
+    content = ""
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice_delta in chunk.choices:
+            content += choice_delta.delta.content or ""
+            for d in choice_delta.delta.tool_calls or ():
+                entry = parts.setdefault(d.index, ["", ""])
+                entry[0] += d.function.name or ""
+                entry[1] += d.function.arguments or ""
+    assert content == ""
+    assert [(n, json.loads(a)) for n, a in parts.values()] == whole
+    return whole
+
+
+def _messages(claude: anthropic.Anthropic, choice: dict) -> list[tuple[str, dict]]:
+    kw = {"model": "default", "max_tokens": 96, "messages": MESSAGES, "tool_choice": choice,
+          "tools": [{"name": n, "input_schema": s} for n, s in SCHEMAS.items()], "extra_body": {"temperature": 0}}
+    m = claude.messages.create(**kw)
+    assert m.stop_reason == "tool_use"
+    whole = [(b.name, b.input) for b in m.content if b.type == "tool_use"]
+    with claude.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == whole
+    assert not [b for b in final.content if b.type == "text" and b.text]
+    return whole
+
+
+def _responses(client: openai.OpenAI, choice) -> list[tuple[str, dict]]:
+    kw = {"model": "default", "input": MESSAGES[0]["content"], "max_output_tokens": 96, "temperature": 0,
+          "tool_choice": choice, "parallel_tool_calls": False,
+          "tools": [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]}
+    r = client.responses.create(**kw)
+    whole = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
+    with client.responses.stream(**kw) as stream:
+        final = stream.get_final_response()
+    assert [(o.name, json.loads(o.arguments)) for o in final.output if o.type == "function_call"] == whole
+    assert not [o for o in final.output if o.type == "message"]
+    return whole
+
+
+def _ollama(local: ollama.Client) -> None:
+    kw = {"model": "default", "messages": MESSAGES, "tools": TOOLS, "format": ANSWER,
+          "options": {"temperature": 0, "num_predict": 96}}
+    whole = local.chat(**kw).message
+    content, calls = "", []
+    for part in local.chat(**kw, stream=True):
+        content += part.message.content or ""
+        calls += part.message.tool_calls or []
+    assert content == (whole.content or "")
+    got = [(c.function.name, dict(c.function.arguments)) for c in calls]
+    assert got == [(c.function.name, dict(c.function.arguments)) for c in whole.tool_calls or ()]
+    if got:
+        _valid(got)
+    else:
+        jsonschema.validate(json.loads(content), ANSWER)
+
+
+@pytest.mark.parametrize("fmt", TOOL_FORMATS)
+def test_forced_calls_in_the_models_own_format_through_every_dialect(fmt: str) -> None:
+    stack = Stack(extra={"MODEL": f"zoo-tools-{fmt}"})
+    engine = stack.start_engine()
+    try:
+        api = stack.start_api()
+        try:
+            with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
+                _valid(_chat(client, "required"))
+                _valid(_chat(client, {"type": "function", "function": {"name": "get_time"}}), "get_time")
+                _valid(_responses(client, "required"))
+            with anthropic.Anthropic(base_url=stack.base_url, api_key="x", max_retries=0, timeout=120) as claude:
+                _valid(_messages(claude, {"type": "any", "disable_parallel_tool_use": True}))
+                _valid(_messages(claude, {"type": "tool", "name": "get_weather"}), "get_weather")
+            with ollama.Client(host=stack.base_url, timeout=120) as local:
+                _ollama(local)
+        finally:
+            api.stop()
+    finally:
+        engine.stop()
+    assert_engine_logs_clean(stack)
