@@ -14,6 +14,7 @@ from typing import Any
 
 from mlx_lm.generate import TextStateMachine
 
+from engine import toolformats
 from engine.rank0.piece import Piece
 from ipc.messages import ToolCall
 
@@ -32,6 +33,13 @@ class OutputRules:
         self.response_transitions = dict(getattr(tokenizer, "response_transitions", {}) or {})
         self.response_initial = getattr(tokenizer, "response_initial_state", None)
         self.tokenizer = tokenizer
+        own = toolformats.for_tokenizer(tokenizer) if self.parser is None else None
+        if own is not None:  # a format mlx-lm has no parser for: its markers, its parser, its channels
+            self.tool, self.parser, self.parser_name = (own.start, own.end), own.parse, own.name
+            response = getattr(own, "response_format", None) or {}
+            if response and not self.response_transitions:
+                self.response_transitions = dict(response["transitions"])
+                self.response_initial = response.get("initial_state")
 
     def initial_state(self, prompt: list[int], chat: bool) -> str:
         """"reasoning" when the prompt leaves the model inside a think block (as mlx-lm decides)."""
@@ -59,7 +67,8 @@ class OutputRules:
             for marker in self.markers:
                 t.setdefault("normal", []).append((marker, "normal"))
             for state, edges in self.response_transitions.items():
-                t.setdefault(state, []).extend(edges)
+                # without tools a format's call is no call: its text stays where the call would start
+                t.setdefault(state, []).extend(e for e in edges if tools or e[1] != "tool")
         # A stop string leads to a state of its own, ("stop", s), that nothing leaves: the splitter ends the
         # choice there and can say which string it was (a None target would end the text without saying).
         for state in set(t) | {"normal", "reasoning"}:
@@ -140,6 +149,8 @@ class TextSplitter:
             piece.reasoning += chunk
         elif state == "tool":
             self.tool_text += chunk
+        elif state != "normal":
+            return  # a message header of a channel format (harmony's): no one's text, as mlx-lm drops it
         elif self.hold is not None:
             self.hold += chunk
             if self.hold.strip():
