@@ -11,8 +11,6 @@ NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalP
 def allowed_tools(tools: list[dict[str, Any]], named: str | None) -> list[tuple[str, dict[str, Any]]]:
     """(name, arguments schema) of every declared tool, or of `named` alone; raises GrammarError when a tool's
     parameters are not a schema or `named` is not declared."""
-    from engine.decoding.constrained import GrammarError  # MLX lives there: imported only to refuse
-
     allowed = []
     for i, tool in enumerate(tools):
         fn = tool.get("function", {})
@@ -24,10 +22,16 @@ def allowed_tools(tools: list[dict[str, Any]], named: str | None) -> list[tuple[
             params = NO_ARGUMENTS
         elif not isinstance(params, dict):
             param = f"tools[{i}].function.parameters"
-            raise GrammarError(f"{param} (function {name!r}) must be a JSON schema object", param)
+            _refuse(f"{param} (function {name!r}) must be a JSON schema object", param)
         elif not params:
             params = {"type": "object"}
         allowed.append((str(name), params))
     if not allowed:
-        raise GrammarError(f"tool_choice names a function that is not in tools: {named!r}")
+        _refuse(f"tool_choice names a function that is not in tools: {named!r}")
     return allowed
+
+
+def _refuse(message: str, param: str | None = None) -> None:
+    from engine.decoding.constrained import GrammarError  # it imports MLX: only when refusing
+
+    raise GrammarError(message, param)
