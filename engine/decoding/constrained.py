@@ -138,6 +138,21 @@ class Grammars:
             raise GrammarError(_reason(str(exc))) from None
         return grammar
 
+    def format_grammar(self, fmt: Any, tools: list[dict[str, Any]], choice: str | dict[str, Any],
+                       parallel: bool) -> str:
+        """Checked grammar for a forced call in a format of engine/toolformats (its own envelope, each argument
+        by its schema); raises GrammarError. A bridge until tool_grammar writes every format."""
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_lark("start: calls\n" + fmt.grammar(_Parts(self), tools,
+                                                                                              named, parallel))
+            self.check(grammar)
+        except ValueError as exc:  # GrammarError included
+            if isinstance(exc, GrammarError) and exc.param:
+                raise
+            raise GrammarError(_reason(str(exc))) from None
+        return grammar
+
     def _blame(self, schemas: list[tuple[str, str, dict[str, Any]]]) -> None:
         """Raise GrammarError naming the first schema that fails on its own (only after the whole failed)."""
         for what, param, schema in schemas:
@@ -200,6 +215,23 @@ class Grammars:
     def _forget(self, grammar: str) -> None:
         with self._lock:
             self._compiled.pop(grammar, None)
+
+
+class _Parts:
+    """engine/toolformats/base.py's GrammarParts on one rank's tokenizer."""
+
+    def __init__(self, grammars: Grammars):
+        self.grammars = grammars
+
+    def literal(self, text: str) -> str:
+        return self.grammars._literal(text)
+
+    def json(self, schema: dict[str, Any]) -> str:
+        _must_end(schema, "a tool's parameters are not a JSON schema that can be enforced")
+        return f"%json {json.dumps({**schema, 'x-guidance': TOOL_OPTIONS})}"
+
+    def text(self, stop: str) -> str:
+        raise GrammarError("free text cannot be enforced in this format yet")
 
 
 def _tool_bodies(tools: list[dict[str, Any]], named: str | None) -> tuple[list[str], list[tuple[str, str, dict]]]:

@@ -17,6 +17,7 @@ from engine.rank0.kv_budget import KVBudget
 from engine.rank0.logprobs import TokenTexts
 from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.scheduler import Request
+from engine import toolformats
 from engine.rank0.text_only import ClientText
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
@@ -97,7 +98,10 @@ class Admission:
         for i, tool in enumerate(tools or ()):
             self._refuse_special_text(tool, f"tools[{i}]")
         try:
-            if tools is not None and (forced or gen.json_schema is not None):
+            own = toolformats.format_named(self.rules.parser_name) if forced else None
+            if own is not None and self.rules.parser_name not in FORCEABLE_PARSERS:
+                grammar = self.grammars.format_grammar(own, tools or [], choice, gen.parallel_tool_calls)
+            elif tools is not None and (forced or gen.json_schema is not None):
                 start, end = self.rules.tool or (None, None)
                 if self.rules.parser_name not in FORCEABLE_PARSERS or start is None or end is None:
                     raise Refused(
