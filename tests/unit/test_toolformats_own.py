@@ -11,7 +11,6 @@ from typing import Any
 
 import jsonschema
 import llguidance
-import llguidance.hf
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -104,6 +103,7 @@ def test_deepseek_partial_calls() -> None:
 
 @lru_cache(maxsize=None)
 def _tokenizer(name: str):
+    import llguidance.hf  # it loads transformers: only when a grammar test runs
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
 
