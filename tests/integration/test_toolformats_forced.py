@@ -104,3 +104,12 @@ def test_a_forced_tool_use_in_messages_holds_to_its_schema_and_streams_alike(cla
         name, args = uses[0]
         assert choice["type"] == "any" or name == "get_weather"
         jsonschema.validate(args, SCHEMAS[name])
+
+
+def test_response_format_is_the_answer_s_content(client) -> None:
+    """Constrained JSON is the answer, not a channel header nor reasoning, whatever the prompt leaves open."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}}
+    for seed in range(3):
+        reply = client.chat.completions.create(model="default", messages=MESSAGES, response_format=fmt,
+                                               max_tokens=60, seed=seed)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), WEATHER)
