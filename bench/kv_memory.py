@@ -23,7 +23,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from engine.facts import scalars
 from engine.kv_measure import measure
 from engine.rank0.kv_budget import KVBudget, steps, token_bytes
-from engine.zoo import ZOO_MODELS, ensure_zoo_model
+from engine.zoo import ensure_zoo_model
+from engine.zoo.names import ARCH_MODELS
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 
@@ -59,7 +60,7 @@ def row(name: str, lengths: list[int], chunk: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=list(ZOO_MODELS))
+    parser.add_argument("names", nargs="*", default=list(ARCH_MODELS))
     parser.add_argument("--lengths", default="64,300,1000,4000")
     parser.add_argument("--chunk", type=int, default=512, help="prefill tokens per step (PREFILL_TOKENS_PER_STEP)")
     args = parser.parse_args()

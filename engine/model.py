@@ -46,12 +46,12 @@ def resolve(settings: Settings) -> str | Path:
     """A demo or zoo name becomes its generated folder; a local path must exist; anything else is a repo id."""
     name = settings.MODEL
     if name.startswith(ZOO_PREFIX):
-        from engine.zoo import ZOO_MODELS, ensure_zoo_model
+        from engine.zoo import SERVED_MODELS, ensure_zoo_model
 
         zoo = name[len(ZOO_PREFIX):]
-        if zoo not in ZOO_MODELS:
+        if zoo not in SERVED_MODELS:
             raise ModelError(f"MODEL={name!r} is not a zoo model: use one of "
-                             + ", ".join(ZOO_PREFIX + n for n in ZOO_MODELS))
+                             + ", ".join(ZOO_PREFIX + n for n in SERVED_MODELS))
         return ensure_zoo_model(zoo, settings.model_cache_dir)
     if name.startswith(DEMO_PREFIX):
         from engine.demo import DEMO_MODELS, ensure_demo_model

@@ -29,7 +29,7 @@ DEMO_PREFIX = "demo-"
 # the plain-data module naming its models, the tuple there). The same generator makes the same model.
 GENERATED = (
     (DEMO_PREFIX, "demo", "engine/demo/specs.py", "DEMO_MODELS"),
-    ("zoo-", "zoo", "engine/zoo/names.py", "ZOO_MODELS"),
+    ("zoo-", "zoo", "engine/zoo/names.py", "SERVED_MODELS"),
 )
 # The project's check of a model folder's files (standard library only, so it runs here as a file).
 FOLDER_CHECK = "config/model_folder.py"

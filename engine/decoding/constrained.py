@@ -22,6 +22,7 @@ import numpy as np
 
 from engine import mlx_compat
 from engine.decoding.finite import endless_ref
+from engine.decoding.grammar_error import GrammarError
 from engine.lockstep.plan import GRAMMAR_CACHE_SIZE
 
 log = logging.getLogger(__name__)
@@ -46,17 +47,6 @@ LIMITS = llguidance.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SYMBOLS, step_ma
 # llguidance's errors when a grammar exceeds one of its limits (llguidance/parser/src/api.rs and earley).
 _TOO_BIG = ("grammar size (number of symbols) too big", "initial lexer configuration (grammar) too big",
             "schema too large", "Too many items", "Current row has")
-
-
-class GrammarError(ValueError):
-    """A schema or tool definition that cannot become a grammar; the message says why.
-
-    param, when set, names the request field at fault and the message is a whole sentence.
-    """
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
 
 
 class Grammars:

@@ -59,7 +59,10 @@ class Admission:
         tools = gen.tools if chat and gen.tools and gen.tool_choice != "none" else None
         grammar = self.grammar(gen, tools)
         machine = self.rules.machine(chat=chat, tools=tools is not None, stop=_free_text_stop(p.stop, grammar))
-        initial = self.rules.initial_state(tokens, chat)
+        # Constrained JSON without a call is the answer itself, whatever the prompt leaves open (a think block,
+        # harmony's channel header): its grammar writes no marker that would lead there.
+        answer = bool(grammar) and (tools is None or (gen.tool_choice or "auto") == "auto")
+        initial = "normal" if answer else self.rules.initial_state(tokens, chat)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         echo = self.tokenizer.decode(tokens) if gen.echo and not chat else ""
         out = []

@@ -38,6 +38,18 @@ class OutputRules:
         self.response_transitions = dict(getattr(tokenizer, "response_transitions", {}) or {})
         self.response_initial = getattr(tokenizer, "response_initial_state", None)
         self.tokenizer = tokenizer
+        # a format mlx-lm has no parser for may have channels of its own (harmony's analysis, final, commentary)
+        response = getattr(self.format, "response_format", None) or {}
+        if response and not self.response_transitions:
+            self.response_transitions = dict(response["transitions"])
+            self.response_initial = response.get("initial_state")
+        own = toolformats.for_tokenizer(tokenizer) if self.parser is None else None
+        if own is not None:  # a format mlx-lm has no parser for: its markers, its parser, its channels
+            self.tool, self.parser, self.parser_name = (own.start, own.end), own.parse, own.name
+            response = getattr(own, "response_format", None) or {}
+            if response and not self.response_transitions:
+                self.response_transitions = dict(response["transitions"])
+                self.response_initial = response.get("initial_state")
 
     def initial_state(self, prompt: list[int], chat: bool) -> str:
         """"reasoning" when the prompt leaves the model inside a think block (as mlx-lm decides)."""
@@ -65,7 +77,8 @@ class OutputRules:
             for marker in self.markers:
                 t.setdefault("normal", []).append((marker, "normal"))
             for state, edges in self.response_transitions.items():
-                t.setdefault(state, []).extend(edges)
+                # without tools a format's call is no call: its text stays where the call would start
+                t.setdefault(state, []).extend(e for e in edges if tools or e[1] != "tool")
         # A stop string leads to a state of its own, ("stop", s), that nothing leaves: the splitter ends the
         # choice there and can say which string it was (a None target would end the text without saying).
         for state in set(t) | {"normal", "reasoning"}:
@@ -149,7 +162,7 @@ class TextSplitter:
             return
         calls = parse_calls(self.rules.parser, text, self.tools, closed=False)
         if calls is None and length:
-            partial = cut_call(self.rules.parser_name, text)
+            partial = cut_call(self.rules.format, text)
             calls = [partial] if partial is not None else None
         piece.tool_calls.extend(calls or [])
         self.calls += len(calls or [])
@@ -159,6 +172,8 @@ class TextSplitter:
             piece.reasoning += chunk
         elif state == "tool":
             self.tool_text += chunk
+        elif state != "normal":
+            return  # a message header of a channel format (harmony's): no one's text, as mlx-lm drops it
         elif self.hold is not None:
             self.hold += chunk
             if self.hold.strip():

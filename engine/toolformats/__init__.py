@@ -40,4 +40,19 @@ def for_tokenizer(tokenizer: Any) -> ToolFormat | None:
 
 def _own_format(tokenizer: Any) -> str:
     """Formats recognised from the chat template or vocabulary where mlx-lm recognises none ("": none)."""
+    if getattr(tokenizer, "tool_parser", None) is not None:
+        return ""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary to read: the template alone decides
+        vocab = {}
+    # gpt-oss: the channels and the end of a call are its own special tokens
+    if "<|channel|>" in template and "<|call|>" in template or all(
+            t in vocab for t in ("<|channel|>", "<|message|>", "<|call|>", "<|constrain|>")):
+        return "harmony"
+    # DeepSeek V3, R1, V3.1: the template writes the calls section; V3 and R1 fence the arguments
+    if "<｜tool▁calls▁begin｜>" in template or (not template and "<｜tool▁calls▁begin｜>" in vocab):
+        return "deepseek_v3" if "```json" in template else "deepseek"
     return ""

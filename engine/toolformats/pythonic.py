@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.decoding.constrained import GrammarError
+from engine.decoding.grammar_error import GrammarError
 from engine.toolformats.listed import separated
 from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed, parameters

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.decoding.constrained import GrammarError
+from engine.decoding.grammar_error import GrammarError
 
 # A function declared without parameters takes none, as OpenAI reads it: its arguments are {}.
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}

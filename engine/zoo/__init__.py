@@ -17,7 +17,7 @@ Everything is float32: MLX's CPU backend runs the experts' gather-matmul in floa
     MODEL=zoo-qwen3.5 ./launch.sh start
 """
 
-from engine.zoo.names import FAMILIES, ZOO_MODELS
+from engine.zoo.names import FAMILIES, FORMAT_MODELS, SERVED_MODELS, ZOO_MODELS
 from engine.zoo.store import MARKER_FILE, PREFIX, VERSION, ensure_zoo_model, zoo_model_path
 
-__all__ = ["FAMILIES", "MARKER_FILE", "PREFIX", "VERSION", "ZOO_MODELS", "ensure_zoo_model", "zoo_model_path"]
+__all__ = ["FAMILIES", "FORMAT_MODELS", "SERVED_MODELS", "MARKER_FILE", "PREFIX", "VERSION", "ZOO_MODELS", "ensure_zoo_model", "zoo_model_path"]

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import engine.zoo
 from engine.modelgen.store import DEFAULT_CACHE_DIR
-from engine.zoo import MARKER_FILE, PREFIX, ZOO_MODELS, ensure_zoo_model
+from engine.zoo import MARKER_FILE, PREFIX, SERVED_MODELS, ZOO_MODELS, ensure_zoo_model
 
 
 def _name(text: str) -> str:
     name = text.removeprefix(PREFIX)
-    if name not in ZOO_MODELS:
+    if name not in SERVED_MODELS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a zoo model; choose from "
-                                         + ", ".join(PREFIX + n for n in ZOO_MODELS))
+                                         + ", ".join(PREFIX + n for n in SERVED_MODELS))
     return name
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
 from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, config
-from engine.zoo.names import QUANTIZED_SUFFIX, TOOLS_PREFIX, ZOO_MODELS
+from engine.zoo.names import FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, TOOLS_PREFIX
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
@@ -28,19 +28,24 @@ def _generate(name: str, out: Path) -> dict:
     from engine.zoo.weights import build
 
     started = time.perf_counter()
-    family = name.removesuffix(QUANTIZED_SUFFIX)
-    extra, tokenizer_options = (), {}
-    if name.startswith(TOOLS_PREFIX):  # a tool-call format's model: the small Qwen3, the family's tokenizer
-        from engine.zoo import tool_families
+    if name in FORMAT_MODELS:  # a family's own chat format: its architecture, its template and tokens
+        model, cfg = _format_model(name, FORMAT_MODELS[name], out)
+        size, eos_id = cfg["vocab_size"], cfg["eos_token_id"][0]
+    else:
+        family = name.removesuffix(QUANTIZED_SUFFIX)
+        extra, tokenizer_options = (), {}
+        if name.startswith(TOOLS_PREFIX):  # a tool-call format's model: the small Qwen3, the family's tokenizer
+            from engine.zoo import tool_families
 
-        fmt = name.removeprefix(TOOLS_PREFIX)
-        family, extra = "qwen3", tool_families.MARKERS[fmt]
-        tokenizer_options = {"extra": extra, "template": tool_families.template(fmt), "tool_parser": None}
-    vocab = write_tokenizer(out, VOCAB, FILLER_WORDS, CONTEXT_LENGTH, **tokenizer_options)
-    eos_id = vocab[IM_END]
-    size = VOCAB + len(extra)
-    model, cfg = build(config(family, size, eos_id, vocab[ENDOFTEXT]), HIDDEN,
-                       quiet_ids(vocab, tuple(text for text, _ in extra)), quantized=name.endswith(QUANTIZED_SUFFIX))
+            fmt = name.removeprefix(TOOLS_PREFIX)
+            family, extra = "qwen3", tool_families.MARKERS[fmt]
+            tokenizer_options = {"extra": extra, "template": tool_families.template(fmt), "tool_parser": None}
+        vocab = write_tokenizer(out, VOCAB, FILLER_WORDS, CONTEXT_LENGTH, **tokenizer_options)
+        eos_id = vocab[IM_END]
+        size = VOCAB + len(extra)
+        model, cfg = build(config(family, size, eos_id, vocab[ENDOFTEXT]), HIDDEN,
+                           quiet_ids(vocab, tuple(text for text, _ in extra)),
+                           quantized=name.endswith(QUANTIZED_SUFFIX))
     tensors = dict(sorted(tree_flatten(model.parameters())))
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
     save_config(cfg, out / "config.json")  # mlx-lm's own writer: sorted keys, its quantization entries
@@ -60,10 +65,23 @@ def _generate(name: str, out: Path) -> dict:
     return marker
 
 
+def _format_model(name: str, family: str, out: Path):
+    """A model of `family` with the tokenizer and template of its own chat format (engine/zoo/formats.py)."""
+    from engine.zoo import formats
+    from engine.zoo.weights import build
+
+    vocab, tokens = formats.write_tokenizer(out, name, VOCAB, CONTEXT_LENGTH)
+    cfg = config(family, len(vocab), vocab[formats.SPEECH[name].eos[0]], vocab[ENDOFTEXT])
+    cfg["eos_token_id"] = [vocab[t] for t in formats.SPEECH[name].eos]
+    # The format's own tokens are as rare as the demo's special ones until a grammar asks for them.
+    quiet = sorted(set(quiet_ids({t: i for t, i in vocab.items() if t not in tokens})) | {vocab[t] for t in tokens})
+    return build(cfg, HIDDEN, quiet, quantized=False)
+
+
 def zoo_model_path(name: str, cache_dir: Path) -> Path:
     """Where zoo model `name` (without "zoo-") lives, or will live, under `cache_dir`."""
-    if name not in ZOO_MODELS:
-        raise ValueError(f"unknown zoo model {name!r}; accepted: {', '.join(ZOO_MODELS)}")
+    if name not in SERVED_MODELS:
+        raise ValueError(f"unknown zoo model {name!r}; accepted: {', '.join(SERVED_MODELS)}")
     return Path(cache_dir) / f"{PREFIX}{name}-v{VERSION}"
 
 

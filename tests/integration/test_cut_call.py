@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.rank0.cut_call import cut_call
+from engine.toolformats import format_named
 
 NAME = "get_weather"
 ARGUMENTS = '{"city": "Paris", "note": "a \\"quoted\\" word", "days": [1, 2]}'
@@ -15,12 +16,12 @@ NAMED = CALL.index(NAME) + len(NAME) + 1
 
 def test_every_prefix_before_the_name_closes_gives_no_call():
     for cut in range(NAMED):
-        assert cut_call("json_tools", CALL[:cut]) is None, CALL[:cut]
+        assert cut_call(format_named("json_tools"), CALL[:cut]) is None, CALL[:cut]
 
 
 def test_every_prefix_after_the_name_gives_the_name_and_the_arguments_written_so_far():
     for cut in range(NAMED, len(CALL) + 1):
-        call = cut_call("json_tools", CALL[:cut])
+        call = cut_call(format_named("json_tools"), CALL[:cut])
         assert call is not None and call.partial and call.id.startswith("call_")
         assert call.name == NAME
         # the arguments are a prefix of the real ones: never a character of the envelope around them
@@ -30,17 +31,17 @@ def test_every_prefix_after_the_name_gives_the_name_and_the_arguments_written_so
 
 
 def test_complete_arguments_in_an_unclosed_envelope_are_valid_json():
-    call = cut_call("json_tools", CALL[:CALL.index(ARGUMENTS) + len(ARGUMENTS)])
+    call = cut_call(format_named("json_tools"), CALL[:CALL.index(ARGUMENTS) + len(ARGUMENTS)])
     assert call is not None and json.loads(call.arguments)["days"] == [1, 2]
 
 
 def test_an_escaped_name_is_unescaped():
-    call = cut_call("json_tools", '{"name": "a\\u00e9b", "arguments": {"x')
+    call = cut_call(format_named("json_tools"), '{"name": "a\\u00e9b", "arguments": {"x')
     assert call is not None and (call.name, call.arguments) == ("a\u00e9b", '{"x')
 
 
 def test_a_format_without_a_reader_and_a_broken_name_give_no_call():
-    assert cut_call("qwen3_coder", "<function=get_weather>\n<parameter=city>\nPar") is None
-    assert cut_call("json_tools", '{"name": "bad\\q", "arguments": {') is None
-    assert cut_call("json_tools", '{"name": "", "arguments": {') is None
-    assert cut_call("json_tools", 'not a call') is None
+    assert cut_call(format_named("qwen3_coder"), "<function=get_weather>\n<parameter=city>\nPar") is None
+    assert cut_call(format_named("json_tools"), '{"name": "bad\\q", "arguments": {') is None
+    assert cut_call(format_named("json_tools"), '{"name": "", "arguments": {') is None
+    assert cut_call(format_named("json_tools"), 'not a call') is None
