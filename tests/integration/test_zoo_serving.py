@@ -57,5 +57,6 @@ def test_a_second_turn_starts_from_the_first_with_the_prefix_cache_on(name: str)
             api.stop()
     finally:
         engine.stop()
-    assert two.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens
+    # all of turn one's prompt but its last token (a model whose entries cannot be cut keeps the state before it)
+    assert two.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens - 1
     assert_engine_logs_clean(stack)
