@@ -16,7 +16,7 @@ import ollama
 import openai
 import pytest
 
-from engine.zoo.names import TOOL_FORMATS
+from engine.zoo.names import FORMAT_MODELS, TOOL_MODELS
 from tests.harness import Stack, assert_engine_logs_clean
 
 WEATHER = {
@@ -108,9 +108,11 @@ def _ollama(local: ollama.Client) -> None:
         jsonschema.validate(json.loads(content), ANSWER)
 
 
-@pytest.mark.parametrize("fmt", TOOL_FORMATS)
-def test_forced_calls_in_the_models_own_format_through_every_dialect(fmt: str) -> None:
-    stack = Stack(extra={"MODEL": f"zoo-tools-{fmt}"})
+# every format's model: the small Qwen3 per mlx-lm format, and the families' own chat formats (gpt-oss's harmony,
+# DeepSeek's), on their own architectures
+@pytest.mark.parametrize("model", [*TOOL_MODELS, *FORMAT_MODELS])
+def test_forced_calls_in_the_models_own_format_through_every_dialect(model: str) -> None:
+    stack = Stack(extra={"MODEL": f"zoo-{model}"})
     engine = stack.start_engine()
     try:
         api = stack.start_api()
