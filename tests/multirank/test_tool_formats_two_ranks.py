@@ -14,9 +14,10 @@ from tests.integration.test_tool_formats_served import _chat, _messages, _valid
 pytestmark = pytest.mark.multirank
 
 
-@pytest.mark.parametrize("fmt", ["kimi_k2", "qwen3_coder"])
-def test_forced_calls_in_the_models_own_format_on_two_ranks(fmt: str) -> None:
-    stack = Stack(extra={"MODEL": f"zoo-tools-{fmt}"})
+# a JSON format, an XML one, and gpt-oss's harmony channels on its own architecture (sliding window, sinks, MoE)
+@pytest.mark.parametrize("model", ["tools-kimi_k2", "tools-qwen3_coder", "gpt-oss-harmony"])
+def test_forced_calls_in_the_models_own_format_on_two_ranks(model: str) -> None:
+    stack = Stack(extra={"MODEL": f"zoo-{model}"})
     engine = stack.start_engine(ranks=2)
     try:
         api = stack.start_api()
