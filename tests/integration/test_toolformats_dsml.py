@@ -177,3 +177,19 @@ def test_every_text_a_forced_grammar_admits_is_a_call_that_holds_to_its_schema(c
             jsonschema.validate(arguments, SCHEMAS[name])
             if name == "get_weather":  # strings raw, everything else JSON, as the encoding marks them
                 assert f'name="note" string="true">' in text and 'name="days" string="false">' in text
+
+
+def test_v3_2_rendered_by_mlx_lm_s_own_module_is_dsml_and_takes_the_thinking_switch() -> None:
+    """A V3.2 checkpoint converted for mlx-lm names its Python renderer (chat_template_type) and has no template
+    text: the format and the thinking switch are read from that module."""
+    from engine.rank0.reasoning import ReasoningLevels, template_source
+    from engine.toolformats import format_name
+
+    class Tok:
+        chat_template, tool_parser, init_kwargs = None, None, {"chat_template_type": "deepseek_v32"}
+
+        def get_vocab(self) -> dict[str, int]:
+            return {}
+
+    assert format_name(Tok()) == "dsml"
+    assert ReasoningLevels(template_source(Tok())).options("minimal", None) == {"enable_thinking": False}
