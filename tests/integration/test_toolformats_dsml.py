@@ -193,3 +193,15 @@ def test_v3_2_rendered_by_mlx_lm_s_own_module_is_dsml_and_takes_the_thinking_swi
 
     assert format_name(Tok()) == "dsml"
     assert ReasoningLevels(template_source(Tok())).options("minimal", None) == {"enable_thinking": False}
+
+
+def test_a_forced_v4_call_is_written_in_its_tool_calls_block() -> None:
+    from engine.toolformats import format_named
+
+    v4 = format_named("dsml_v4")
+    grammar = grammars().tool_grammar(v4, TOOLS, "required", parallel=True)
+    for seed in range(3):
+        text = walk(grammar, seed)
+        assert text.startswith(v4.start + "\n") and text.endswith("\n" + v4.end)
+        for call in v4.parse(text.removeprefix(v4.start).removesuffix(v4.end), TOOLS):
+            jsonschema.validate(call["arguments"], SCHEMAS[call["name"]])
