@@ -52,6 +52,12 @@ def _own_format(tokenizer: Any) -> str:
     if "<|channel|>" in template and "<|call|>" in template or all(
             t in vocab for t in ("<|channel|>", "<|message|>", "<|call|>", "<|constrain|>")):
         return "harmony"
+    # DeepSeek V3.2 and V4: DSML. V3.2's release renders chats in Python, which mlx-lm runs as its chat template
+    # type deepseek_v32 (the tokenizer then has no template text); a template that writes DSML names its block.
+    if "｜DSML｜" in template:
+        return "dsml" if "function_calls" in template else "dsml_v4"
+    if (getattr(tokenizer, "init_kwargs", None) or {}).get("chat_template_type") == "deepseek_v32":
+        return "dsml"
     # DeepSeek V3, R1, V3.1: the template writes the calls section; V3 and R1 fence the arguments
     if "<｜tool▁calls▁begin｜>" in template or (not template and "<｜tool▁calls▁begin｜>" in vocab):
         return "deepseek_v3" if "```json" in template else "deepseek"

@@ -77,7 +77,7 @@ def raw_string(schema: dict[str, Any]) -> bool:
 def decode_arguments(arguments: dict[str, Any], name: Any, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
     """Arguments as their schema reads them: text a parser left undecoded for a parameter that is not raw
     text becomes the JSON value it spells (mlx-lm's XML parsers keep e.g. an anyOf's JSON as text)."""
-    props = _properties(name, tools)
+    props = declared_properties(name, tools)
     out = {}
     for key, value in arguments.items():
         schema = props.get(key)
@@ -90,7 +90,8 @@ def decode_arguments(arguments: dict[str, Any], name: Any, tools: list[dict[str,
     return out
 
 
-def _properties(name: Any, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+def declared_properties(name: Any, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The properties of the declared tool of that name ({} when there is none)."""
     for tool in tools or ():
         fn = tool.get("function") or {}
         if fn.get("name") == name:

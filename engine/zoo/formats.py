@@ -39,6 +39,10 @@ SPEECH = {
                "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>",
                "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"),
         eos=("<｜end▁of▁sentence｜>",), bos="<｜begin▁of▁sentence｜>"),
+    # DeepSeek-V3.2: V3.1's chat tokens; its DSML call markup is text to this tokenizer.
+    "deepseek-v3.2-tools": Speech(
+        "deepseek-v3.2.jinja", special=("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+        added=("<｜User｜>", "<｜Assistant｜>"), eos=("<｜end▁of▁sentence｜>",), bos="<｜begin▁of▁sentence｜>"),
 }
 
 

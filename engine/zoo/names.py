@@ -14,7 +14,8 @@ TOOL_FORMATS = ("qwen3_coder", "glm47", "kimi_k2", "mistral", "minimax_m2", "lon
 TOOL_MODELS = tuple(TOOLS_PREFIX + name for name in TOOL_FORMATS)
 # Models of a family that speak its own chat format (its template and special tokens: engine/zoo/formats.py),
 # by the family whose architecture they have.
-FORMAT_MODELS = {"gpt-oss-harmony": "gpt-oss", "deepseek-v3.1-tools": "deepseek-v3"}
+FORMAT_MODELS = {"gpt-oss-harmony": "gpt-oss", "deepseek-v3.1-tools": "deepseek-v3",
+                 "deepseek-v3.2-tools": "deepseek-v3"}
 ZOO_MODELS = ARCH_MODELS + TOOL_MODELS + tuple(FORMAT_MODELS)
 # Every name MODEL=zoo-... accepts.
 SERVED_MODELS = ZOO_MODELS

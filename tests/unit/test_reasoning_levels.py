@@ -13,6 +13,10 @@ from ipc.messages import REASONING_EFFORTS
 HARMONY = ("{%- if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}"
            "{%- else %}Reasoning: medium{%- endif %}")
 QWEN3 = "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}"
+# DeepSeek-V3.1's: its switch is `thinking`, off unless given
+DEEPSEEK_V31 = ("{% if not thinking is defined %}{% set thinking = false %}{% endif %}"
+                "{% if add_generation_prompt %}{{'<｜Assistant｜>'}}{%- if not thinking %}{{'</think>'}}"
+                "{%- else %}{{'<think>'}}{%- endif %}{% endif %}")
 PLAIN = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 
@@ -30,6 +34,20 @@ def test_a_template_with_a_thinking_switch_turns_it_on_and_minimal_off():
         "minimal": {"enable_thinking": False}, **{e: {"enable_thinking": True} for e in REASONING_EFFORTS[1:]}}
     assert levels.options("high", False) == {"enable_thinking": False}  # an explicit switch wins
     assert levels.options("", None) == {}
+
+
+def test_deepseek_v3_1_s_thinking_switch_is_set_by_its_own_name() -> None:
+    levels = ReasoningLevels(DEEPSEEK_V31)
+    assert levels.options("high", None) == {"thinking": True}
+    assert levels.options("minimal", None) == {"thinking": False}
+    assert levels.options("", False) == {"thinking": False}  # reasoning_effort "none", or enable_thinking false
+    assert levels.options("low", False) == {"thinking": False}
+    # rendered, the switch opens or closes the think block the prompt leaves for the answer
+    import jinja2
+
+    render = jinja2.Environment().from_string(DEEPSEEK_V31).render
+    assert render(add_generation_prompt=True, **levels.options("high", None)).endswith("<think>")
+    assert render(add_generation_prompt=True, **levels.options("minimal", None)).endswith("</think>")
 
 
 def test_a_template_that_takes_neither_renders_as_without_a_level_and_says_so_at_debug(caplog):
