@@ -177,3 +177,24 @@ def test_a_forced_call_splits_alike_streamed_whole_or_in_pieces(model, data, dec
         assert named in (None, name)
         jsonschema.validate(arguments, schemas[name])
 
+
+# Muse Spark writes every value as JSON, and a JSON string may spell its end marker: the splitter ends the
+# call there. Refusing such enum values would not close the gap (a free string may spell it too).
+_JSON_SPELLS_END = {"tools-muse_spark"}
+
+
+@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.xfail(
+    reason="a JSON string value may spell the format's end marker", strict=True)) if m in _JSON_SPELLS_END else m
+    for m in TOOL_CALLING_MODELS])
+def test_an_enum_value_that_looks_like_markup_is_written_whole_or_refused_by_name(model) -> None:
+    fmt, tokenizer, grammars, rules = _zoo(model)
+    markers = [m for m in (rules.format.start, rules.format.end) if m]
+    for value in [*MARKUPISH, " padded ", *(f"a{m}b" for m in markers)]:
+        declared = [{"type": "function", "function": {"name": "pick", "parameters": {
+            "type": "object", "properties": {"v": {"type": "string", "enum": [value]}}, "required": ["v"],
+            "additionalProperties": False}}}]
+        grammar, declared = forced_grammar(grammars, rules, declared, None, False)
+        if grammar is None:
+            continue  # refused, naming the tool
+        text = tokenizer.decode(walk(grammars, grammar, set(tokenizer.eos_token_ids), random.Random(0)))
+        assert outcome(split(rules, declared, False, [text])) == ("", "", [("pick", {"v": value})]), text
