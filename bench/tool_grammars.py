@@ -55,16 +55,17 @@ def compile_once(grammars: Any, fmt: Any, tools: list[dict[str, Any]], choice: s
     return time.perf_counter() - t0, grammar
 
 
-def measure(tokenizer: Any, fmt: Any, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool,
-            reps: int) -> tuple[str, str, str]:
+def measure(tokenizer: Any, ll: Any, fmt: Any, tools: list[dict[str, Any]], choice: str | dict[str, Any],
+            parallel: bool, reps: int) -> tuple[str, str, str]:
     """(first ms, repeat ms, grammar size) as table cells, the first median of `reps` fresh Grammars; or the
-    refusal in the first cell."""
+    refusal in the first cell. ll: llguidance's view of the tokenizer, built once (the engine builds it at
+    start, in the background: not a compile's cost)."""
     from engine.decoding.constrained import GrammarError, Grammars
 
     firsts, repeats, size = [], [], 0
     for _ in range(reps):
         grammars = Grammars(tokenizer)
-        grammars.ll_tokenizer()  # built once at engine start, in the background: not a compile's cost
+        grammars._ll = ll  # the view built once, shared: a fresh Grammars would build it again
         try:
             took, grammar = compile_once(grammars, fmt, tools, choice, parallel)
         except GrammarError as exc:
@@ -76,7 +77,23 @@ def measure(tokenizer: Any, fmt: Any, tools: list[dict[str, Any]], choice: str |
             f"{size / 1024:.0f} KiB")
 
 
+def pad_vocabulary(tokenizer: Any, n: int) -> None:
+    """Add n distinct filler tokens (ordinary, not special) to the tokenizer, as a stand-in for the vocabulary
+    of a real model: llguidance's token trie, and with it each mask, grows with it."""
+    import random
+    import string
+
+    from engine import mlx_compat
+
+    rng, words, alphabet = random.Random(0), set(), string.ascii_letters + string.digits + "_{}<>\" "
+    while len(words) < n:
+        words.add("".join(rng.choice(alphabet) for _ in range(rng.randint(3, 10))))
+    mlx_compat.hf_tokenizer(tokenizer).add_tokens(sorted(words))
+
+
 def main(argv: list[str] | None = None) -> int:
+    from engine import mlx_compat
+    from engine.decoding.constrained import Grammars
     from engine.rank0.output import OutputRules
     from engine.zoo.tool_models import TOOL_CALLING_MODELS, load_tool_model_tokenizer
 
@@ -85,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="zoo models, one per format (default: every format's)")
     parser.add_argument("--agents", nargs="*", default=None, help="agents of agent_tools.json (default: all)")
     parser.add_argument("--reps", type=int, default=3, help="fresh compiles per cell (the median is shown)")
+    parser.add_argument("--pad-vocab", type=int, default=0, metavar="N",
+                        help="add N filler tokens first, for a real model's vocabulary size (150000: llguidance "
+                             "then takes about 2 minutes per format to read the tokenizer here)")
     parser.add_argument("--cache-dir", type=Path, default=REPO / ".cache" / "models")
     args = parser.parse_args(argv)
     agents = agent_tools()
@@ -92,15 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models:
         name, tokenizer = load_tool_model_tokenizer(model, args.cache_dir)
         fmt = OutputRules(tokenizer).format
+        if args.pad_vocab:
+            pad_vocabulary(tokenizer, args.pad_vocab)
+        ll = Grammars(tokenizer).ll_tokenizer()
         for agent in args.agents or list(agents):
             tools = agents[agent]
             for label, choice, parallel in choices(tools):
-                first, repeat, size = measure(tokenizer, fmt, tools, choice, parallel, args.reps)
+                first, repeat, size = measure(tokenizer, ll, fmt, tools, choice, parallel, args.reps)
                 rows.append([name, f"{agent} ({len(tools)})", label, first, repeat, size])
                 slowest = max(slowest, float(first) if size else 0.0)
                 print("  " + " | ".join(rows[-1])[:160], file=sys.stderr, flush=True)
-    print("## Forced-call grammars of the agents' own tools, per tool-call format (ms: median of "
-          f"{args.reps} fresh compiles)\n")
+    vocab = len(mlx_compat.hf_tokenizer(tokenizer))
+    print(f"## Forced-call grammars of the agents' own tools, per tool-call format ({vocab:,}-token vocabulary; "
+          f"ms: median of {args.reps} fresh compiles)\n")
     print(table(["format", "agent (tools)", "tool_choice", "ms first", "ms repeat", "grammar"], rows))
     print(f"\nslowest first compile: {slowest:.1f} ms")
     return 0
