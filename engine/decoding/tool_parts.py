@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from engine.decoding.constrained import TOOL_OPTIONS, Grammars, must_end
+from engine.decoding.grammar_error import GrammarError
 
 # Characters with a meaning in llguidance's regex syntax (Rust's regex plus & and ~), and / that ends a lark regex.
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
@@ -56,12 +57,15 @@ class ToolParts:
         return f"%json {json.dumps(schema)}"
 
     def text(self, close: str, schema: dict[str, Any] | None = None, forbid: tuple[str, ...] = (),
-             strip: bool = False) -> str:
+             strip: bool = False, blame: tuple[str, str] | None = None) -> str:
         schema = schema or {}
         end = self.literal(close)
         choices = schema.get("enum") if "const" not in schema else [schema["const"]]
         if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-            return "(" + " | ".join(json.dumps(c) for c in choices) + f") {end}"
+            for choice in choices:
+                _must_read_back(choice, (close, *forbid), strip, blame)
+            # as literals: a choice that spells a special token is written as that token, as the model would
+            return "(" + " | ".join(self.literal(c) for c in choices) + f") {end}"
         low, high = schema.get("minLength", 0), schema.get("maxLength")
         body = "(.|\\n)*"
         if isinstance(low, int) and low > 0 or isinstance(high, int):
@@ -84,6 +88,21 @@ class ToolParts:
         self._shared[key] = name
         self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
         return name
+
+
+def _must_read_back(choice: str, markers: tuple[str, ...], strip: bool, blame: tuple[str, str] | None) -> None:
+    """Raise GrammarError for an enum choice the format's parser would not read back whole: one that holds the
+    marker ending the value (or the call), or, for a parser that strips values, one with whitespace around it."""
+    what, param = blame or ("a tool's schema", None)
+    cut = next((m for m in markers if m and m in choice), None)
+    if cut is not None:
+        why = f"its parser would end the value at {cut!r}"
+    elif strip and choice != choice.strip():
+        why = "its parser strips the whitespace around a value"
+    else:
+        return
+    raise GrammarError(f"{what}: the enum value {choice!r} cannot be written in this model's tool-call format: "
+                       f"{why}; leave it out of the enum", param)
 
 
 def _escape(text: str) -> str:

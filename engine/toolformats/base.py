@@ -23,10 +23,11 @@ class GrammarParts(Protocol):
         blame: (what, param) naming the tool whose schema this is, for the error when it cannot be enforced."""
 
     def text(self, close: str, schema: dict[str, Any] | None = None, forbid: tuple[str, ...] = (),
-             strip: bool = False) -> str:
+             strip: bool = False, blame: tuple[str, str] | None = None) -> str:
         """A lark expression for raw text, then `close`: an XML parameter's string value. The text never
         contains `close` nor any of `forbid`; it keeps to schema's enum, const, minLength and maxLength; with
-        strip, it neither starts nor ends with whitespace (for parsers that strip values)."""
+        strip, it neither starts nor ends with whitespace (for parsers that strip values). An enum choice that
+        breaks these rules raises GrammarError, blamed as in `json`."""
 
     def rule(self, body: str) -> str:
         """A rule of its own for body (a lark expression written once, used in several places): its name."""

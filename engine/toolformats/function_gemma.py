@@ -25,7 +25,7 @@ class FunctionGemma(MlxParsed):
             items = []
             for key, schema, required in parameters(tool):
                 if raw_string(schema):
-                    value = f"{parts.literal(ESCAPE)} {parts.text(ESCAPE, schema, ('}', self.end))}"
+                    value = f"{parts.literal(ESCAPE)} {parts.text(ESCAPE, schema, ('}', self.end), blame=tool.blame)}"
                 elif _flat(schema):
                     value = parts.json(schema, tool.blame)
                 else:

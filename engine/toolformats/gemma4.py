@@ -20,7 +20,7 @@ class Gemma4(MlxParsed):
             items = []
             for key, schema, required in parameters(tool):
                 if raw_string(schema):
-                    value = f"{parts.literal(QUOTE)} {parts.text(QUOTE, schema, (self.end,))}"
+                    value = f"{parts.literal(QUOTE)} {parts.text(QUOTE, schema, (self.end,), blame=tool.blame)}"
                 else:
                     value = parts.json(schema, tool.blame)
                 items.append((f"{json.dumps(key + ':')} {value}", required))

@@ -20,7 +20,7 @@ def arguments(parts: Any, tool: Tool, opening: Callable[[str], str], close: str,
     items = []
     for name, schema, required in parameters(tool):
         if raw_string(schema):
-            value = parts.text(close, schema, forbid, strip)
+            value = parts.text(close, schema, forbid, strip, tool.blame)
         else:
             value = f"{parts.json(schema, tool.blame)} {parts.literal(close)}"
         item = f"{opening(name)} {value}"
