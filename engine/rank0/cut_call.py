@@ -8,15 +8,16 @@ own cut calls (engine/toolformats/base.py ToolFormat.partial).
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from engine.toolformats.base import ToolFormat
 from ipc.messages import ToolCall
 
 
-def cut_call(fmt: ToolFormat | None, text: str) -> ToolCall | None:
+def cut_call(fmt: ToolFormat | None, text: str, tools: list[dict[str, Any]] | None = None) -> ToolCall | None:
     """The call text (after its start marker) was cut by max_tokens: its name and arguments so far, marked
-    partial; None when the format reads no name from it."""
-    name, arguments = fmt.partial(text) if fmt is not None else (None, "")
+    partial; None when the format reads no name from it. tools: the declared ones."""
+    name, arguments = fmt.partial(text, tools) if fmt is not None else (None, "")
     if not name:
         return None
     return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments, partial=True)

@@ -162,7 +162,7 @@ class TextSplitter:
             return
         calls = parse_calls(self.rules.parser, text, self.tools, closed=False)
         if calls is None and length:
-            partial = cut_call(self.rules.format, text)
+            partial = cut_call(self.rules.format, text, self.tools)
             calls = [partial] if partial is not None else None
         piece.tool_calls.extend(calls or [])
         self.calls += len(calls or [])

@@ -58,6 +58,8 @@ class ToolFormat:
         """Whether a forced call can be enforced in this format (its module writes a grammar)."""
         return type(self).grammar is not ToolFormat.grammar
 
-    def partial(self, text: str) -> tuple[str | None, str]:
-        """A call cut short (max_tokens): its name, once written whole, and the arguments text so far."""
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        """A call cut short (max_tokens): its name, once written whole, and the arguments text so far (a prefix
+        of the JSON object the whole call's arguments serialise to, or the JSON text the model wrote). tools:
+        the declared ones, whose schemas say which values an XML-style format writes as raw text."""
         return None, ""

@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from engine.toolformats.base import GrammarParts, ToolFormat
+from engine.toolformats.cut import json_so_far
 from engine.toolformats.tools import allowed
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -64,18 +65,19 @@ class DeepSeek(ToolFormat):
             "deepseek_body: " + " | ".join(bodies),
         ])
 
-    def partial(self, text: str) -> tuple[str | None, str]:
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
         pieces = text.split(CALL_BEGIN)
         last = pieces[-1] if len(pieces) > 1 else ""
         if CALL_END in last or SEP not in last:
             return None, ""
         left, _, right = last.partition(SEP)
         if left.strip() != "function":
-            return left.strip(), right
+            return left.strip(), json_so_far(right, CALL_END)
         name, newline, rest = right.partition("\n")
         if not newline:
             return None, ""
-        return name.strip(), rest.removeprefix("```json").lstrip("\n")
+        fence, fenced, rest = rest.partition("```json")
+        return name.strip(), json_so_far(rest, "```") if fenced and not fence.strip() else ""
 
 
 def _call(body: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from engine.toolformats import xml
 from engine.toolformats.base import GrammarParts, ToolFormat
+from engine.toolformats.cut import held
 from engine.toolformats.tools import allowed, declared_properties, parameters, raw_string
 
 DSML = "｜DSML｜"
@@ -67,7 +68,7 @@ class Dsml(ToolFormat):
         several = f'("\\n" {invoke})*' if parallel and named is None else ""
         return f'calls: {parts.literal(self.start)} "\\n" {invoke} {several} "\\n" {parts.literal(self.end)}'
 
-    def partial(self, text: str) -> tuple[str | None, str]:
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
         """The last invoke's name once its tag is whole, and its arguments so far as a prefix of their JSON."""
         head, found, last = text.rpartition(INVOKE)
         if not found or INVOKE_END in last or '">' not in last:
@@ -79,6 +80,7 @@ class Dsml(ToolFormat):
         key, opened, value = rest.partition(PARAMETER)[2].partition('">')
         if opened:  # a parameter cut inside its value
             key, _, kind = key.partition('" string="')
+            value = held(value, PARAMETER_END)  # the closing tag cut after its first characters
             written = json.dumps(value, ensure_ascii=False)[:-1] if kind != "false" else value
             done.append(f"{json.dumps(key, ensure_ascii=False)}: {written}")
         return name.strip(), "{" + ", ".join(done)

@@ -78,7 +78,7 @@ class Harmony(ToolFormat):
             "harmony_call: " + " | ".join(calls),
         ])
 
-    def partial(self, text: str) -> tuple[str | None, str]:
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
         head, sep, body = text.partition(MESSAGE)
         name = _NAME.match(head if not sep else head + " ")
         if name is None:

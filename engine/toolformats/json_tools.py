@@ -27,7 +27,7 @@ class JsonTools(MlxParsed):
         call = parts.rule(f'{parts.literal(self.start)} "\\n" ({" | ".join(bodies)}) "\\n" {parts.literal(self.end)}')
         return f'calls: {call} ("\\n" {call})*' if parallel and named is None else f"calls: {call}"
 
-    def partial(self, text: str) -> tuple[str | None, str]:
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
         """The name once written whole, and the arguments text so far (only the value once it is complete)."""
         head = _JSON_NAME.match(text)
         if head is None:
