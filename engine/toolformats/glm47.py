@@ -20,6 +20,10 @@ class ArgKeyValue(MlxParsed):
     def __init__(self, name: str, prefix: str = ""):
         super().__init__(name)
         self.markers = tuple(f"<{end}{prefix}{kind}>" for kind in ("arg_key", "arg_value") for end in ("", "/"))
+        key_open, key_close, value_open, value_close = self.markers
+        # the name is whole once a marker (or whitespace) follows it
+        self.markup = xml.Markup(call="", name=r"\s*([^\s<]+)(?=[\s<])", key=key_open, key_end=key_close,
+                                 value=value_open, value_end=value_close, call_end=self.end, strip=True)
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         name = text.strip()
@@ -38,6 +42,9 @@ class ArgKeyValue(MlxParsed):
             bodies.append(f"{json.dumps(tool.name)} {args}")
         call = parts.rule(f'{parts.literal(self.start)} ({" | ".join(bodies)}) {parts.literal(self.end)}')
         return f"calls: {call}+" if parallel and named is None else f"calls: {call}"
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        return xml.partial(self.markup, text, tools)
 
 
 FORMAT = ArgKeyValue("glm47")

@@ -12,6 +12,11 @@ from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed
 
 
+# The text of a call starts after its marker `<function name=`, at the name.
+MARKUP = xml.Markup(call="", name=r'\s*"?([^\s"<>]+)"?\s*>', key='<param name="', key_end='">', value="",
+                    value_end="</param>", call_end="</function>", strip=True)
+
+
 class MiniCpm5(MlxParsed):
     def grammar(self, parts: Any, tools: list[dict[str, Any]], named: str | None, parallel: bool) -> str:
         bodies = []
@@ -21,6 +26,9 @@ class MiniCpm5(MlxParsed):
             bodies.append(f"{json.dumps(chr(34) + tool.name + chr(34) + '>')} {args}")
         call = parts.rule(f'{parts.literal(self.start)} ({" | ".join(bodies)}) {parts.literal(self.end)}')
         return f"calls: {call}+" if parallel and named is None else f"calls: {call}"
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        return xml.partial(MARKUP, text, tools)
 
 
 FORMAT = MiniCpm5("minicpm5")

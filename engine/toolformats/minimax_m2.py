@@ -19,6 +19,10 @@ from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed
 
 
+MARKUP = xml.Markup(call="<invoke name=", name=r'\s*"?([^"<>]+)"?>', key='<parameter name="', key_end='">',
+                    value="", value_end="</parameter>", call_end="</invoke>", strip=True)
+
+
 class MiniMaxM2(MlxParsed):
     def grammar(self, parts: Any, tools: list[dict[str, Any]], named: str | None, parallel: bool) -> str:
         bodies = []
@@ -30,6 +34,9 @@ class MiniMaxM2(MlxParsed):
         call = parts.rule(f'({" | ".join(bodies)})')
         several = "+" if parallel and named is None else ""
         return f'calls: {parts.literal(self.start)} "\\n" {call}{several} {parts.literal(self.end)}'
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        return xml.partial(MARKUP, text, tools)
 
 
 FORMAT = MiniMaxM2("minimax_m2")

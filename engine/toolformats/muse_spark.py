@@ -7,8 +7,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.toolformats import xml
 from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed, parameters
+
+
+MARKUP = xml.Markup(call="<atem:invoke name=", name=r'"([^"]+)"[^>]*>', key='<atem:parameter name="',
+                    key_end='">', value="", value_end="</atem:parameter>", call_end="</atem:invoke>",
+                    json_only=True)
 
 
 class MuseSpark(MlxParsed):
@@ -25,6 +31,9 @@ class MuseSpark(MlxParsed):
         call = parts.rule(f'({" | ".join(bodies)})')
         several = "+" if parallel and named is None else ""
         return f"calls: {parts.literal(self.start)} {call}{several} {parts.literal(self.end)}"
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        return xml.partial(MARKUP, text, tools)
 
 
 FORMAT = MuseSpark("muse_spark")

@@ -11,6 +11,11 @@ from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed
 
 
+# Each value opens with a newline, which the parser drops with the one before its closing tag.
+MARKUP = xml.Markup(call="<function=", name=r"\s*([^\s<>]+)>", key="<parameter=", key_end=">", value="\n",
+                    value_end="\n</parameter>", call_end="</function>")
+
+
 class Qwen3Coder(MlxParsed):
     def grammar(self, parts: Any, tools: list[dict[str, Any]], named: str | None, parallel: bool) -> str:
         bodies = []
@@ -20,6 +25,9 @@ class Qwen3Coder(MlxParsed):
             bodies.append(f'{json.dumps(f"<function={tool.name}>")} "\\n" {args} "</function>\\n"')
         call = parts.rule(f'{parts.literal(self.start)} "\\n" ({" | ".join(bodies)}) {parts.literal(self.end)}')
         return f'calls: {call} ("\\n" {call})*' if parallel and named is None else f"calls: {call}"
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        return xml.partial(MARKUP, text, tools)
 
 
 FORMAT = Qwen3Coder("qwen3_coder")
