@@ -4,10 +4,17 @@ between `<|tool_calls_section_begin|>` and `<|tool_calls_section_end|>` (all spe
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+from engine.toolformats.cut import json_so_far
 from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed
+
+
+BEGIN, ARGUMENTS, END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+# `functions.NAME:INDEX`: the name is whole at the colon before its index
+_NAME = re.compile(r"\s*(?:functions\.)?([^:<]+):")
 
 
 class KimiK2(MlxParsed):
@@ -21,6 +28,15 @@ class KimiK2(MlxParsed):
                   for tool in allowed(tools, named)]
         call = parts.rule(f'{begin} ({" | ".join(bodies)}) {end}')
         return f'calls: {parts.literal(self.start)} {call}{"+" if several else ""} {parts.literal(self.end)}'
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        """The last call's name, and its JSON arguments as written so far."""
+        _, found, last = text.rpartition(BEGIN)
+        name = _NAME.match(last) if found and END not in last else None
+        if name is None:
+            return None, ""
+        _, opened, arguments = last.partition(ARGUMENTS)
+        return name.group(1), json_so_far(arguments, END) if opened else ""
 
 
 FORMAT = KimiK2("kimi_k2")

@@ -8,10 +8,16 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+from engine.toolformats.cut import json_so_far
 from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed
+
+
+CALL, BLOCK, CLOSE = "<|open|>call", '<|open|>json type="object"<|sep|>', "<|close|>"
+_NAME = re.compile(r'[^<]*?\btool="([^"]+)"')
 
 
 class KimiK3(MlxParsed):
@@ -27,6 +33,16 @@ class KimiK3(MlxParsed):
                           f'{parts.literal("<|close|>json<|sep|>")}')
         call = parts.rule(f'{opening} ({" | ".join(bodies)}) {parts.literal("<|close|>call<|sep|>")}')
         return f'calls: {parts.literal(self.start)} {call}{"+" if several else ""} {parts.literal(self.end)}'
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        """The last call's name once its attribute is closed, and the JSON block's text so far (a call that
+        writes its arguments apart, typed, gives its name alone)."""
+        _, found, last = text.rpartition(CALL)
+        name = _NAME.match(last) if found and "<|close|>call" not in last else None
+        if name is None:
+            return None, ""
+        _, opened, arguments = last.partition(BLOCK)
+        return name.group(1), json_so_far(arguments, CLOSE) if opened else ""
 
 
 FORMAT = KimiK3("kimi_k3")
