@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from engine.decoding.grammar_error import GrammarError
-from engine.toolformats.listed import separated
+from engine.toolformats.listed import cut_braced, separated
 from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed, parameters, raw_string
 
@@ -37,6 +37,9 @@ class FunctionGemma(MlxParsed):
             bodies.append(f'{json.dumps("call:" + tool.name + "{")} {args} "}}"')
         call = parts.rule(f'{parts.literal(self.start)} ({" | ".join(bodies)}) {parts.literal(self.end)}')
         return f"calls: {call}+" if parallel and named is None else f"calls: {call}"
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        return cut_braced(text, ESCAPE)
 
 
 def _flat(schema: dict[str, Any]) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.toolformats.listed import separated
+from engine.toolformats.listed import cut_braced, separated
 from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed, parameters, raw_string
 
@@ -27,6 +27,9 @@ class Gemma4(MlxParsed):
             bodies.append(f'{json.dumps("call:" + tool.name + "{")} {separated(parts, items, ",")} "}}"')
         call = parts.rule(f'{parts.literal(self.start)} ({" | ".join(bodies)}) {parts.literal(self.end)}')
         return f"calls: {call}+" if parallel and named is None else f"calls: {call}"
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        return cut_braced(text, QUOTE)
 
 
 FORMAT = Gemma4("gemma4")

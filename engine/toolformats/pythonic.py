@@ -5,12 +5,16 @@ mlx-lm's parser reads as Python literals with JSON's true, false and null (as th
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from engine.decoding.grammar_error import GrammarError
-from engine.toolformats.listed import separated
+from engine.toolformats.listed import cut_items, separated, top_level
 from engine.toolformats.mlx_parsed import MlxParsed
 from engine.toolformats.tools import allowed, parameters
+
+
+_CALL = re.compile(r"\s*([\w.]+)\(")
 
 
 class Pythonic(MlxParsed):
@@ -27,6 +31,16 @@ class Pythonic(MlxParsed):
         call = parts.rule(" | ".join(bodies))
         several = f'("," " " {call})*' if parallel and named is None else ""
         return f'calls: {parts.literal(self.start)} "[" {call} {several} "]" {parts.literal(self.end)}'
+
+    def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
+        """The list's last call: its name once its parenthesis opens, its keyword arguments so far as JSON."""
+        _, found, listed = text.partition("[")
+        calls, closed = top_level(listed, "") if found else ([], True)
+        head = None if closed else _CALL.match(calls[-1])
+        if head is None:
+            return None, ""
+        arguments, whole = cut_items(calls[-1][head.end():], "=")
+        return head.group(1), arguments + ("}" if whole else "")
 
 
 FORMAT = Pythonic("pythonic")
