@@ -15,7 +15,7 @@ from typing import Any
 from mlx_lm.generate import TextStateMachine
 
 from engine import toolformats
-from engine.rank0.cut_call import cut_call
+from engine.rank0.cut_call import cut_call, with_cut_call
 from engine.rank0.piece import Piece
 from engine.toolformats.base import ToolFormat
 from engine.toolformats.mlx_parsed import MlxParsed
@@ -161,9 +161,8 @@ class TextSplitter:
         if not text:
             return
         calls = parse_calls(self.rules.parser, text, self.tools, closed=False)
-        if calls is None and length:
-            partial = cut_call(self.rules.format, text, self.tools)
-            calls = [partial] if partial is not None else None
+        if length:
+            calls = with_cut_call(calls, cut_call(self.rules.format, text, self.tools))
         piece.tool_calls.extend(calls or [])
         self.calls += len(calls or [])
 
@@ -207,13 +206,22 @@ def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None,
         calls = []
         for item in items:
             args = item.get("arguments", {})
+            if not closed and isinstance(args, str) and not _json_object(args):
+                continue  # a lenient parser's cut text (Kimi K2's falls back to it): no call
             calls.append(ToolCall(
                 id=item.get("id") or f"call_{uuid.uuid4().hex[:24]}",
                 name=str(item["name"]),
                 arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
             ))
-        return calls
+        return calls or None
     except Exception as exc:  # each parser raises its own errors (JSON, regex, KeyError) on bad model text
         log.log(logging.WARNING if closed else logging.DEBUG, "could not parse a %s tool call (%s: %s)",
                 "closed" if closed else "unclosed", type(exc).__name__, exc)
         return None
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
