@@ -21,10 +21,11 @@ from mlx_lm.chat_templates import deepseek_v32 as encoding
 from mlx_lm.tokenizer_utils import load
 
 from engine.decoding.constrained import Grammars
-from engine.rank0.output import OutputRules, TextSplitter
+from engine.rank0.output import OutputRules
 from engine.rank0.piece import Piece
 from engine.zoo import ensure_zoo_model
 from tests.harness import MODEL_CACHE
+from tests.integration import test_toolformats_split as split
 
 WEATHER = {
     "type": "object",
@@ -56,17 +57,7 @@ def tokenizer():
 
 
 def route(text: str, cuts: list[int], tools: list[dict] | None, prompt: str, length: bool = False) -> Piece:
-    tok = tokenizer()
-    rules = OutputRules(tok)
-    splitter = TextSplitter(rules, rules.machine(chat=True, tools=tools is not None, stop=[]),
-                            rules.initial_state(tok.encode(prompt, add_special_tokens=False), True), tools, True)
-    out = Piece()
-    bounds = [0, *sorted(set(cuts)), len(text)]
-    for a, b in zip(bounds, bounds[1:]):
-        piece, ended = splitter.feed(text[a:b])
-        out.add(piece)
-        if ended:
-            return out
+    return split.route(tokenizer(), text, cuts, tools, prompt, length=length)
     out.add(splitter.finish("length" if length else "stop"))
     return out
 

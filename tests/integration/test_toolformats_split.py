@@ -38,8 +38,9 @@ def deepseek():
 
 
 def route(tokenizer: Any, text: str, cuts: list[int], tools: list[dict] | None, prompt: str,
-          parallel: bool = True) -> Piece:
-    """The text fed in the pieces `cuts` makes, then finished (the end-of-sequence token is never text)."""
+          parallel: bool = True, length: bool = False) -> Piece:
+    """The text fed in the pieces `cuts` makes, then finished (the end-of-sequence token is never text; with
+    length, cut by max_tokens instead)."""
     rules = OutputRules(tokenizer)
     splitter = TextSplitter(rules, rules.machine(chat=True, tools=tools is not None, stop=[]),
                             rules.initial_state(tokenizer.encode(prompt, add_special_tokens=False), True),
@@ -51,7 +52,7 @@ def route(tokenizer: Any, text: str, cuts: list[int], tools: list[dict] | None, 
         out.add(piece)
         if ended:
             return out
-    out.add(splitter.finish())
+    out.add(splitter.finish("length" if length else "stop"))
     return out
 
 
