@@ -14,6 +14,8 @@ from dotenv import dotenv_values
 from dotenv.parser import parse_stream
 from msgspec import Meta
 
+from config.hub_cache import default_hub_cache
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # macOS limits a Unix socket path to 104 bytes including the NUL; Linux to 108.
@@ -45,6 +47,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     MODEL: str = "demo-tiny"
     SERVED_MODEL_NAME: str = ""
     MODEL_CACHE_DIR: str = "~/.cache/mlx-cluster-serve"
+    # Hugging Face cache folder where `download` puts models and the ranks look up a repo id; empty: huggingface_hub's
+    # own (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)
+    HUB_CACHE: str = ""
+    # one cache folder per rank, rank 0 first, instead of HUB_CACHE (ranks on one host kept apart; disks that differ)
+    HUB_CACHE_PER_RANK: str = ""
+    # how `download` spreads a model's files to the other hosts: over the ranks' own transport, or rsync over ssh
+    SPREAD_TRANSPORT: Literal["cluster", "rsync"] = "cluster"
     API_HOST: str = "127.0.0.1"
     API_PORT: Port = 8000
     API_KEY: str = ""
@@ -107,6 +116,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def model_cache_dir(self) -> Path:
         return _resolve(self.MODEL_CACHE_DIR)
+
+    def hub_cache(self, rank: int = 0) -> Path:
+        """The Hugging Face cache folder of one rank: its HUB_CACHE_PER_RANK entry, HUB_CACHE, or huggingface_hub's."""
+        per_rank = self.hub_caches_per_rank
+        if per_rank:
+            return _resolve(per_rank[rank]) if rank < len(per_rank) else _resolve(per_rank[-1])
+        if self.HUB_CACHE:
+            return _resolve(self.HUB_CACHE)
+        return default_hub_cache()
+
+    @property
+    def hub_caches_per_rank(self) -> list[str]:
+        return [c.strip() for c in self.HUB_CACHE_PER_RANK.split(",") if c.strip()]
 
     @property
     def hosts(self) -> list[str]:
@@ -273,6 +295,7 @@ def _check(s: Settings) -> None:
     if s.BACKEND == "jaccl" and not s.HOSTFILE:
         raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see README)")
     _check_pipeline_layers(s)
+    _check_hub_caches(s)
     if not _listen_host(s.API_HOST):
         raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
                           "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
@@ -293,6 +316,13 @@ def _check(s: Settings) -> None:
         raise ConfigError(
             f"MAX_TOKENS_DEFAULT={s.MAX_TOKENS_DEFAULT} exceeds MAX_TOKENS_LIMIT={s.MAX_TOKENS_LIMIT}: lower it or raise the limit"
         )
+
+
+def _check_hub_caches(s: Settings) -> None:
+    if s.HUB_CACHE_PER_RANK and not s.HOSTFILE and len(s.hub_caches_per_rank) != s.ranks:
+        raise ConfigError(f"HUB_CACHE_PER_RANK={s.HUB_CACHE_PER_RANK!r} names {len(s.hub_caches_per_rank)} folder(s) "
+                          f"for {s.ranks} rank(s) (HOSTS={s.HOSTS!r}): give one folder per rank, comma-separated, "
+                          "or empty it to use HUB_CACHE on every rank")
 
 
 def _check_pipeline_layers(s: Settings) -> None:
