@@ -257,3 +257,27 @@ def find_snapshot(cache: Path, repo: str, revision: str = "main") -> Path | None
         return None
     snap = snapshot_folder(cache, repo, commit)
     return snap if (snap / "config.json").is_file() else None
+
+
+def split_model(name: str) -> tuple[str, str] | None:
+    """MODEL as ORG/NAME or ORG/NAME@REVISION -> (repo, revision); None for a local path or a demo/zoo name."""
+    repo, _, revision = name.partition("@")
+    if not is_repo_id(repo) or (revision and not _REPO_RE.match("r/" + revision)):
+        return None
+    return repo, revision or "main"
+
+
+def locate(cache: Path, repo: str, revision: str = "main") -> tuple[Path | None, str]:
+    """(the snapshot a rank loads, "") or (None, what this cache lacks, in words the engine and `check` share)."""
+    commit = commit_of(cache, repo, revision)
+    if commit is None:
+        return None, f"{repo} ({revision}) is not in the Hugging Face cache {cache}"
+    manifest = read_manifest(cache, repo, commit)
+    if manifest is not None and (missing := missing_files(cache, manifest)):
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        return None, (f"{repo} is incomplete in {cache}: {len(missing)} of {len(manifest.files)} file(s) missing "
+                      f"or short ({shown})")
+    snap = find_snapshot(cache, repo, commit)
+    if snap is None:
+        return None, f"{repo} ({revision}) has no config.json in {snapshot_folder(cache, repo, commit)}"
+    return snap, ""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 
 from config import Settings
+from config.hub_cache import locate, split_model
 from config.model_folder import folder_problem
 from engine.facts import model_facts
 from engine.load_errors import explain
@@ -42,8 +45,9 @@ class LoadedModel:
     pipeline_split: tuple[int, ...] = ()
 
 
-def resolve(settings: Settings) -> str | Path:
-    """A demo or zoo name becomes its generated folder; a local path must exist; anything else is a repo id."""
+def resolve(settings: Settings, rank: int = 0) -> Path:
+    """A demo or zoo name becomes its generated folder; a local path must exist; a repo id (ORG/NAME, or
+    ORG/NAME@REVISION) is looked up in this rank's Hugging Face cache and never downloaded here."""
     name = settings.MODEL
     if name.startswith(ZOO_PREFIX):
         from engine.zoo import SERVED_MODELS, ensure_zoo_model
@@ -67,7 +71,23 @@ def resolve(settings: Settings) -> str | Path:
             raise ModelError(f"MODEL={name!r}: no config.json in {path}; give an MLX model folder "
                              "(as written by mlx_lm.convert) or a Hugging Face repo id")
         return path
-    return name
+    return _cached(settings, rank)
+
+
+def _cached(settings: Settings, rank: int) -> Path:
+    """A repo id's snapshot in the rank's own cache: a rank that downloaded at start would pull hundreds of GB
+    on its own, each host from the hub, with nothing checked; `./launch.sh download` fetches once and spreads."""
+    name = settings.MODEL
+    parsed = split_model(name)
+    if parsed is None:
+        raise ModelError(f"MODEL={name!r} is neither a local folder (starting with /, . or ~), a demo or zoo name, "
+                         "nor a Hugging Face repo id (ORG/NAME, or ORG/NAME@REVISION)")
+    cache = settings.hub_cache(rank)
+    snapshot, why = locate(cache, *parsed)
+    if snapshot is None:
+        raise ModelError(f"MODEL={name!r} cannot be loaded on host {socket.gethostname()} (rank {rank}): {why}; "
+                         f"run ./launch.sh download {name} (it fetches the model once and copies it to every host)")
+    return snapshot
 
 
 def context_length(config: dict) -> int:
@@ -92,7 +112,8 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     from engine.parallel import SINGLE
     from engine.sharding import Layout, load_parallel
 
-    target = resolve(settings)
+    rank = group.rank() if group is not None else int(os.environ.get("MLX_RANK", "0") or 0)
+    target = resolve(settings, rank)
     refuse_broken_folder(settings, target)
     with load_errors_explained(settings, target):
         refuse_mismatched_weights(target, group)
@@ -106,37 +127,24 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
                        vocab_size=vocab_size(config) or len(tokenizer),
-                       facts=model_facts(_folder(target), config, tokenizer), parallel=layout.mode,
+                       facts=model_facts(target, config, tokenizer), parallel=layout.mode,
                        pipeline_split=tuple(layout.split))
-
-
-def _folder(target: str | Path) -> Path | None:
-    """The local folder of a loaded model: target itself, or a repo id's snapshot in the Hugging Face cache."""
-    if isinstance(target, Path):
-        return target
-    from mlx_lm.utils import hf_repo_to_path
-
-    try:
-        return hf_repo_to_path(target)
-    except (OSError, ValueError) as exc:
-        log.warning("the files of %s are not at hand (%s): its size and parameter count stay unknown", target, exc)
-        return None
 
 
 # -- a bad model folder: one sentence naming the file and what to do, the same on every rank ----------------
 
 
-def refuse_broken_folder(settings: Settings, target: str | Path) -> None:
+def refuse_broken_folder(settings: Settings, target: Path) -> None:
     """What the files alone show (the check `launch.sh start` and `check` make too); generated models are sound."""
-    if isinstance(target, Path) and not settings.MODEL.startswith((DEMO_PREFIX, ZOO_PREFIX)):
+    if not settings.MODEL.startswith((DEMO_PREFIX, ZOO_PREFIX)):
         if problem := folder_problem(target):
             raise ModelError(problem)
 
 
-def refuse_mismatched_weights(target: str | Path, group: mx.distributed.Group | None) -> None:
+def refuse_mismatched_weights(target: Path, group: mx.distributed.Group | None) -> None:
     """sharded_load loads with strict=False: weights that miss, add or misshape parameters would serve garbage.
     Build the model once lazily (no weight is read) with mlx-lm's strict check, as the one-rank load does."""
-    if group is None or group.size() <= 1 or not isinstance(target, Path):
+    if group is None or group.size() <= 1:
         return
     from mlx_lm.utils import load_model
 
@@ -144,7 +152,7 @@ def refuse_mismatched_weights(target: str | Path, group: mx.distributed.Group | 
 
 
 @contextlib.contextmanager
-def load_errors_explained(settings: Settings, target: str | Path):
+def load_errors_explained(settings: Settings, target: Path):
     """mlx-lm's and transformers' load errors (weights that do not fit the config, a tokenizer that does not
     build) become a ModelError whose message names the file; tokenizers raises plain Exception, hence the width."""
     from engine.parallel import ParallelRefused
@@ -156,7 +164,4 @@ def load_errors_explained(settings: Settings, target: str | Path):
     except RuntimeError:
         raise  # mlx's collectives: a peer rank was lost, which is not this folder's fault
     except Exception as exc:
-        folder = _folder(target)
-        if folder is None:
-            raise ModelError(f"MODEL={settings.MODEL!r} could not be loaded: {exc}") from exc
-        raise ModelError(explain(folder, exc)) from exc
+        raise ModelError(explain(target, exc)) from exc

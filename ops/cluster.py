@@ -103,6 +103,8 @@ def _devices(cell: object) -> list[str]:
 def probe_host(host: Host, settings: Settings) -> None:
     """Fill host.facts (or host.faults when the host cannot be probed)."""
     args = ["--root", str(REPO_ROOT), "--model", settings.MODEL]
+    for cache in dict.fromkeys(str(settings.hub_cache(rank)) for rank in host.ranks):  # each folder once
+        args += ["--hub-cache", cache]
     if host.local:
         cmd = [sys.executable, str(PROBE), *args]
         stdin = None

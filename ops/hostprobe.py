@@ -33,6 +33,8 @@ GENERATED = (
 )
 # The project's check of a model folder's files (standard library only, so it runs here as a file).
 FOLDER_CHECK = "config/model_folder.py"
+# The cache layout and the lookup every rank makes of a repo id (standard library only, run as a file too).
+HUB_CACHE = "config/hub_cache.py"
 
 
 def file_hash(path: Path) -> str:
@@ -63,7 +65,7 @@ def hf_cache() -> Path:
     return Path(home).expanduser() / "hub"
 
 
-def model_facts(model: str, root: Path) -> dict:
+def model_facts(model: str, root: Path, caches: list[Path] | None = None) -> dict:
     """{"ok": bool, "identity": what must match across hosts, "problem": why not ok}."""
     for prefix, kind, names_file, listed in GENERATED:
         if model.startswith(prefix):
@@ -76,18 +78,28 @@ def model_facts(model: str, root: Path) -> dict:
         if not (path / "config.json").is_file():
             return {"ok": False, "problem": f"MODEL path {path} has no config.json"}
         return _folder_facts(root, path)
-    repo = hf_cache() / ("models--" + model.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    ref = repo / "refs" / "main"
-    candidates = []
-    if ref.is_file():
-        candidates.append(snapshots / ref.read_text().strip())
-    if snapshots.is_dir():
-        candidates += sorted(snapshots.iterdir())
-    for snap in candidates:
-        if (snap / "config.json").is_file():
-            return _folder_facts(root, snap)
-    return {"ok": False, "problem": f"MODEL {model} is not in the Hugging Face cache ({repo}): download it on this host"}
+    return _cached_facts(model, root, caches or [hf_cache()])
+
+
+def _cached_facts(model: str, root: Path, caches: list[Path]) -> dict:
+    """A repo id in each of this host's rank caches, through the project's own lookup (config/hub_cache.py)."""
+    try:
+        hub = runpy.run_path(str(root / HUB_CACHE))
+    except (OSError, SyntaxError) as exc:
+        return {"ok": False, "problem": f"cannot look up MODEL {model}: {root / HUB_CACHE} does not run ({exc})"}
+    parsed = hub["split_model"](model)
+    if parsed is None:
+        return {"ok": False, "problem": f"MODEL={model!r} is neither a local folder, a demo or zoo name, nor a "
+                                        "Hugging Face repo id (ORG/NAME or ORG/NAME@REVISION)"}
+    facts: dict = {}
+    for cache in caches:
+        snapshot, why = hub["locate"](cache, *parsed)
+        if snapshot is None:
+            return {"ok": False, "problem": f"{why}: run ./launch.sh download {model}"}
+        facts = _folder_facts(root, snapshot)
+        if not facts["ok"]:
+            return facts
+    return facts
 
 
 def _folder_facts(root: Path, path: Path) -> dict:
@@ -161,7 +173,7 @@ def rdma_ports() -> dict[str, str] | None:
     return ports
 
 
-def probe(root: Path, model: str) -> dict:
+def probe(root: Path, model: str, caches: list[Path] | None = None) -> dict:
     venv_python = root / ".venv" / "bin" / "python"
     facts = {
         "hostname": socket.gethostname(),
@@ -177,7 +189,7 @@ def probe(root: Path, model: str) -> dict:
         facts["code"] = code_hash(root)
         env = root / ".env"
         facts["env"] = file_hash(env) if env.is_file() else None
-        facts["model"] = model_facts(model, root)
+        facts["model"] = model_facts(model, root, caches)
     return facts
 
 
@@ -185,8 +197,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, help="the project folder (the same path on every host)")
     parser.add_argument("--model", required=True, help="MODEL as configured")
+    parser.add_argument("--hub-cache", action="append", default=[],
+                        help="the Hugging Face cache folder of one of this host's ranks (repeated; default: HF_HUB_CACHE)")
     args = parser.parse_args()
-    print(json.dumps(probe(Path(args.root), args.model)))
+    print(json.dumps(probe(Path(args.root), args.model, [Path(c).expanduser() for c in args.hub_cache])))
     return 0
 
 
