@@ -29,6 +29,7 @@ from api.openai.routes import OpenAIRoutes
 from api.openai.tokens import TokenRoutes
 from api.openapi import openapi_route
 from api.responses.routes import ResponsesRoutes
+from api.served import Served
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -38,11 +39,12 @@ def create_app(settings: Settings) -> Starlette:
     """The gateway for settings: /v1 (OpenAI's chat, completions and Responses APIs, Anthropic's Messages API),
     /api (Ollama's) and vLLM's /tokenize and /detokenize, behind API_KEY when set; /health, /metrics, /dashboard."""
     engine = SocketEngineClient(settings.socket_path, max_frame=settings.MAX_FRAME_BYTES)
-    openai = OpenAIRoutes(settings, engine)
-    anthropic = AnthropicRoutes(settings, engine)
-    responses = ResponsesRoutes(settings, engine)
-    ollama = OllamaRoutes(settings, engine)
-    tokens = TokenRoutes(settings, engine)
+    served = Served(settings, engine)  # the served model's name follows the engine's, through a switch
+    openai = OpenAIRoutes(served, engine)
+    anthropic = AnthropicRoutes(served, engine)
+    responses = ResponsesRoutes(served, engine)
+    ollama = OllamaRoutes(served, engine)
+    tokens = TokenRoutes(served, engine)
     metrics = Metrics(engine)
     ops = ops_guard(settings)
     v1 = [
@@ -58,7 +60,7 @@ def create_app(settings: Settings) -> Starlette:
     return Starlette(
         routes=[
             Route("/health", Health(settings, engine).endpoint, methods=["GET"]),
-            openapi_route(settings),
+            openapi_route(served),
             Route("/v1/messages", anthropic.messages, methods=["POST"], middleware=anthropic_auth),
             Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"], middleware=anthropic_auth),
             Mount("/v1", routes=v1, middleware=auth),

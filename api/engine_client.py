@@ -90,6 +90,7 @@ class EngineClient(Protocol):
     """What endpoints need from the engine; no dialect reaches past it to the transport."""
 
     last_info: ipc.Info | None  # the last Info seen (served while the engine is briefly away)
+    stale: bool  # the engine was lost since last_info: it may come back serving another model
     reconnects: int  # times the engine came back after being lost
 
     async def info(self, timeout: float) -> ipc.Info:
@@ -116,6 +117,7 @@ class SocketEngineClient:
         self.socket_path = str(socket_path)
         self.max_frame = max_frame
         self.last_info: ipc.Info | None = None
+        self.stale = False
         # times the engine came back after a failed connection, or Info named another engine process
         self.reconnects = 0
         self._connected_once = False
@@ -132,7 +134,7 @@ class SocketEngineClient:
         if last is not None and (last.engine_pid, last.created) != (reply.engine_pid, reply.created) and not self._counted:
             self.reconnects += 1
         self._counted = False
-        self.last_info = reply
+        self.last_info, self.stale = reply, False
         return reply
 
     async def tokenize(self, msg: ipc.Tokenize, timeout: float) -> ipc.Tokenized:
@@ -197,6 +199,7 @@ class SocketEngineClient:
             conn = await ipc.connect(self.socket_path, client="api", max_frame=self.max_frame)
         except ipc.EngineUnavailable as exc:
             self._lost = self._connected_once
+            self.stale = True
             raise EngineUnavailable(f"the engine is not available: {exc}") from None
         self._connected_once = True
         if self._lost:

@@ -22,6 +22,7 @@ from api.ollama.models import OLLAMA_VERSION
 from api.ollama.render import NDJSON
 from api.ollama.serving import LATEST
 from api.openai.serving import MODEL_ALIAS
+from api.served import Served
 from config import Settings
 from config.keys import api_keys
 
@@ -341,11 +342,15 @@ def _annotate(doc: dict[str, Any], auth: bool) -> None:
                     operation["security"] = [{"bearerAuth": []}]
 
 
-def openapi_route(settings: Settings) -> Route:
-    """GET /openapi.json, open like /health (it holds no secret)."""
-    body = msgspec.json.encode(openapi_document(settings))
+def openapi_route(served: Served) -> Route:
+    """GET /openapi.json, open like /health (it holds no secret); its examples name the model served now."""
+    bodies: dict[str, bytes] = {}
 
     async def endpoint(request: Request) -> Response:
+        settings = await served.fresh()
+        if (body := bodies.get(settings.model_name)) is None:
+            bodies.clear()  # one served model at a time: the previous document is not asked for again
+            body = bodies[settings.model_name] = msgspec.json.encode(openapi_document(settings))
         return Response(body, media_type="application/json")
 
     return Route("/openapi.json", endpoint, methods=["GET"])

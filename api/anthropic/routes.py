@@ -18,7 +18,7 @@ from api.anthropic.streaming import message_stream
 from api.bodies import check_message_count, json_response, read_request
 from api.engine_client import EngineClient
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
-from config import Settings
+from api.served import Served
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +29,9 @@ _count_decoder = msgspec.json.Decoder(CountTokensRequest)
 class AnthropicRoutes:
     """Holds the settings and the engine client the endpoints share."""
 
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
-        self.settings = settings
+    def __init__(self, served: Served, engine: EngineClient) -> None:
+        self.served = served
+        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
         self.engine = engine
 
     async def _read(self, request: Request, decoder: msgspec.json.Decoder[Any]) -> Any:
@@ -41,9 +42,10 @@ class AnthropicRoutes:
     async def messages(self, request: Request) -> Response:
         request_id = access_record(request).request_id = new_message_id()
         req: MessagesRequest = await self._read(request, _messages_decoder)
-        msg = messages_generate(req, request_id, self.settings)
+        settings = await self.served.fresh(req.model)
+        msg = messages_generate(req, request_id, settings)
         logger.debug("%s prompt: %r", request_id, msg.messages)
-        return await respond(request, self.engine, msg, MessageRenderer(request_id, self.settings.model_name, False),
+        return await respond(request, self.engine, msg, MessageRenderer(request_id, settings.model_name, False),
                              stream=req.stream, timeout=self.settings.REQUEST_TIMEOUT, streamer=message_stream)
 
     async def count_tokens(self, request: Request) -> Response:
@@ -51,7 +53,7 @@ class AnthropicRoutes:
         record = access_record(request)
         record.request_id = new_message_id()
         req: CountTokensRequest = await self._read(request, _count_decoder)
-        msg = count_generate(req, record.request_id, self.settings)
+        msg = count_generate(req, record.request_id, await self.served.fresh(req.model))
         # tool_choice "none" hides the tools from the prompt, as a generation does
         tokenize = ipc.Tokenize(kind="chat", messages=msg.messages, enable_thinking=msg.enable_thinking,
                                 reasoning_effort=msg.reasoning_effort,

@@ -22,7 +22,7 @@ from api.ollama.protocol import (ChatRequest, GenerateRequest, ModelList, Option
                                  Version)
 from api.ollama.render import NDJSON, OllamaRenderer, collect, ndjson_stream
 from api.ollama.serving import chat_generate, check_model, generate_generate, new_request_id
-from config import Settings
+from api.served import Served
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,9 @@ _option_keys_decoder = msgspec.json.Decoder(_OptionKeys)
 class OllamaRoutes:
     """Holds the settings and the engine client the endpoints share."""
 
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
-        self.settings = settings
+    def __init__(self, served: Served, engine: EngineClient) -> None:
+        self.served = served
+        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
         self.engine = engine
 
     def routes(self) -> list[Route]:
@@ -76,48 +77,53 @@ class OllamaRoutes:
         return json_response(Version(version=models.OLLAMA_VERSION))
 
     async def tags(self, request: Request) -> Response:
-        return json_response(ModelList(models=[models.listed(await self._info(), self.settings)]))
+        info = await self._info()
+        return json_response(ModelList(models=[models.listed(info, self.served.settings())]))
 
     async def ps(self, request: Request) -> Response:
-        return json_response(RunningModels(models=[models.running(await self._info(), self.settings)]))
+        info = await self._info()
+        return json_response(RunningModels(models=[models.running(info, self.served.settings())]))
 
     async def show(self, request: Request) -> Response:
         req = await self._read(request, _show_decoder)
         model = req.model or req.name
         if not model:
             raise InvalidRequest("Missing required parameter: 'model'.", param="model")
-        check_model(model, self.settings)
-        return json_response(models.show(await self._info(), self.settings))
+        check_model(model, await self.served.fresh(model))
+        info = await self._info()
+        return json_response(models.show(info, self.served.settings()))
 
     async def chat(self, request: Request) -> Response:
         request_id = access_record(request).request_id = new_request_id()
         req: ChatRequest = await self._read(request, _chat_decoder)
         renderer = OllamaRenderer(request_id, req.model, chat=True)
+        settings = await self.served.fresh(req.model)
         if not req.messages:
-            check_model(req.model, self.settings)
+            check_model(req.model, settings)
             return json_response(renderer.loaded())
         check_message_count(len(req.messages), self.settings.MAX_MESSAGES)
-        msg = chat_generate(req, request_id, self.settings)
+        msg = chat_generate(req, request_id, settings)
         return await self._run(request, msg, renderer, req.stream is not False)
 
     async def generate(self, request: Request) -> Response:
         request_id = access_record(request).request_id = new_request_id()
         req: GenerateRequest = await self._read(request, _generate_decoder)
         renderer = OllamaRenderer(request_id, req.model, chat=False)
+        settings = await self.served.fresh(req.model)
         if not req.prompt:
-            check_model(req.model, self.settings)
+            check_model(req.model, settings)
             return json_response(renderer.loaded())
-        msg = generate_generate(req, request_id, self.settings)
+        msg = generate_generate(req, request_id, settings)
         return await self._run(request, msg, renderer, req.stream is not False)
 
     async def embeddings(self, request: Request) -> Response:
         raise NotSupported(f"embeddings are not supported: this server does not compute embeddings; it serves one "
-                           f"generative model, {self.settings.model_name}")
+                           f"generative model, {self.served.settings().model_name}")
 
     def _refuse(self, what: str) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            raise NotSupported(f"{what} is not supported: this server serves one model, {self.settings.model_name}, "
-                               "loaded at start")
+            raise NotSupported(f"{what} is not supported: this server serves one model, "
+                               f"{self.served.settings().model_name}, loaded at start")
 
         return endpoint
 
@@ -148,6 +154,7 @@ class OllamaRoutes:
         try:
             return await self.engine.info(INFO_TIMEOUT)
         except APIError as exc:
+            self.served.refuse_while_switching(exc)
             if self.engine.last_info is None:
                 raise EngineUnavailable(f"the served model is not known yet: {exc.message}") from None
             return self.engine.last_info

@@ -19,6 +19,7 @@ from api.generation import Renderer, respond
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from api.openai.render import ChatRenderer, CompletionRenderer
 from api.openai.serving import MODEL_ALIAS, chat_generate, completion_generate, new_request_id
+from api.served import Served
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 class OpenAIRoutes:
     """Holds the settings and the engine client the endpoints share."""
 
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
-        self.settings = settings
+    def __init__(self, served: Served, engine: EngineClient) -> None:
+        self.served = served
+        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
         self.engine = engine
 
     async def chat_completions(self, request: Request) -> Response:
@@ -55,14 +57,15 @@ class OpenAIRoutes:
         req = await read_request(request, decoder, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
         if kind == "chat":
             check_message_count(len(req.messages), self.settings.MAX_MESSAGES)
-        msg = translate(req, request_id, self.settings)
+        settings = await self.served.fresh(req.model)
+        msg = translate(req, request_id, settings)
         logger.debug("%s prompt: %r", request_id, msg.messages if kind == "chat" else msg.prompt)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(
             request,
             self.engine,
             msg,
-            renderer(request_id, self.settings.model_name, include_usage),
+            renderer(request_id, settings.model_name, include_usage),
             stream=bool(req.stream),
             timeout=self.settings.REQUEST_TIMEOUT,
         )
@@ -72,17 +75,20 @@ class OpenAIRoutes:
 
     async def get_model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
-        if model_id not in (self.settings.model_name, MODEL_ALIAS):
-            raise ModelNotFound(f"The model '{model_id}' does not exist. This server serves '{self.settings.model_name}'.")
+        served = (await self.served.fresh(model_id)).model_name
+        if model_id not in (served, MODEL_ALIAS):
+            raise ModelNotFound(f"The model '{model_id}' does not exist. This server serves '{served}'.")
         return json_response(await self._model())
 
     async def _model(self) -> Model:
-        """The served model from fresh Info, or the last Info while the engine is briefly down."""
+        """The served model from fresh Info, or the last Info while the engine is briefly down (not while it
+        switches to another model: the last Info names the one going)."""
         try:
             info = await self.engine.info(INFO_TIMEOUT)
         except APIError as exc:
+            self.served.refuse_while_switching(exc)
             info = self.engine.last_info
             if info is None:
                 raise EngineUnavailable(f"the model list is not known yet: {exc.message}") from None
-        return Model(id=self.settings.model_name, created=info.created, context_length=info.context_length)
+        return Model(id=self.served.settings().model_name, created=info.created, context_length=info.context_length)
 

@@ -22,6 +22,7 @@ from api.errors import InvalidRequest
 from api.generation import CLIENT_CLOSED, until_disconnect
 from api.openai.protocol import ChatMessage, TokenId, Tool
 from api.openai.serving import Refusal, check_model, engine_message, engine_tools, refuse_unsupported
+from api.served import Served
 from config import Settings
 
 # What chat_template_kwargs may hold: the switches the chat endpoint itself can set.
@@ -157,12 +158,14 @@ async def read_tokenize_request(request: Request, settings: Settings) -> Tokeniz
 class TokenRoutes:
     """POST /tokenize and /detokenize; the settings and the engine client they share."""
 
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
-        self.settings = settings
+    def __init__(self, served: Served, engine: EngineClient) -> None:
+        self.served = served
+        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
         self.engine = engine
 
     async def tokenize(self, request: Request) -> Response:
-        msg = tokenize_message(await read_tokenize_request(request, self.settings), self.settings)
+        req = await read_tokenize_request(request, self.settings)
+        msg = tokenize_message(req, await self.served.fresh(req.model))
         reply = await until_disconnect(request, lambda: self.engine.tokenize(msg, self.settings.REQUEST_TIMEOUT))
         if reply is None:
             return _client_gone(request)
@@ -172,7 +175,7 @@ class TokenRoutes:
     async def detokenize(self, request: Request) -> Response:
         req = await read_request(request, _detokenize_decoder, self.settings.MAX_REQUEST_BYTES,
                                  self.settings.BODY_READ_TIMEOUT)
-        msg = detokenize_message(req, self.settings)
+        msg = detokenize_message(req, await self.served.fresh(req.model))
         reply = await until_disconnect(request, lambda: self.engine.detokenize(msg, self.settings.REQUEST_TIMEOUT))
         if reply is None:
             return _client_gone(request)

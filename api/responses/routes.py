@@ -16,7 +16,7 @@ from api.responses.protocol import ResponsesRequest
 from api.responses.render import ResponseRenderer
 from api.responses.serving import new_response_id, responses_generate
 from api.responses.streaming import collect_response, response_stream
-from config import Settings
+from api.served import Served
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +26,9 @@ _decoder = msgspec.json.Decoder(ResponsesRequest)
 class ResponsesRoutes:
     """Holds the settings and the engine client the endpoint uses."""
 
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
-        self.settings = settings
+    def __init__(self, served: Served, engine: EngineClient) -> None:
+        self.served = served
+        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
         self.engine = engine
 
     async def create(self, request: Request) -> Response:
@@ -35,9 +36,10 @@ class ResponsesRoutes:
         request_id = record.request_id = new_response_id()
         req = await read_request(request, _decoder, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)
         check_message_count(1 if isinstance(req.input, str) else len(req.input), self.settings.MAX_MESSAGES, "input")
-        msg, toolset = responses_generate(req, request_id, self.settings)
+        settings = await self.served.fresh(req.model)
+        msg, toolset = responses_generate(req, request_id, settings)
         logger.debug("%s prompt: %r", request_id, msg.messages)
-        renderer = ResponseRenderer(request_id, self.settings.model_name, req, toolset, msg.params.logprobs)
+        renderer = ResponseRenderer(request_id, settings.model_name, req, toolset, msg.params.logprobs)
         timeout = self.settings.REQUEST_TIMEOUT
         if req.stream:
             return await respond(request, self.engine, msg, renderer, stream=True, timeout=timeout,
