@@ -21,8 +21,6 @@ REFRESH_TIMEOUT = 1.0  # seconds a request waits for a fresh Info before it goes
 MISMATCH_REFRESH_EVERY = 1.0
 ALIAS = "default"
 LATEST = ":latest"
-# written by `launch.sh switch` in RUN_DIR while the engine changes model; removed once it serves the new one
-SWITCH_FILE = "engine.switching.json"
 KEPT_NAMES = 8
 
 
@@ -65,7 +63,7 @@ class Served:
     def switching(self) -> str | None:
         """The model `launch.sh switch` is changing to, while it does (the last Info then names the old one)."""
         try:
-            return str(json.loads((self.base.run_dir / SWITCH_FILE).read_text())["model"])
+            return str(json.loads(self.base.switch_file.read_text())["model"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

@@ -114,6 +114,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return _resolve(self.SOCKET_PATH) if self.SOCKET_PATH else self.run_dir / "engine.sock"
 
     @property
+    def switch_file(self) -> Path:
+        """Written by `launch.sh switch` while the engine changes model (the API then says so), removed after."""
+        return self.run_dir / "engine.switching.json"
+
+    @property
     def model_cache_dir(self) -> Path:
         return _resolve(self.MODEL_CACHE_DIR)
 

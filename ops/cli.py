@@ -12,10 +12,13 @@ from ops import cluster
 from ops.commands import Services
 from ops.interrupt import Interrupted
 from ops.layout import Die, Layout, say
+from ops.models import models
 from ops.status import status
+from ops.switch import switch
 
 USAGE = (Path(__file__).resolve().parent / "usage.txt").read_text()
-COMMANDS = ("start", "stop", "status", "restart", "restart-api", "restart-engine", "logs", "check", "sync", "test")
+COMMANDS = ("start", "stop", "status", "restart", "restart-api", "restart-engine", "logs", "check", "sync", "models",
+            "switch", "test")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,6 +29,11 @@ def parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name)
         if name == "logs":
             cmd.add_argument("which", nargs="?", help="api, engine, or nothing (both)")
+        if name == "models":
+            cmd.add_argument("--json", action="store_true", help="print the list as JSON")
+        if name == "switch":
+            cmd.add_argument("model", help="a Hugging Face repo id, a local folder, or a demo or zoo name")
+            cmd.add_argument("--served-name", default="", help="the name clients use (default: from MODEL)")
     return p
 
 
@@ -40,6 +48,10 @@ def run(command: str, args: argparse.Namespace) -> int:
         return cluster.check(settings)
     if command == "sync":
         return cluster.sync(settings)
+    if command == "models":
+        return models(settings, args.json)
+    if command == "switch":
+        return switch(settings, args.model, args.served_name)
     layout = Layout(settings)
     if command == "status":
         return status(layout)

@@ -102,9 +102,23 @@ def _devices(cell: object) -> list[str]:
 
 def probe_host(host: Host, settings: Settings) -> None:
     """Fill host.facts (or host.faults when the host cannot be probed)."""
+    facts, fault = run_probe(host, probe_args(host, settings))
+    if facts is None:
+        host.faults.append(fault)
+    else:
+        host.facts = facts
+
+
+def probe_args(host: Host, settings: Settings) -> list[str]:
+    """ops/hostprobe.py's arguments for host: the project, MODEL, and the cache folder of each of its ranks."""
     args = ["--root", str(REPO_ROOT), "--model", settings.MODEL]
     for cache in dict.fromkeys(str(settings.hub_cache(rank)) for rank in host.ranks):  # each folder once
         args += ["--hub-cache", cache]
+    return args
+
+
+def run_probe(host: Host, args: list[str]) -> tuple[dict | None, str]:
+    """(what ops/hostprobe.py printed as JSON on host, "") or (None, why it could not run there)."""
     if host.local:
         cmd = [sys.executable, str(PROBE), *args]
         stdin = None
@@ -116,20 +130,17 @@ def probe_host(host: Host, settings: Settings) -> None:
     try:
         r = subprocess.run(cmd, input=stdin, capture_output=True, timeout=PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
-        host.faults.append(f"no answer within {PROBE_TIMEOUT} s" + ("" if host.local else " over ssh"))
-        return
+        return None, f"no answer within {PROBE_TIMEOUT} s" + ("" if host.local else " over ssh")
     except OSError as exc:
-        host.faults.append(f"cannot run {cmd[0]}: {exc}")
-        return
+        return None, f"cannot run {cmd[0]}: {exc}"
     if r.returncode != 0:
         last = (r.stderr.decode(errors="replace").strip().splitlines() or ["(no output)"])[-1]
         how = "the probe failed" if host.local else f"ssh {host.name} failed (exit {r.returncode})"
-        host.faults.append(f"{how}: {last}")
-        return
+        return None, f"{how}: {last}"
     try:
-        host.facts = json.loads(r.stdout)
+        return json.loads(r.stdout), ""
     except ValueError:
-        host.faults.append(f"the probe printed something else than JSON: {r.stdout[:200]!r}")
+        return None, f"the probe printed something else than JSON: {r.stdout[:200]!r}"
 
 
 def judge(hosts: list[Host], settings: Settings) -> None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from config import REPO_ROOT
+from config.hub_cache import locate, split_model
 from config.model_folder import folder_problem
 from ops.interrupt import deferred
 from ops.cluster import rank_count
@@ -129,13 +130,26 @@ class EngineCtl:
 
     def refuse_broken_model(self) -> None:
         """A model folder whose files show it cannot load is refused before any rank starts, in the words
-        every rank would log. A repo id is left to mlx-lm, which may still download (or complete) it."""
+        every rank would log; so is a repo id a local rank's cache lacks (ranks never download it)."""
         model = self.settings.MODEL
+        if (parsed := split_model(model)) is not None:
+            self.refuse_uncached(model, parsed)
+            return
         if not model.startswith(("/", ".", "~")):
             return
         path = Path(model).expanduser()
         if (problem := folder_problem(path if path.is_absolute() else REPO_ROOT / path)) is not None:
             raise Die(1, problem)
+
+    def refuse_uncached(self, model: str, parsed: tuple[str, str]) -> None:
+        """The local ranks' caches (remote ones answer in `check`, and each rank at load, in these words)."""
+        s = self.settings
+        local = [rank for rank, host in enumerate(s.hosts) if host in LOCAL] if not s.HOSTFILE else []
+        for rank in local:
+            snapshot, why = locate(s.hub_cache(rank), *parsed)
+            if snapshot is None:
+                raise Die(1, f"MODEL={model!r} cannot be loaded on this host (rank {rank}): {why}; run "
+                             f"./launch.sh download {model} (it fetches the model once and copies it to every host)")
 
     def say_why(self, pid: int) -> None:
         """The supervisor's verdict on the failed start, last, so the reason is not left in the log above."""

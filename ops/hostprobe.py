@@ -8,6 +8,7 @@ It reports facts; ops.cluster compares them across hosts and decides what is a f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -91,15 +92,16 @@ def _cached_facts(model: str, root: Path, caches: list[Path]) -> dict:
     if parsed is None:
         return {"ok": False, "problem": f"MODEL={model!r} is neither a local folder, a demo or zoo name, nor a "
                                         "Hugging Face repo id (ORG/NAME or ORG/NAME@REVISION)"}
-    facts: dict = {}
-    for cache in caches:
+    snapshots = []
+    for cache in caches:  # first what a cache lacks (download fixes it), then what is wrong with the files
         snapshot, why = hub["locate"](cache, *parsed)
         if snapshot is None:
             return {"ok": False, "problem": f"{why}: run ./launch.sh download {model}"}
-        facts = _folder_facts(root, snapshot)
-        if not facts["ok"]:
+        snapshots.append(snapshot)
+    for snapshot in snapshots:
+        if not (facts := _folder_facts(root, snapshot))["ok"]:
             return facts
-    return facts
+    return _folder_facts(root, snapshots[0])
 
 
 def _folder_facts(root: Path, path: Path) -> dict:
@@ -193,14 +195,30 @@ def probe(root: Path, model: str, caches: list[Path] | None = None) -> dict:
     return facts
 
 
+def cached_models(root: Path, caches: list[Path]) -> dict:
+    """{"hostname", "caches": {folder: [each model as config/hub_cache.py's scan() lists it]}} for `launch.sh models`."""
+    out: dict = {"hostname": socket.gethostname(), "caches": {}}
+    try:
+        hub = runpy.run_path(str(root / HUB_CACHE))
+    except (OSError, SyntaxError) as exc:
+        out["problem"] = f"cannot list the models: {root / HUB_CACHE} does not run ({exc})"
+        return out
+    for cache in caches or [hf_cache()]:
+        out["caches"][str(cache)] = [dataclasses.asdict(m) for m in hub["scan"](cache)]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, help="the project folder (the same path on every host)")
     parser.add_argument("--model", required=True, help="MODEL as configured")
     parser.add_argument("--hub-cache", action="append", default=[],
                         help="the Hugging Face cache folder of one of this host's ranks (repeated; default: HF_HUB_CACHE)")
+    parser.add_argument("--list-models", action="store_true", help="only list the models in those caches")
     args = parser.parse_args()
-    print(json.dumps(probe(Path(args.root), args.model, [Path(c).expanduser() for c in args.hub_cache])))
+    caches = [Path(c).expanduser() for c in args.hub_cache]
+    facts = cached_models(Path(args.root), caches) if args.list_models else probe(Path(args.root), args.model, caches)
+    print(json.dumps(facts))
     return 0
 
 
