@@ -1,0 +1,88 @@
+"""`launch.sh switch` on a running stack: the engine alone restarts on a repo id from the Hugging Face cache, the
+API process stays, answers 503 engine_unavailable meanwhile, then names the new model; `models` lists it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+
+import httpx
+
+from config.hub_cache import Manifest, ManifestFile, sha256_file, snapshot_folder, write_manifest
+from tests.harness import MODEL_CACHE
+from tests.launch_stack import Launch, wait_for
+
+REPO_ID = "org/tiny-model"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+
+def lay_out_repo(hub, folder) -> None:
+    """A generated model in the layout `download` leaves: the snapshot, refs/main, the manifest last."""
+    snap = snapshot_folder(hub, REPO_ID, COMMIT)
+    shutil.copytree(folder, snap)
+    files = sorted(p for p in snap.rglob("*") if p.is_file())
+    write_manifest(hub, Manifest(repo=REPO_ID, revision="main", commit=COMMIT, files=tuple(
+        ManifestFile(str(p.relative_to(snap)), p.stat().st_size, sha256_file(p)) for p in files)))
+
+
+def watch(url: str, stop: threading.Event, seen: list) -> None:
+    """Chat completions and model lists back to back, each answer's status, error code and Retry-After kept."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while not stop.is_set():
+            for r in (http.post("/v1/chat/completions", json={"model": "default", **CHAT}), http.get("/v1/models")):
+                code = r.json().get("error", {}).get("code") if r.status_code != 200 else None
+                seen.append((r.request.url.path, r.status_code, code, r.headers.get("retry-after")))
+            time.sleep(0.05)
+
+
+def test_switch_serves_a_cached_repo_id_with_the_same_api_process():
+    launch = Launch(MODEL="demo-tiny")
+    hub = launch.root / "hub"
+    launch.env["HUB_CACHE"] = str(hub)
+    launch.start()
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=watch, args=(launch.url, stop, seen), daemon=True)
+    try:
+        api_pid = launch.group("api")
+        r = launch.run("switch", REPO_ID)
+        assert r.returncode == 1 and f"run ./launch.sh download {REPO_ID}" in r.stderr, r.stderr
+        assert httpx.get(launch.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "demo-tiny"
+
+        (demo,) = MODEL_CACHE.glob("demo-tiny-v*")
+        lay_out_repo(hub, demo)
+        watcher.start()
+        wait_for(lambda: len(seen) >= 2, 30, "the watcher's first answers")
+        r = launch.run("switch", REPO_ID, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr + launch.log_tail()
+        stop.set()
+        watcher.join(timeout=60)
+
+        assert launch.group("api") == api_pid  # the API was not restarted
+        assert f"MODEL={REPO_ID}" in (launch.root / "empty.env").read_text()
+        for path in ("/v1/chat/completions", "/v1/models"):
+            assert (path, 503, "engine_unavailable", "5") in seen, (path, sorted(set(seen)))
+        assert {s[1] for s in seen} <= {200, 503}, sorted(set(seen))
+
+        models = httpx.get(launch.url + "/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == [REPO_ID]
+        r = httpx.post(launch.url + "/v1/chat/completions", json={"model": REPO_ID, **CHAT}, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == REPO_ID, r.text
+        r = httpx.post(launch.url + "/v1/chat/completions", json={"model": "demo-tiny", **CHAT}, timeout=60)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        health = httpx.get(launch.url + "/health", timeout=10).json()
+        assert health["model"] == REPO_ID
+
+        r = launch.run("models", "--json", timeout=120)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert (doc["served"], doc["engine"]) == (REPO_ID, "up")
+        (place,) = doc["hosts"]
+        (cached,) = place["models"]
+        assert (cached["repo"], cached["commit"], cached["complete"]) == (REPO_ID, COMMIT, True)
+        assert json.loads((launch.root / "run" / "models.json").read_text())["served"] == REPO_ID
+    finally:
+        stop.set()
+        launch.stop()
