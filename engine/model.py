@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -19,8 +18,6 @@ from engine.facts import model_facts
 from engine.load_errors import explain
 from engine.mlx_compat import hf_tokenizer
 from ipc.messages import ModelFacts
-
-log = logging.getLogger(__name__)
 
 DEMO_PREFIX = "demo-"
 ZOO_PREFIX = "zoo-"

@@ -4,14 +4,19 @@ API process stays, answers 503 engine_unavailable meanwhile, then names the new 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 
 from config.hub_cache import Manifest, ManifestFile, sha256_file, snapshot_folder, write_manifest
-from tests.harness import MODEL_CACHE
+from ipc.lifecycle import ExitCause
+from tests.harness import MODEL_CACHE, REPO, short_dir
 from tests.launch_stack import Launch, wait_for
 
 REPO_ID = "org/tiny-model"
@@ -86,3 +91,33 @@ def test_switch_serves_a_cached_repo_id_with_the_same_api_process():
     finally:
         stop.set()
         launch.stop()
+
+
+def test_a_rank_never_downloads_a_repo_id_its_cache_lacks_or_holds_incomplete(tmp_path):
+    (demo,) = MODEL_CACHE.glob("demo-tiny-v*")
+    hub, run = tmp_path / "hub", short_dir("mcsr-")
+    env = {**os.environ, "ENV_FILE": "/nonexistent", "HUB_CACHE": str(hub), "RUN_DIR": str(run),
+           "LOG_DIR": str(tmp_path / "logs"), "MODEL": REPO_ID, "HF_HUB_OFFLINE": "0"}
+    env.pop("MLX_RANK", None)
+
+    def engine_says() -> str:
+        r = subprocess.run([sys.executable, "-m", "engine"], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+        assert r.returncode == ExitCause.MODEL, r.stderr
+        return r.stderr
+
+    said = engine_says()
+    assert (f"cannot be loaded on host {socket.gethostname()} (rank 0): {REPO_ID} (main) is not in the Hugging Face "
+            f"cache {hub}; run ./launch.sh download {REPO_ID}") in said, said
+    lay_out_repo(hub, demo)
+    (snapshot_folder(hub, REPO_ID, COMMIT) / "model.safetensors").unlink()
+    said = engine_says()
+    assert f"{REPO_ID} is incomplete in {hub}: 1 of " in said and "(model.safetensors)" in said, said
+
+    # launch.sh start says the same before starting any rank
+    launch = Launch(MODEL=REPO_ID, HUB_CACHE=str(hub))
+    r = launch.run("start")
+    assert r.returncode == 1 and f"is incomplete in {hub}" in r.stderr and "./launch.sh download" in r.stderr, r.stderr
+    assert not (launch.root / "run" / "engine.pid").exists()
+    shutil.rmtree(launch.root, ignore_errors=True)
+    shutil.rmtree(run, ignore_errors=True)
