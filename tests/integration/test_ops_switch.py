@@ -13,6 +13,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from config.hub_cache import Manifest, ManifestFile, sha256_file, snapshot_folder, write_manifest
 from ipc.lifecycle import ExitCause
@@ -43,21 +44,29 @@ def watch(url: str, stop: threading.Event, seen: list) -> None:
             time.sleep(0.05)
 
 
-def test_switch_serves_a_cached_repo_id_with_the_same_api_process():
-    launch = Launch(MODEL="demo-tiny")
-    hub = launch.root / "hub"
-    launch.env["HUB_CACHE"] = str(hub)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_switch_serves_a_cached_repo_id_with_the_same_api_process(ranks: int):
+    # two local ranks get a cache each, so each finds the model in its own folder
+    launch = Launch(MODEL="demo-tiny", HOSTS=",".join(["127.0.0.1"] * ranks))
+    hubs = [launch.root / f"hub{rank}" for rank in range(ranks)]
+    launch.env["HUB_CACHE_PER_RANK"] = ",".join(map(str, hubs))
     launch.start()
     stop, seen = threading.Event(), []
     watcher = threading.Thread(target=watch, args=(launch.url, stop, seen), daemon=True)
     try:
         api_pid = launch.group("api")
-        r = launch.run("switch", REPO_ID)
-        assert r.returncode == 1 and f"run ./launch.sh download {REPO_ID}" in r.stderr, r.stderr
+        (demo,) = MODEL_CACHE.glob("demo-tiny-v*")
+        lay_out_repo(hubs[0], demo)
+        if ranks == 2:  # on rank 0 only: refused, naming rank 1's cache
+            r = launch.run("switch", REPO_ID)
+            assert r.returncode == 1, r.stderr
+            assert f"127.0.0.1 (rank 1, cache {hubs[1]}) lacks it: run ./launch.sh download {REPO_ID}" in r.stderr
+            assert "rank 0" not in r.stderr
+            lay_out_repo(hubs[1], demo)
+        r = launch.run("switch", "org/absent")
+        assert r.returncode == 1 and "lacks it: run ./launch.sh download org/absent" in r.stderr, r.stderr
         assert httpx.get(launch.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "demo-tiny"
 
-        (demo,) = MODEL_CACHE.glob("demo-tiny-v*")
-        lay_out_repo(hub, demo)
         watcher.start()
         wait_for(lambda: len(seen) >= 2, 30, "the watcher's first answers")
         r = launch.run("switch", REPO_ID, timeout=300)
@@ -66,6 +75,9 @@ def test_switch_serves_a_cached_repo_id_with_the_same_api_process():
         watcher.join(timeout=60)
 
         assert launch.group("api") == api_pid  # the API was not restarted
+        for rank, hub in enumerate(hubs):  # each rank loaded the snapshot in its own cache
+            log = (launch.root / "logs" / f"engine.rank{rank}.log").read_text()
+            assert f"loaded from {snapshot_folder(hub, REPO_ID, COMMIT)}" in log
         assert f"MODEL={REPO_ID}" in (launch.root / "empty.env").read_text()
         for path in ("/v1/chat/completions", "/v1/models"):
             assert (path, 503, "engine_unavailable", "5") in seen, (path, sorted(set(seen)))
@@ -84,9 +96,10 @@ def test_switch_serves_a_cached_repo_id_with_the_same_api_process():
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert (doc["served"], doc["engine"]) == (REPO_ID, "up")
-        (place,) = doc["hosts"]
-        (cached,) = place["models"]
-        assert (cached["repo"], cached["commit"], cached["complete"]) == (REPO_ID, COMMIT, True)
+        assert [place["ranks"] for place in doc["hosts"]] == [[rank] for rank in range(ranks)]
+        for place in doc["hosts"]:
+            (cached,) = place["models"]
+            assert (cached["repo"], cached["commit"], cached["complete"]) == (REPO_ID, COMMIT, True)
         assert json.loads((launch.root / "run" / "models.json").read_text())["served"] == REPO_ID
     finally:
         stop.set()
