@@ -41,8 +41,9 @@ def switch(settings: Settings, model: str, served_name: str) -> int:
         envfile.update(env_file, changes)
     except (OSError, ValueError) as exc:
         raise Die(1, f"cannot write {env_file}: {exc}") from None
-    say(f"{env_file}: MODEL={model}" + (f", SERVED_MODEL_NAME={served_name}" if served_name else
-                                       " (SERVED_MODEL_NAME removed: clients name it " + new.model_name + ")"))
+    dropped = f" (SERVED_MODEL_NAME={settings.SERVED_MODEL_NAME} removed)" if settings.SERVED_MODEL_NAME else ""
+    say(f"{env_file}: MODEL={model}" + (f", SERVED_MODEL_NAME={served_name}" if served_name else dropped)
+        + f"; clients name it {new.model_name}")
     for key in changes:
         if key in os.environ and os.environ[key] != forwarded[key]:
             say(f"note: {key}={os.environ[key]} is set in the environment, which wins over .env: unset it, or the "
