@@ -10,12 +10,13 @@ from pathlib import Path
 from config import ConfigError, load_settings
 from ops import cluster
 from ops.commands import Services
+from ops.download import download
 from ops.interrupt import Interrupted
 from ops.layout import Die, Layout, say
 from ops.status import status
 
 USAGE = (Path(__file__).resolve().parent / "usage.txt").read_text()
-COMMANDS = ("start", "stop", "status", "restart", "restart-api", "restart-engine", "logs", "check", "sync", "test")
+COMMANDS = ("start", "stop", "status", "restart", "restart-api", "restart-engine", "logs", "check", "sync", "download", "test")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,6 +27,9 @@ def parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name)
         if name == "logs":
             cmd.add_argument("which", nargs="?", help="api, engine, or nothing (both)")
+        if name == "download":
+            cmd.add_argument("source", metavar="REPO_OR_FOLDER", help="a hub repo id (ORG/NAME) or a local folder")
+            cmd.add_argument("--revision", help="a branch, tag or commit of the repo (default: main)")
     return p
 
 
@@ -40,6 +44,8 @@ def run(command: str, args: argparse.Namespace) -> int:
         return cluster.check(settings)
     if command == "sync":
         return cluster.sync(settings)
+    if command == "download":
+        return download(settings, args.source, args.revision)
     layout = Layout(settings)
     if command == "status":
         return status(layout)
