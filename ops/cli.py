@@ -24,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        cmd = sub.add_parser(name)
+        cmd = sub.add_parser(name, prog=f"launch.sh {name}")
         if name == "logs":
             cmd.add_argument("which", nargs="?", help="api, engine, or nothing (both)")
         if name == "download":

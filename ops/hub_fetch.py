@@ -18,7 +18,6 @@ from pathlib import Path
 from config.hub_cache import repo_folder, snapshot_folder
 
 ATTEMPTS = 5  # per file; each resumes where the previous one stopped
-CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -133,9 +132,12 @@ def _get(remote: RemoteRepo, f: RemoteFile, part: Path, moved: Callable[[int], N
     with http_stream_backoff("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as r:
         hf_raise_for_status(r)
         # A server that ignores Range answers 200 with the whole file: then the part starts over.
-        with open(part, "ab" if r.status_code == 206 else "wb") as out:
-            for chunk in r.iter_bytes(CHUNK):
-                out.write(chunk)
+        # Unbuffered, each block as it arrives: what a kill leaves on disk is all that arrived.
+        with open(part, "ab" if r.status_code == 206 else "wb", buffering=0) as out:
+            for chunk in r.iter_bytes():
+                view = memoryview(chunk)
+                while view:
+                    view = view[out.write(view):]
                 moved(len(chunk))
 
 

@@ -22,6 +22,8 @@ import argparse
 import hashlib
 import json
 import re
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -145,16 +147,20 @@ class HubStub:
         self.hold_at = None
         self._released.set()
 
-    def wait_served(self, nbytes: int, timeout: float = 30.0) -> int:
-        """Block until the stub has sent at least nbytes of file content in all; the total."""
+    def wait_served(self, nbytes: int, path: str | None = None, timeout: float = 30.0) -> int:
+        """Block until the stub has sent at least nbytes of file content (of one file, or in all)."""
         deadline = time.monotonic() + timeout
+
+        def count() -> int:
+            return self.served.bytes.get(path, 0) if path else self.served.total
+
         with self._cond:
-            while self.served.total < nbytes:
+            while count() < nbytes:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"the hub stub served {self.served.total} bytes, not {nbytes}, in {timeout}s")
+                    raise TimeoutError(f"the hub stub served {count()} bytes, not {nbytes}, in {timeout}s")
                 self._cond.wait(left)
-            return self.served.total
+            return count()
 
     def _count(self, path: str, n: int) -> None:
         with self._cond:
@@ -273,6 +279,8 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                     hold = hub.hold_at
                     if hold is not None and pos >= hold:
                         hub._released.wait()
+                        if _peer_gone(self.connection):
+                            return  # its client was killed while held: what it never got must not count
                     n = min(CHUNK, stop - pos, (hold - pos) if hold is not None and pos < hold else CHUNK)
                     block = src.read(n)
                     self.wfile.write(block)
@@ -304,6 +312,14 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(body)
 
     return Handler
+
+
+def _peer_gone(sock: socket.socket) -> bool:
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _lfs(f: StubFile) -> dict:
