@@ -114,17 +114,28 @@ def _fetch_missing(settings: Settings, cache: Path, remote: RemoteRepo) -> None:
     total = sum(f.size - hub_fetch.partial_bytes(cache, remote.repo, f) for f in todo)
     progress = Progress(settings.run_dir, remote.repo, "download", total, hosts=[hub_fetch.endpoint()])
     lock = threading.Lock()
+    stop = threading.Event()  # Ctrl-C: the workers end at their next block instead of finishing their files
 
     def one(f: RemoteFile) -> None:
         def moved(n: int) -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt
             with lock:
                 progress.add(n, f.path)
         hub_fetch.fetch(cache, remote, f, moved)
 
     try:
         with ThreadPoolExecutor(WORKERS) as pool:
-            for future in [pool.submit(one, f) for f in todo]:
-                future.result()
+            try:
+                for future in [pool.submit(one, f) for f in todo]:
+                    future.result()
+            except BaseException:
+                stop.set()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    except KeyboardInterrupt:
+        progress.failed("interrupted (what arrived is kept: the next run resumes it)")
+        raise
     except Exception as exc:  # noqa: BLE001 - the sentence says what to do; the parts stay for the next run
         sentence = explain(exc, remote.repo, remote.revision)
         progress.failed(sentence)

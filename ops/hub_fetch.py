@@ -95,12 +95,14 @@ def forget(cache: Path, remote: RemoteRepo, f: RemoteFile) -> None:
 
 
 def fetch(cache: Path, remote: RemoteRepo, f: RemoteFile, moved: Callable[[int], None]) -> None:
-    """Bring one file into the cache, from where an earlier run stopped; moved(n) as bytes arrive."""
+    """Bring one file into the cache, from where an earlier run stopped; moved(n) as bytes arrive (raising
+    there, e.g. KeyboardInterrupt, stops the fetch and keeps what arrived)."""
     import httpx2
     blob, part = blob_path(cache, remote.repo, f), partial_path(cache, remote.repo, f)
     blob.parent.mkdir(parents=True, exist_ok=True)
     if not (blob.is_file() and blob.stat().st_size == f.size):
         for attempt in range(ATTEMPTS):
+            moved(0)  # the caller's chance to stop us (it raises) before another request
             try:
                 _get(remote, f, part, moved)
                 break
