@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,13 +99,17 @@ def test_a_download_killed_half_way_resumes_from_where_it_stopped(hub, zoo_folde
     blobs = repo_folder(tmp_path / "hub", "org/tiny") / "blobs"
 
     def half_on_disk() -> bool:
-        sizes = []
-        for p in blobs.glob("*.incomplete"):
+        """The small files whole, the weights' part at the stub's hold: nothing more will move."""
+        sizes, whole = [], 0
+        for p in blobs.iterdir() if blobs.is_dir() else ():
             try:
-                sizes.append(p.stat().st_size)
+                if p.name.endswith(".incomplete"):
+                    sizes.append(p.stat().st_size)
+                else:
+                    whole += 1
             except OSError:  # a small file's part renamed meanwhile
-                continue
-        return weights // 2 in sizes
+                return False
+        return sizes == [weights // 2] and whole == len(list(zoo_folder.iterdir())) - 1
 
     try:
         hub.wait_served(weights // 2, path="model.safetensors", timeout=TIMEOUT)
@@ -191,3 +196,16 @@ def test_bad_arguments_exit_2(tmp_path) -> None:
     assert download(tmp_path, "http://127.0.0.1:9").returncode == 2
     r = download(tmp_path, "http://127.0.0.1:9", "not a repo")
     assert r.returncode == 2 and "neither a folder here nor a hub repo id" in r.stderr
+
+
+def test_huggingface_hubs_own_snapshot_download_reads_the_stub(hub, zoo_folder, tmp_path) -> None:
+    """The stand-in answers what huggingface_hub asks (repo info, tree, HEAD metadata, files), so a model
+    it serves is fetched by the same code mlx-lm uses, into the same layout the download writes."""
+    code = ("import sys; from huggingface_hub import snapshot_download; "
+            "print(snapshot_download('org/tiny', revision='v1.0', cache_dir=sys.argv[1]))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "hub")], env=_env(tmp_path, hub.url),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    snap = Path(r.stdout.strip())
+    assert snap == find_snapshot(tmp_path / "hub", "org/tiny", "v1.0")
+    assert {p.name: _sha(p) for p in snap.iterdir()} == {p.name: _sha(p) for p in zoo_folder.iterdir()}
