@@ -97,8 +97,7 @@ def _listed(repo: str, revision: str) -> RemoteRepo:
 
 def check_space(cache: Path, remote: RemoteRepo) -> None:
     """Before any byte moves: the bytes still missing must fit on the cache's disk."""
-    needed = sum(f.size - hub_fetch.partial_bytes(cache, remote.repo, f)
-                 for f in remote.files if not hub_fetch.present(cache, remote, f))
+    needed = sum(hub_fetch.missing_bytes(cache, remote, f) for f in remote.files)
     disk = cache
     while not disk.exists() and disk != disk.parent:
         disk = disk.parent
@@ -111,7 +110,7 @@ def check_space(cache: Path, remote: RemoteRepo) -> None:
 
 def _fetch_missing(settings: Settings, cache: Path, remote: RemoteRepo) -> None:
     todo = [f for f in remote.files if not hub_fetch.present(cache, remote, f)]
-    total = sum(f.size - hub_fetch.partial_bytes(cache, remote.repo, f) for f in todo)
+    total = sum(hub_fetch.missing_bytes(cache, remote, f) for f in todo)
     progress = Progress(settings.run_dir, remote.repo, "download", total, hosts=[hub_fetch.endpoint()])
     lock = threading.Lock()
     stop = threading.Event()  # Ctrl-C: the workers end at their next block instead of finishing their files

@@ -81,6 +81,18 @@ def present(cache: Path, remote: RemoteRepo, f: RemoteFile) -> bool:
         return False
 
 
+def missing_bytes(cache: Path, remote: RemoteRepo, f: RemoteFile) -> int:
+    """What a fetch of f still has to move: 0 when the snapshot has it or its blob is whole (another commit's)."""
+    if present(cache, remote, f):
+        return 0
+    try:
+        if blob_path(cache, remote.repo, f).stat().st_size == f.size:
+            return 0
+    except OSError:
+        pass
+    return f.size - partial_bytes(cache, remote.repo, f)
+
+
 def partial_bytes(cache: Path, repo: str, f: RemoteFile) -> int:
     try:
         return min(partial_path(cache, repo, f).stat().st_size, f.size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,3 +210,19 @@ def test_huggingface_hubs_own_snapshot_download_reads_the_stub(hub, zoo_folder, 
     snap = Path(r.stdout.strip())
     assert snap == find_snapshot(tmp_path / "hub", "org/tiny", "v1.0")
     assert {p.name: _sha(p) for p in snap.iterdir()} == {p.name: _sha(p) for p in zoo_folder.iterdir()}
+
+
+def test_a_new_commit_moves_only_the_files_that_changed(hub, zoo_folder, tmp_path) -> None:
+    assert download(tmp_path, hub.url, "org/tiny").returncode == 0
+    newer = tmp_path / "newer"
+    shutil.copytree(zoo_folder, newer)
+    config = json.loads((newer / "config.json").read_text())
+    (newer / "config.json").write_text(json.dumps(config | {"note": "a later commit"}))
+    old_commit = hub.repos["org/tiny"].commit
+    hub.add("org/tiny", newer)  # main now names a new commit that shares every other file
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    assert hub.served.bytes == {"config.json": (newer / "config.json").stat().st_size}
+    _assert_whole(tmp_path / "hub", "org/tiny", newer)
+    assert read_manifest(tmp_path / "hub", "org/tiny", old_commit) is not None  # the old snapshot stays
