@@ -29,6 +29,7 @@ WORKERS = 4  # files fetched at once: a hub CDN serves one stream slower than th
 
 def download(settings: Settings, source: str, revision: str | None) -> int:
     """0 when rank 0's cache (and, through spread, every rank's) holds the model whole; Die(1) with why."""
+    hosts = rank_hosts(settings)  # a hostfile fault is said before a long download, not after
     folder = Path(source).expanduser()
     if folder.is_dir():
         if revision:
@@ -39,7 +40,7 @@ def download(settings: Settings, source: str, revision: str | None) -> int:
     else:
         raise Die(2, f"{source!r} is neither a folder here nor a hub repo id (ORG/NAME)")
     from ops import spread
-    return spread.spread(settings, manifest, rank_hosts(settings))
+    return spread.spread(settings, manifest, hosts)
 
 
 def rank_hosts(settings: Settings) -> list[str]:
@@ -56,7 +57,9 @@ def rank_hosts(settings: Settings) -> list[str]:
 
 def folder_manifest(settings: Settings, folder: Path) -> Manifest:
     """A local folder as a manifest (repo: its absolute path, no revision): hashed, not copied."""
-    paths = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    # hidden entries (.git, huggingface_hub's .cache/ of a local_dir download) are not the model's
+    paths = sorted(p for p in folder.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     progress = Progress(settings.run_dir, str(folder), "verify", sum(p.stat().st_size for p in paths))
     files = []
     for p in paths:

@@ -63,3 +63,16 @@ def test_space_is_checked_on_the_disk_of_a_cache_not_made_yet(tmp_path: Path, mo
 def test_rank_hosts_gives_one_name_per_rank() -> None:
     settings = load_settings({"HOSTS": "mac1,mac1,mac2"}, "/nonexistent/.env")
     assert rank_hosts(settings) == ["mac1", "mac1", "mac2"]
+
+
+def test_a_folder_is_hashed_without_its_hidden_entries(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "sub" / "w.safetensors").write_bytes(b"w" * 100)
+    (model / ".cache" / "huggingface").mkdir(parents=True)
+    (model / ".cache" / "huggingface" / "x.metadata").write_text("x")
+    settings = load_settings({"RUN_DIR": str(tmp_path / "run")}, "/nonexistent/.env")
+    manifest = download.folder_manifest(settings, model)
+    assert manifest.repo == str(model) and manifest.commit == ""
+    assert [(f.path, f.size) for f in manifest.files] == [("config.json", 2), ("sub/w.safetensors", 100)]
