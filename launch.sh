@@ -63,7 +63,7 @@ main() {
             usage >&2
             return 2
             ;;
-        start | stop | status | restart | restart-api | restart-engine | logs | test | setup | check | sync | models | switch) ;;
+        start | stop | status | restart | restart-api | restart-engine | logs | test | setup | check | sync | download | models | switch) ;;
         *)
             log "launch.sh: unknown command '$command'"
             usage >&2

@@ -10,6 +10,7 @@ from pathlib import Path
 from config import ConfigError, load_settings
 from ops import cluster
 from ops.commands import Services
+from ops.download import download
 from ops.interrupt import Interrupted
 from ops.layout import Die, Layout, say
 from ops.models import models
@@ -17,8 +18,8 @@ from ops.status import status
 from ops.switch import switch
 
 USAGE = (Path(__file__).resolve().parent / "usage.txt").read_text()
-COMMANDS = ("start", "stop", "status", "restart", "restart-api", "restart-engine", "logs", "check", "sync", "models",
-            "switch", "test")
+COMMANDS = ("start", "stop", "status", "restart", "restart-api", "restart-engine", "logs", "check", "sync", "download",
+            "models", "switch", "test")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,9 +27,12 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        cmd = sub.add_parser(name)
+        cmd = sub.add_parser(name, prog=f"launch.sh {name}")
         if name == "logs":
             cmd.add_argument("which", nargs="?", help="api, engine, or nothing (both)")
+        if name == "download":
+            cmd.add_argument("source", metavar="REPO_OR_FOLDER", help="a hub repo id (ORG/NAME) or a local folder")
+            cmd.add_argument("--revision", help="a branch, tag or commit of the repo (default: main)")
         if name == "models":
             cmd.add_argument("--json", action="store_true", help="print the list as JSON")
         if name == "switch":
@@ -48,6 +52,8 @@ def run(command: str, args: argparse.Namespace) -> int:
         return cluster.check(settings)
     if command == "sync":
         return cluster.sync(settings)
+    if command == "download":
+        return download(settings, args.source, args.revision)
     if command == "models":
         return models(settings, args.json)
     if command == "switch":

@@ -1,0 +1,228 @@
+"""`./launch.sh download` against a loopback stand-in for the Hugging Face hub (tests/hubstub.py): the real
+command in a subprocess, a zoo model as the repo, the stub's own counts as the measure of what moved."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config.hub_cache import find_snapshot, read_manifest, repo_folder
+from engine.zoo import ensure_zoo_model
+from ops.procs import free_port, poll
+from tests.harness import REPO
+from tests.hubstub import HubStub
+
+TIMEOUT = 120
+TOKEN = "hf_stubtoken"
+
+
+@pytest.fixture(scope="session")
+def zoo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_zoo_model("qwen3", tmp_path_factory.mktemp("zoo"))
+
+
+@pytest.fixture
+def hub(zoo_folder: Path):
+    with HubStub() as stub:
+        stub.add("org/tiny", zoo_folder, tags=("v1.0",))
+        stub.add("org/gated", zoo_folder, token=TOKEN)
+        # announces a weight file of 1 PB: more than any disk here has free
+        stub.add("org/huge", zoo_folder, api_sizes={"model.safetensors": 10**15})
+        yield stub
+
+
+def _env(tmp: Path, endpoint: str, **more: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env |= {"HF_ENDPOINT": endpoint, "HUB_CACHE": str(tmp / "hub"), "RUN_DIR": str(tmp / "run"),
+            "LOG_DIR": str(tmp / "logs"), "HF_HOME": str(tmp / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HOSTS": "127.0.0.1", "HUB_CACHE_PER_RANK": ""}
+    return env | more
+
+
+def download(tmp: Path, endpoint: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(REPO / "launch.sh"), "download", *args], cwd=REPO, env=_env(tmp, endpoint, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _assert_whole(cache: Path, repo: str, source: Path, revision: str = "main") -> Path:
+    snap = find_snapshot(cache, repo, revision)
+    assert snap is not None
+    sources = {p.name: _sha(p) for p in source.iterdir()}
+    assert {p.name: _sha(p) for p in snap.iterdir()} == sources
+    manifest = read_manifest(cache, repo, revision)
+    assert manifest is not None and {f.path: f.sha256 for f in manifest.files} == sources
+    return snap
+
+
+def _one_sentence(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 1, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_download_from_an_empty_cache_then_a_second_run_moves_nothing(hub, zoo_folder, tmp_path) -> None:
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    assert "download org/tiny" in r.stderr and "verify org/tiny" in r.stderr
+    model_bytes = sum(p.stat().st_size for p in zoo_folder.iterdir())
+    assert hub.served.total == model_bytes
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
+    state = json.loads((tmp_path / "run" / "transfer.json").read_text())
+    assert state["phase"] == "done" and state["model"] == "org/tiny"
+
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    assert hub.served.total == 0
+    assert not [q for q in hub.served.requests if "/resolve/" in q["path"]]
+
+
+def test_a_download_killed_half_way_resumes_from_where_it_stopped(hub, zoo_folder, tmp_path) -> None:
+    weights = (zoo_folder / "model.safetensors").stat().st_size
+    model_bytes = sum(p.stat().st_size for p in zoo_folder.iterdir())
+    hub.hold(weights // 2)
+    proc = subprocess.Popen([str(REPO / "launch.sh"), "download", "org/tiny"], cwd=REPO,
+                            env=_env(tmp_path, hub.url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    blobs = repo_folder(tmp_path / "hub", "org/tiny") / "blobs"
+
+    def half_on_disk() -> bool:
+        """The small files whole, the weights' part at the stub's hold: nothing more will move."""
+        sizes, whole = [], 0
+        for p in blobs.iterdir() if blobs.is_dir() else ():
+            try:
+                if p.name.endswith(".incomplete"):
+                    sizes.append(p.stat().st_size)
+                else:
+                    whole += 1
+            except OSError:  # a small file's part renamed meanwhile
+                return False
+        return sizes == [weights // 2] and whole == len(list(zoo_folder.iterdir())) - 1
+
+    try:
+        hub.wait_served(weights // 2, path="model.safetensors", timeout=TIMEOUT)
+        assert poll(half_on_disk, TIMEOUT)  # the stub holds there: the downloader writes that much, then waits
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    hub.release()
+    first = hub.served.total
+    parts = list(blobs.glob("*.incomplete"))
+    assert len(parts) == 1 and parts[0].stat().st_size == weights // 2
+    assert read_manifest(tmp_path / "hub", "org/tiny") is None
+
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    gets = [q for q in hub.served.requests if q["path"].endswith("/model.safetensors") and q["method"] == "GET"]
+    assert [q["range"] for q in gets] == [f"bytes={weights // 2}-"]
+    assert hub.served.bytes == {"model.safetensors": weights - weights // 2}
+    assert first + hub.served.total < 1.2 * model_bytes
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
+
+
+def test_a_corrupted_file_is_found_and_fetched_again(hub, zoo_folder, tmp_path) -> None:
+    assert download(tmp_path, hub.url, "org/tiny").returncode == 0
+    weights = find_snapshot(tmp_path / "hub", "org/tiny") / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 3] ^= 0x01  # same size, one bit flipped: only hashing finds it
+    weights.resolve().write_bytes(bytes(data))
+
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    assert "model.safetensors" in r.stderr
+    assert hub.served.bytes == {"model.safetensors": len(data)}
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
+
+
+def test_revision_as_a_tag_or_a_commit(hub, zoo_folder, tmp_path) -> None:
+    r = download(tmp_path, hub.url, "org/tiny", "--revision", "v1.0")
+    assert r.returncode == 0, r.stderr
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder, "v1.0")
+    commit = hub.repos["org/tiny"].commit
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/tiny", "--revision", commit)
+    assert r.returncode == 0, r.stderr
+    assert hub.served.total == 0
+    assert read_manifest(tmp_path / "hub", "org/tiny", commit).commit == commit
+
+
+def test_a_gated_repo_needs_hf_token_and_gets_it_sent(hub, zoo_folder, tmp_path) -> None:
+    assert "HF_TOKEN" in _one_sentence(download(tmp_path, hub.url, "org/gated"))
+    assert "HF_TOKEN" in _one_sentence(download(tmp_path, hub.url, "org/gated", HF_TOKEN="hf_wrong"))
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/gated", HF_TOKEN=TOKEN)
+    assert r.returncode == 0, r.stderr
+    assert {q["authorization"] for q in hub.served.requests} == {f"Bearer {TOKEN}"}
+    _assert_whole(tmp_path / "hub", "org/gated", zoo_folder)
+
+
+def test_hub_refusals_are_one_sentence_each(hub, tmp_path) -> None:
+    assert "org/nothere was not found" in _one_sentence(download(tmp_path, hub.url, "org/nothere"))
+    assert "no revision 'v9'" in _one_sentence(download(tmp_path, hub.url, "org/tiny", "--revision", "v9"))
+    nobody = f"http://127.0.0.1:{free_port()}"
+    assert f"no connection to {nobody}" in _one_sentence(download(tmp_path, nobody, "org/tiny"))
+    assert hub.served.total == 0
+
+
+def test_too_little_space_is_said_before_any_byte_moves(hub, tmp_path) -> None:
+    sentence = _one_sentence(download(tmp_path, hub.url, "org/huge"))
+    assert os.uname().nodename in sentence and "needed" in sentence and "free" in sentence
+    assert "1000.0 TB" in sentence
+    assert hub.served.total == 0
+
+
+def test_a_local_folder_is_hashed_not_downloaded(zoo_folder, tmp_path) -> None:
+    r = download(tmp_path, "http://127.0.0.1:9", str(zoo_folder))
+    assert r.returncode == 0, r.stderr
+    assert f"verify {zoo_folder}" in r.stderr
+    assert not (tmp_path / "hub").exists()
+
+
+def test_bad_arguments_exit_2(tmp_path) -> None:
+    assert download(tmp_path, "http://127.0.0.1:9").returncode == 2
+    r = download(tmp_path, "http://127.0.0.1:9", "not a repo")
+    assert r.returncode == 2 and "neither a folder here nor a hub repo id" in r.stderr
+
+
+def test_huggingface_hubs_own_snapshot_download_reads_the_stub(hub, zoo_folder, tmp_path) -> None:
+    """The stand-in answers what huggingface_hub asks (repo info, tree, HEAD metadata, files), so a model
+    it serves is fetched by the same code mlx-lm uses, into the same layout the download writes."""
+    code = ("import sys; from huggingface_hub import snapshot_download; "
+            "print(snapshot_download('org/tiny', revision='v1.0', cache_dir=sys.argv[1]))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "hub")], env=_env(tmp_path, hub.url),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    snap = Path(r.stdout.strip())
+    assert snap == find_snapshot(tmp_path / "hub", "org/tiny", "v1.0")
+    assert {p.name: _sha(p) for p in snap.iterdir()} == {p.name: _sha(p) for p in zoo_folder.iterdir()}
+
+
+def test_a_new_commit_moves_only_the_files_that_changed(hub, zoo_folder, tmp_path) -> None:
+    assert download(tmp_path, hub.url, "org/tiny").returncode == 0
+    newer = tmp_path / "newer"
+    shutil.copytree(zoo_folder, newer)
+    config = json.loads((newer / "config.json").read_text())
+    (newer / "config.json").write_text(json.dumps(config | {"note": "a later commit"}))
+    old_commit = hub.repos["org/tiny"].commit
+    hub.add("org/tiny", newer)  # main now names a new commit that shares every other file
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    assert hub.served.bytes == {"config.json": (newer / "config.json").stat().st_size}
+    _assert_whole(tmp_path / "hub", "org/tiny", newer)
+    assert read_manifest(tmp_path / "hub", "org/tiny", old_commit) is not None  # the old snapshot stays
