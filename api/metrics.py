@@ -203,8 +203,10 @@ def _links(info: ipc.Info) -> Iterator[Metric]:
                                 "send/recv, probed while the engine idles (ring: neighbours; JACCL: every pair).",
                                 labels=labels)
     bandwidth = GaugeMetricFamily(f"{PREFIX}_link_bandwidth_bytes_per_second",
-                                  "Bandwidth from rank a to rank b: one send of a few MiB at most (sized to take "
-                                  "about 20 ms), its round trip's latency taken out, probed while the engine idles.",
+                                  "Bandwidth from rank a to rank b: one send of 256 KiB to 4 MiB (sized to take "
+                                  "about 20 ms) answered by one byte, the fastest one-byte round trip taken out (at "
+                                  "most half the time), probed while the engine idles (ring: neighbours; JACCL: "
+                                  "every pair).",
                                   labels=labels)
     age = GaugeMetricFamily(f"{PREFIX}_link_probe_age_seconds", "Seconds since the link between ranks a and b was "
                             "probed.", labels=labels)

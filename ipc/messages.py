@@ -71,7 +71,8 @@ class LinkState(msgspec.Struct, frozen=True, kw_only=True):
     host_b: str = ""
     # half the median round trip of a one-byte send/recv between the two ranks
     latency_seconds: float = 0.0
-    # bytes per second of one send from a to b (probe_bytes long), its round trip's latency taken out
+    # bytes per second of one send of probe_bytes from a to b answered by one byte, the fastest one-byte round trip
+    # taken out (at most half the time)
     bandwidth_bytes_per_second: float = 0.0
     # what the probe of this link cost: its bytes (one way) and seconds
     probe_bytes: int = 0

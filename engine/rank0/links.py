@@ -21,10 +21,14 @@ from ipc.messages import LinkState
 
 PROBE_EVERY = 60.0  # seconds between probes of an idle engine
 FIRST_AFTER = 2.0  # seconds after start: the first idle moment after that probes
-LATENCY_ROUNDS = 5  # one-byte round trips per pair; the median counts
-# The bandwidth probe aims at TARGET_SECONDS on the slowest pair last measured, within these bytes.
+LATENCY_ROUNDS = 5  # one-byte round trips per pair at most; the median counts
+LATENCY_BUDGET = 0.01  # seconds: no further round trip starts after this (a busy host's trips are slow)
+# The bandwidth probe aims at TARGET_SECONDS on the slowest pair last measured, within these bytes; the first
+# one (nothing measured yet) sends FIRST_BYTES: 8 ms on a 1 Gb/s link, and several round trips' worth on a fast one,
+# so that latency does not swamp it.
 TARGET_SECONDS = 0.02
-MIN_BYTES = 64 * 1024
+MIN_BYTES = 256 * 1024
+FIRST_BYTES = 1024 * 1024
 MAX_BYTES = 4 * 1024 * 1024
 ROW_PER_PAIR = 3  # latency in ns, bandwidth in KiB/s, the probe's cost in µs (int32 each)
 _INT32 = 2**31 - 1
@@ -83,7 +87,7 @@ class LinkProbes:
         """Sized from the slowest link last measured, so the probe stays short on a slow link."""
         measured = [link.bandwidth_bytes_per_second for link in self.links if link.bandwidth_bytes_per_second > 0]
         if not measured:
-            return MIN_BYTES
+            return FIRST_BYTES
         return int(max(MIN_BYTES, min(MAX_BYTES, min(measured) * TARGET_SECONDS)))
 
     def row(self, rank: int, figures: dict[int, list[int]]) -> list[int]:

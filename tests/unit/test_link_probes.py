@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue
 
 from engine.lockstep.results import StepResults
-from engine.rank0.links import FIRST_AFTER, MAX_BYTES, MIN_BYTES, PROBE_EVERY, LinkProbes, busy, encode, link_pairs
+from engine.rank0.links import FIRST_AFTER, FIRST_BYTES, MAX_BYTES, MIN_BYTES, PROBE_EVERY, LinkProbes, busy, encode, link_pairs
 from tests.unit.test_scheduler import admit, make, plan, request
 
 HOSTS = ["mac-a", "mac-b"]
@@ -24,7 +24,7 @@ def test_an_idle_engine_probes_soon_after_start_then_at_most_once_a_minute() -> 
     links = LinkProbes(2, "ring", HOSTS, start=100.0)
     assert idle_plan(sched, links, 100.0).probe == 0  # the engine just started: not yet
     first = idle_plan(sched, links, 100.0 + FIRST_AFTER)
-    assert first.idle and first.probe == MIN_BYTES  # nothing measured yet: the smallest bandwidth probe
+    assert first.idle and first.probe == FIRST_BYTES  # nothing measured yet
     for now in (100.0 + FIRST_AFTER + 1, 100.0 + FIRST_AFTER + PROBE_EVERY - 0.1):
         assert idle_plan(sched, links, now).probe == 0
     assert idle_plan(sched, links, 100.0 + FIRST_AFTER + PROBE_EVERY).probe > 0
@@ -43,7 +43,7 @@ def test_no_probe_while_a_request_runs_or_waits_and_the_next_idle_plan_carries_i
     sched.absorb(StepResults(tokens=[("b", 0, "stop")]))
     while sched.has_work():
         assert idle_plan(sched, links, now).probe == 0
-    assert idle_plan(sched, links, now).probe == MIN_BYTES  # idle at last: the probe that was due goes now
+    assert idle_plan(sched, links, now).probe == FIRST_BYTES  # idle at last: the probe that was due goes now
 
 
 def test_a_request_on_its_way_in_holds_the_probe_back() -> None:
@@ -57,7 +57,7 @@ def test_a_request_on_its_way_in_holds_the_probe_back() -> None:
     assert counters.admit(1, capacity=8)  # admitted by the socket thread, not yet submitted
     assert idle_plan(sched, links, now, inbound).probe == 0
     counters.unadmit(1)
-    assert idle_plan(sched, links, now, inbound).probe == MIN_BYTES
+    assert idle_plan(sched, links, now, inbound).probe == FIRST_BYTES
 
 
 def test_a_shutdown_plan_or_a_single_rank_never_probes() -> None:
@@ -91,7 +91,7 @@ def test_figures_become_links_and_the_next_probe_is_sized_from_the_slowest() -> 
     assert abs(got[2].bandwidth_bytes_per_second - 100e6) < 2048 and got[0].probe_bytes == MIN_BYTES
     assert all(link.age == 2.5 for link in got) and abs(got[2].probe_seconds - 0.02) < 1e-6
     # 100 MB/s is the slowest: a probe of about 20 ms of it
-    assert 1.9e6 < links.probe_bytes() < 2.1e6
+    assert 1.9e6 < links.probe_bytes() < 2.1e6 and FIRST_BYTES != links.probe_bytes()
     links.record([links.row(0, {0: encode(1e-5, 1e6, 0.1), 1: encode(1e-5, 1e6, 0.1)}), links.row(1, {}),
                   links.row(2, {})], MIN_BYTES, now=20.0)
     assert links.probe_bytes() == MIN_BYTES  # a slow (or unmeasured) link: never below the floor...
