@@ -42,7 +42,8 @@ def worker(rounds: int, backend: str) -> int:
     links = LinkProbes(size, backend, [""] * size)
     if rank == 0:
         print(f"{size} ranks over {backend}, pairs {links.pairs}, {rounds} rounds per size "
-              f"(up to {LATENCY_ROUNDS} one-byte round trips within {LATENCY_BUDGET * 1e3:.0f} ms + 1 warm-up, per pair and round)")
+              f"(up to {LATENCY_ROUNDS} one-byte round trips within {LATENCY_BUDGET * 1e3:.0f} ms + 1 warm-up, "
+              "per pair and round)")
         print(f"{'probe bytes':>12} {'latency':>10} {'bandwidth':>12} {'cost':>9} {'cost p90':>9} {'bytes sent':>11}")
     for nbytes in SIZES:
         figures = []

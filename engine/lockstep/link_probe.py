@@ -4,8 +4,8 @@ Pairs go one after another in one order on every rank (engine/rank0/links.py: li
 only its own pairs. The lower rank of a pair measures: one-byte round trips (one to warm up, then up to
 LATENCY_ROUNDS while they fit in LATENCY_BUDGET; half the median is the latency), then one send of `nbytes`
 answered by one byte (the bandwidth). The measuring rank decides when the round trips end and says so in the
-byte it sends (1: the last), so both sides agree on every message's size without a clock. The figures go to rank 0 in one gather.
-Everything travels on the model's stream, like the plans, so nothing interleaves with the model's own
+byte it sends (1: the last), so both sides agree on every message's size without a clock. The figures go to
+rank 0 in one gather. Everything travels on the model's stream, like the plans, so nothing interleaves with the model's own
 collectives in a different order on some rank.
 """
 
