@@ -2,7 +2,9 @@
 
 The page polls /dashboard/state once a second rather than holding a server-sent event stream
 open: an open stream would hold every API restart for the graceful-shutdown delay. Its chat
-box streams through the API's own /v1/chat/completions like any client.
+box streams through the API's own /v1/chat/completions like any client. The links between ranks
+come with /health's body; the models on each host and a transfer's progress from RUN_DIR's files
+(api/cluster_files.py).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from api import health
+from api.cluster_files import read_models, read_transfer
 from api.access import Completed
 from api.engine_client import EngineClient
 from api.metrics import Metrics
@@ -87,4 +91,9 @@ class Dashboard:
             "ttft": {"last": ttfts[-1] if ttfts else None, "mean": sum(ttfts) / len(ttfts) if ttfts else None},
             "recent": [_row(d) for d in reversed(m.recent)],
             "errors": [_row(d) for d in reversed(m.errors)],
+            **await anyio.to_thread.run_sync(self._files),
         }
+
+    def _files(self) -> dict[str, Any]:
+        run_dir = self.settings.run_dir
+        return {"models": read_models(run_dir), "transfer": read_transfer(run_dir)}

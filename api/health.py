@@ -2,7 +2,9 @@
 
 A frozen rank leaves rank 0 waiting inside a collective: its socket thread may still answer
 Info (then last_step_age and the rank reports grow) or may not (then the Info wait times out).
-Both read as "stalled"; a socket that refuses connections reads as "unreachable".
+Both read as "stalled"; a socket that refuses connections reads as "unreachable". While the
+engine idles, rank 0 asks every rank for its report over its own connection and knows which
+ranks have not answered (RankState.unanswered): the verdict then names that rank and its host.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ INFO_TIMEOUT = 2.0
 
 
 def engine_verdict(info: ipc.Info, deadline: float) -> str:
-    """"ok", or "stalled: ..." naming what stopped: the step loop, or a rank's reports."""
+    """"ok", or "stalled: ..." naming what stopped: a rank that does not answer, the step loop, or a rank's
+    reports."""
+    silent = [r for r in info.rank_states if r.unanswered >= deadline]
+    if silent:
+        names = ", ".join(f"rank {r.rank} ({r.host or '?'}, pid {r.pid})" for r in silent)
+        return f"stalled: {names} not answering for {max(r.unanswered for r in silent):.0f} s (frozen or gone)"
     if info.last_step_age >= deadline:
         return f"stalled: no step for {info.last_step_age:.0f} s"
     stale = [r for r in info.rank_states if r.report_age >= deadline]
@@ -65,7 +72,11 @@ def details(info: ipc.Info) -> dict[str, Any]:
                       "window_tokens": info.kv_window, "constant_bytes": info.kv_constant_bytes,
                       "measured": info.kv_measured},
         "rank_states": [
-            {**msgspec.structs.asdict(r), "report_age": round(r.report_age, 3)} for r in info.rank_states
+            {**msgspec.structs.asdict(r), "report_age": round(r.report_age, 3), "unanswered": round(r.unanswered, 3)}
+            for r in info.rank_states
+        ],
+        "links": [
+            {**msgspec.structs.asdict(link), "age": round(link.age, 3)} for link in info.links
         ],
     }
 

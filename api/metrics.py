@@ -192,6 +192,30 @@ class EngineCollector(Collector):
             step.add_metric(labels, r.step)
             cached.add_metric(labels, r.prompt_cache_bytes)
         yield from (memory, host, age, step, cached)
+        yield from _links(info)
+
+
+def _links(info: ipc.Info) -> Iterator[Metric]:
+    """The links between ranks as the engine last probed them (idle, about once a minute)."""
+    labels = ["a", "b", "host_a", "host_b"]
+    latency = GaugeMetricFamily(f"{PREFIX}_link_latency_seconds",
+                                "One-way latency between ranks a and b: half the median round trip of a one-byte "
+                                "send/recv, probed while the engine idles (ring: neighbours; JACCL: every pair).",
+                                labels=labels)
+    bandwidth = GaugeMetricFamily(f"{PREFIX}_link_bandwidth_bytes_per_second",
+                                  "Bandwidth from rank a to rank b: one send of 256 KiB to 4 MiB (sized to take "
+                                  "about 20 ms) answered by one byte, the fastest one-byte round trip taken out (at "
+                                  "most half the time), probed while the engine idles (ring: neighbours; JACCL: "
+                                  "every pair).",
+                                  labels=labels)
+    age = GaugeMetricFamily(f"{PREFIX}_link_probe_age_seconds", "Seconds since the link between ranks a and b was "
+                            "probed.", labels=labels)
+    for link in info.links:
+        values = [str(link.a), str(link.b), link.host_a, link.host_b]
+        latency.add_metric(values, link.latency_seconds)
+        bandwidth.add_metric(values, link.bandwidth_bytes_per_second)
+        age.add_metric(values, link.age)
+    yield from (latency, bandwidth, age)
 
 
 def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:

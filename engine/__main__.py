@@ -147,6 +147,7 @@ def _build(settings, joined: Joined, watchdog):
     from engine.lockstep.cuts import CacheCuts
     from engine.lockstep.doorbell import open_doorbell
     from engine.lockstep.loop import StepLoop
+    from engine.rank0.links import LinkProbes
     from engine.ranks import decode_hostnames, hostname_row, local_row
 
     tokenizer = joined.loaded.tokenizer
@@ -173,12 +174,14 @@ def _build(settings, joined: Joined, watchdog):
     if joined.size > 1:
         watchdog.beat("connecting the doorbell")  # idle ranks sleep on it instead of meeting in a collective
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather)
+    links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
     if joined.rank != 0:
-        return StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell), None
-    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows)
+        return StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, links=links), None
+    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links)
 
 
-def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows):
+def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows,
+           links):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.rank0.admission import Prompter
@@ -214,14 +217,16 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     ranks=joined.size, backend=backend, created=int(joined.started), engine_pid=os.getpid(),
                     uptime=time.time() - joined.started, step=stats.step, last_step_age=watchdog.age(),
                     active=counters.active, queued=counters.waiting, max_batch=settings.MAX_BATCH,
-                    max_queue=settings.MAX_QUEUE, rank_states=reports.snapshot(),
+                    max_queue=settings.MAX_QUEUE,
+                    rank_states=reports.snapshot(doorbell.unanswered() if doorbell is not None else None),
                     step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
                     broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count,
                     facts=loaded.facts, **prefix_info(scheduler.prefix),
                     kv_budget_bytes=kv.budget if kv.enabled else 0, kv_reserved_bytes=scheduler.kv_reserved,
                     kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
                     kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured,
-                    parallel=loaded.parallel, pipeline_layers=list(loaded.pipeline_split))
+                    parallel=loaded.parallel, pipeline_layers=list(loaded.pipeline_split),
+                    links=links.snapshot())
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
@@ -229,7 +234,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     if joined.size > 1:
         server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
     loop = StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
-                    stats)
+                    stats, links)
     return loop, server
 
 

@@ -73,9 +73,11 @@ class RankReports:
             for r, row in enumerate(rows)
         ]
 
-    def snapshot(self) -> list[RankState]:
+    def snapshot(self, unanswered: dict[int, float] | None = None) -> list[RankState]:
+        """The states with their age; unanswered: the ranks rank 0 still waits for (engine/lockstep/doorbell.py)."""
         age = time.monotonic() - self.at if self.at else 0.0
-        return [msgspec.structs.replace(s, report_age=age) for s in self.states]
+        late = unanswered or {}
+        return [msgspec.structs.replace(s, report_age=age, unanswered=late.get(s.rank, 0.0)) for s in self.states]
 
 
 def decode_hostnames(rows: list[list[int]]) -> list[str]:

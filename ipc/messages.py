@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 
 # The reasoning levels a Generate may ask for (OpenAI's reasoning_effort but "none", which is enable_thinking false).
@@ -58,6 +58,27 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True):
     # KV bytes this rank's shard of the prefix cache holds
     prompt_cache_bytes: int = 0
     report_age: float = 0.0
+    # seconds rank 0 has been waiting for this rank to answer a report request (0: it answered)
+    unanswered: float = 0.0
+
+
+class LinkState(msgspec.Struct, frozen=True, kw_only=True):
+    """The last probe of the link between ranks a and b (a < b), measured by rank a while the engine was idle."""
+
+    a: int
+    b: int
+    host_a: str = ""
+    host_b: str = ""
+    # half the median round trip of a one-byte send/recv between the two ranks
+    latency_seconds: float = 0.0
+    # bytes per second of one send of probe_bytes from a to b answered by one byte, the fastest one-byte round trip
+    # taken out (at most half the time)
+    bandwidth_bytes_per_second: float = 0.0
+    # what the probe of this link cost: its bytes (one way) and seconds
+    probe_bytes: int = 0
+    probe_seconds: float = 0.0
+    measured_at: float = 0.0  # unix time
+    age: float = 0.0  # seconds since measured, when the Info was made
 
 
 class ModelFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +149,8 @@ class Info(Msg):
     # layers: pipeline_layers per rank, rank 0 first), "single" (one rank; "" from an engine older than this field)
     parallel: str = ""
     pipeline_layers: list[int] = []
+    # the links between ranks as last probed (empty: one rank, or no probe yet)
+    links: list[LinkState] = []
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

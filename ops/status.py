@@ -51,8 +51,22 @@ def describe_info(i: Info) -> str:
         lines.append(f"  rank {r.rank:<4} {r.host or '?'}  pid {r.pid}  step {r.step}  reported {r.report_age:.1f}s ago"
                      f"  memory {_size(r.active_memory)} (cache {_size(r.cache_memory)}, peak {_size(r.peak_memory)})"
                      f"  host {_size(used)} of {_size(r.host_memory_total)} used"
-                     f"  prefix cache {_size(r.prompt_cache_bytes)}")
+                     f"  prefix cache {_size(r.prompt_cache_bytes)}"
+                     + (f"  NOT ANSWERING for {r.unanswered:.0f}s (frozen or gone)" if r.unanswered >= 1 else ""))
+    lines += [_link(link) for link in i.links]
+    if i.ranks > 1 and not i.links:
+        lines.append("  links     not probed yet (the engine probes them when idle, about once a minute)")
     return "\n".join(lines)
+
+
+def _link(link) -> str:
+    return (f"  link {link.a}-{link.b}  {link.host_a or '?'} - {link.host_b or '?'}  latency "
+            f"{link.latency_seconds * 1e6:.0f} us  bandwidth {_rate(link.bandwidth_bytes_per_second)}  "
+            f"probed {link.age:.0f}s ago ({_size(link.probe_bytes)} in {link.probe_seconds * 1e3:.1f} ms)")
+
+
+def _rate(n: float) -> str:
+    return f"{n / 1e9:.2f} GB/s" if n >= 1e9 else f"{n / 1e6:.1f} MB/s"
 
 
 def _prompt_cache(i: Info) -> str:

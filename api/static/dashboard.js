@@ -36,6 +36,15 @@ function duration(s) {
   return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
 }
 
+function rate(n) {
+  if (!n) return "–";
+  return n >= 1e9 ? `${(n / 1e9).toFixed(2)} GB/s` : `${(n / 1e6).toFixed(1)} MB/s`;
+}
+
+function micro(s) {
+  return s >= 0.001 ? `${(s * 1000).toFixed(2)} ms` : `${Math.round(s * 1e6)} µs`;
+}
+
 function clock(t) {
   return new Date(t * 1000).toLocaleTimeString([], { hour12: false });
 }
@@ -133,9 +142,15 @@ function renderTopology(state) {
       el("div", { class: "meta" }, h.engine || "no report yet")));
     return;
   }
+  const links = h.links || [];
   ranks.forEach((r, i) => {
-    if (i > 0) box.append(el("div", { class: "link" }, h.backend, el("div", { class: "wire" }), "all_sum"));
-    const stale = r.report_age >= h.stall_deadline;
+    if (i > 0) {
+      const l = links.find((x) => x.a === i - 1 && x.b === i);
+      box.append(el("div", { class: "link" }, h.backend, el("div", { class: "wire" }),
+        l ? `${micro(l.latency_seconds)} · ${rate(l.bandwidth_bytes_per_second)}` : "all_sum"));
+    }
+    const silent = (r.unanswered || 0) >= 1;
+    const stale = r.report_age >= h.stall_deadline || silent;
     box.append(el("div", { class: "node" + (stale ? " stale" : "") },
       el("div", { class: "title" }, `rank ${r.rank}${r.rank === 0 ? " · leader" : ""}`),
       el("div", { class: "meta" }, `${r.host || "?"} · pid ${r.pid} · step ${r.step}`),
@@ -144,8 +159,71 @@ function renderTopology(state) {
         `MLX ${bytes(r.active_memory)} (+${bytes(r.cache_memory)} cache, peak ${bytes(r.peak_memory)})`),
       el("div", { class: "meta" },
         `host ${bytes(r.host_memory_total - r.host_memory_available)} / ${bytes(r.host_memory_total)} · ` +
-        `report ${seconds(r.report_age)} ago`)));
+        `report ${seconds(r.report_age)} ago`),
+      silent ? el("div", { class: "meta s5 silent" }, `NOT ANSWERING for ${seconds(r.unanswered)}`) : ""));
   });
+}
+
+function renderLinks(state) {
+  const links = state.health.links || [];
+  const body = $("links").querySelector("tbody");
+  body.innerHTML = "";
+  for (const l of links) {
+    body.append(el("tr", { "data-pair": `${l.a}-${l.b}` },
+      el("td", {}, `${l.a} – ${l.b}`),
+      el("td", {}, `${l.host_a || "?"} – ${l.host_b || "?"}`),
+      el("td", { class: "num latency" }, micro(l.latency_seconds)),
+      el("td", { class: "num bandwidth" }, rate(l.bandwidth_bytes_per_second)),
+      el("td", { class: "num" }, `${seconds(l.age)} ago`),
+      el("td", { class: "num" }, `${bytes(l.probe_bytes)} in ${seconds(l.probe_seconds)}`)));
+  }
+  $("links-empty").hidden = links.length > 0;
+  $("links-empty").textContent = (state.health.ranks || 1) > 1 ? "No link probed yet (the engine probes when idle)."
+    : "One rank: no links.";
+}
+
+function renderTransfer(t) {
+  const box = $("transfer");
+  box.hidden = !t;
+  if (!t) return;
+  box.innerHTML = "";
+  const pct = t.bytes_total ? Math.min(100, (100 * t.bytes_done) / t.bytes_total) : 0;
+  let what = `${t.phase} ${t.model}: ${bytes(t.bytes_done)} of ${bytes(t.bytes_total)}`;
+  if (t.phase !== "done" && t.phase !== "failed") what += ` · ${rate(t.rate)}${t.file ? " · " + t.file : ""}`;
+  if (t.hosts.length) what += ` · ${t.hosts.join(", ")}`;
+  if (t.error) what += ` · ${t.error}`;
+  if (t.stale) what += " · not updated for a while: the transfer stopped (run it again to resume)";
+  const bar = el("div", { class: "bar" });
+  const done = el("span", { class: "done" });
+  done.style.width = `${pct}%`;
+  bar.append(done);
+  box.append(el("div", { class: t.phase === "failed" || t.stale ? "s5" : "" }, what), bar);
+  box.dataset.phase = t.phase;
+}
+
+function renderModels(state) {
+  const m = state.models;
+  const served = state.model;
+  $("models-served").textContent = `served: ${served}`;
+  renderTransfer(state.transfer);
+  const body = $("models").querySelector("tbody");
+  body.innerHTML = "";
+  for (const h of m.hosts) {
+    for (const model of h.models) {
+      const complete = model.complete === true;
+      const isServed = model.repo === (m.served || served);
+      const cls = (complete ? "" : "incomplete") + (isServed ? " served" : "");
+      body.append(el("tr", { class: cls.trim(), "data-host": h.host, "data-repo": model.repo },
+        el("td", {}, `${h.host}${h.ranks.length ? " (rank " + h.ranks.join(", ") + ")" : ""}`),
+        el("td", {}, model.repo + (isServed ? " · served" : "")),
+        el("td", { class: "num" }, bytes(model.size)),
+        el("td", {}, complete ? "complete" : `incomplete${model.missing ? ` (${model.missing} files missing)` : ""}`)));
+    }
+  }
+  const note = $("models-note");
+  if (!m.available) note.textContent = m.note;
+  else if (!body.children.length) note.textContent = "No model in any host's cache.";
+  else note.textContent = m.updated ? `as of ${clock(m.updated)} (./launch.sh models refreshes it)` : "";
 }
 
 function statusCell(status) {
@@ -190,6 +268,8 @@ async function poll() {
     renderStatus(state);
     renderCards(state);
     renderTopology(state);
+    renderLinks(state);
+    renderModels(state);
     renderRequests(state);
   } catch (err) {
     const pill = $("status");

@@ -7,7 +7,8 @@ one byte to each, sent right before the next plan. A rank reads one byte per rin
 never pile up or get lost between idle spells. While they sleep, rank 0 also collects the ranks'
 once-a-second reports over these connections (`gather`) instead of in a collective: a rank that
 froze keeps rank 0 waiting, exactly as a stalled collective would, and one that died is noticed
-at once.
+at once. Unlike a collective, the doorbell knows which ranks have not answered yet (`unanswered`),
+so /health and status can name a frozen rank.
 
 The connections are made once, at startup: rank 0 listens on a free port and passes the port and
 a random token to every rank through the plan channel's gather (`open_doorbell`); each other rank
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import socket
 import struct
 import time
@@ -77,6 +79,9 @@ class Doorbell:
     def __init__(self, peers: dict[int, socket.socket]):
         self.peers = peers
         self.rings = 0
+        # when the report requests went out, and the ranks that have not answered since (read by other threads:
+        # replaced whole, never changed in place)
+        self._asked: tuple[float, frozenset[int]] = (0.0, frozenset())
 
     def ring(self) -> None:
         """Wake every other rank (each reads exactly this one byte before joining the next plan)."""
@@ -84,19 +89,39 @@ class Doorbell:
         self.rings += 1
 
     def gather(self, row: list[int]) -> list[list[int]]:
-        """Every rank's report row (rank 0's is `row`), asked of the sleeping ranks; blocks until all answered."""
+        """Every rank's report row (rank 0's is `row`), asked of the sleeping ranks; blocks until all answered,
+        reading each answer as it comes so that the ones still missing are known (`unanswered`)."""
         self._send_all(REPORT)
-        rows = [list(row)]
-        for rank in range(1, len(self.peers) + 1):
-            sock = self.peers[rank]
-            try:
-                (n,) = _COUNT.unpack(_read_exactly(sock, _COUNT.size))
-                if n > MAX_ROW:
-                    raise struct.error(f"a row of {n} numbers")
-                rows.append(list(struct.unpack(f">{n}q", _read_exactly(sock, 8 * n))))
-            except (OSError, struct.error) as exc:
-                raise DoorbellError(f"rank {rank} did not answer its report ({exc}); a peer rank is lost") from None
-        return rows
+        rows = {0: list(row)}
+        left = {sock: rank for rank, sock in self.peers.items()}
+        asked = time.monotonic()
+        self._asked = (asked, frozenset(left.values()))
+        try:
+            while left:
+                ready, _, _ = select.select(list(left), [], [])
+                for sock in ready:
+                    rank = left.pop(sock)
+                    rows[rank] = self._answer(sock, rank)
+                self._asked = (asked, frozenset(left.values()))
+        finally:
+            self._asked = (0.0, frozenset())
+        return [rows[rank] for rank in sorted(rows)]
+
+    @staticmethod
+    def _answer(sock: socket.socket, rank: int) -> list[int]:
+        try:
+            (n,) = _COUNT.unpack(_read_exactly(sock, _COUNT.size))
+            if n > MAX_ROW:
+                raise struct.error(f"a row of {n} numbers")
+            return list(struct.unpack(f">{n}q", _read_exactly(sock, 8 * n)))
+        except (OSError, struct.error) as exc:
+            raise DoorbellError(f"rank {rank} did not answer its report ({exc}); a peer rank is lost") from None
+
+    def unanswered(self, now: float | None = None) -> dict[int, float]:
+        """The ranks rank 0 is waiting for in a report request, with how long it has waited (any thread)."""
+        asked, ranks = self._asked
+        waited = (time.monotonic() if now is None else now) - asked
+        return {rank: waited for rank in ranks}
 
     def _send_all(self, what: bytes) -> None:
         for rank, sock in self.peers.items():

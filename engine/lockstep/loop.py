@@ -5,7 +5,8 @@ never parks in a collective. With several ranks, rank 0 sends one idle plan when
 out; the other ranks then sleep on the doorbell (engine/lockstep/doorbell.py) and rank 0 on its
 inbound queue, and rank 0 rings them right before its next plan (work arrived, or shutdown).
 Meanwhile the once-a-second rank reports travel over the doorbell's connections too. A single
-rank meets no one. Rank 0 waits up to a second at a time, then looks at deadlines and reports.
+rank meets no one. Rank 0 waits up to a second at a time, then looks at deadlines and reports, and
+about once a minute wakes the ranks for a link probe (engine/rank0/links.py) carried by an idle plan.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import msgspec
 from engine.lockstep.batch import LockstepBatch
 from engine.lockstep.channel import Pending, PlanChannel
 from engine.lockstep.doorbell import RING, Bell, Doorbell
+from engine.lockstep.link_probe import probe
 from engine.lockstep.plan import Plan
 from engine.rank0 import errors
+from engine.rank0.links import LinkProbes, busy
 from engine.rank0.scheduler import Scheduler, Submit, Withdraw
 from engine.rank0.server import EngineServer
 from engine.ranks import RankReports, local_row
@@ -52,7 +55,7 @@ class StepLoop:
     def __init__(self, batch: LockstepBatch, channel: PlanChannel, watchdog: Watchdog, drain_seconds: float,
                  doorbell: Doorbell | Bell | None = None, scheduler: Scheduler | None = None,
                  server: EngineServer | None = None, inbound: queue.SimpleQueue | None = None,
-                 reports: RankReports | None = None, stats: LoopStats | None = None):
+                 reports: RankReports | None = None, stats: LoopStats | None = None, links: LinkProbes | None = None):
         self.batch = batch
         self.channel = channel
         self.watchdog = watchdog
@@ -64,6 +67,7 @@ class StepLoop:
         self.inbound = inbound
         self.reports = reports
         self.stats = stats if stats is not None else LoopStats()
+        self.links = links  # the rank pairs a probe measures; rank 0 also schedules probes and keeps the figures
         self.rank = channel.rank
         self.stopping_since: float | None = None
 
@@ -94,6 +98,8 @@ class StepLoop:
             self.batch.apply(plan)
             if plan.report:
                 self.channel.gather(local_row(plan.step, self.batch.prefix.nbytes()))
+            if plan.probe:
+                self._probe(plan)
             if plan.shutdown:
                 log.info("rank %d: shutdown plan received at step %d", self.rank, plan.step)
                 return
@@ -136,7 +142,7 @@ class StepLoop:
                 self._drain_inbound(block=not sched.has_work() and (single or self.asleep))
                 now = time.monotonic()
                 shutdown = self._drained(now)
-                if not shutdown and not sched.has_work() and (single or self.asleep):
+                if not shutdown and not sched.has_work() and (single or self.asleep) and not self._probe_due(now):
                     server.post(sched.take_events())
                     self.batch.settle()
                     self.watchdog.beat("idle")
@@ -159,6 +165,8 @@ class StepLoop:
             if plan.report:
                 self.watchdog.beat(f"gathering rank reports at step {plan.step}")
                 self.reports.update(self.channel.gather(local_row(plan.step, self.batch.prefix.nbytes())))
+            if plan.probe:
+                self._probe(plan)
             self.stats.step += 1
             if plan.shutdown:
                 server.post(sched.take_events())
@@ -195,7 +203,21 @@ class StepLoop:
             plan = msgspec.structs.replace(plan, prefill_chunk=self.batch.prefill_chunk(len(plan.inserts)))
         if self.reports is not None and self.reports.due(now) and not plan.shutdown:
             plan = msgspec.structs.replace(plan, report=True)
+        if self.links is not None:
+            plan = self.links.attach(plan, now, busy(sched, self.inbound))
         return plan
+
+    def _probe_due(self, now: float) -> bool:
+        """Rank 0, idle: whether to wake the ranks for a link probe now."""
+        return self.links is not None and self.links.due(now, busy(self.scheduler, self.inbound))
+
+    def _probe(self, plan: Plan) -> None:
+        """Every rank: measure the links this plan asks for; rank 0 keeps every rank's figures."""
+        self.watchdog.beat(f"probing the links between ranks at step {plan.step}")
+        row = probe(self.links, plan.probe, self.rank, self.channel.group, self.channel.stream)
+        rows = self.channel.gather(row)
+        if self.rank == 0:
+            self.links.record(rows, plan.probe)
 
     def _broadcast(self, plan: Plan) -> None:
         self.watchdog.beat(f"broadcasting plan {plan.step}")

@@ -86,6 +86,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # (which copy the entries they start from), then evicts.
     stores: list[Store] = []
     evicts: list[int] = []
+    # After this (idle) plan every rank probes the links between ranks, this many bytes for bandwidth (0: none):
+    # engine/lockstep/link_probe.py
+    probe: int = 0
 
 
 class PlanError(RuntimeError):

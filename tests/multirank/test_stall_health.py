@@ -1,4 +1,5 @@
-"""A frozen rank (SIGSTOP) turns /health to 503 "stalled" within the deadline; SIGCONT brings 200 back."""
+"""A frozen rank (SIGSTOP) turns /health to 503 "stalled" within the deadline, naming the rank and its host
+when the engine idles; SIGCONT brings 200 back."""
 
 from __future__ import annotations
 
@@ -49,6 +50,46 @@ def test_sigstop_rank1_turns_health_503_and_sigcont_recovers():
         r = wait_for(lambda: (lambda r: r if r.status_code == 200 else None)(get("/health")), 15,
                      "/health to answer 200 again once rank 1 runs")
         assert r.json()["engine"] == "ok"
+        assert engine.alive()
+    finally:
+        if stopped is not None:
+            os.kill(rank1["pid"], signal.SIGCONT)  # never leave a stopped process behind
+        api.stop()
+        engine.stop()
+
+
+# What a person watching /health or the dashboard may wait, at the default HEALTH_STALL_SECONDS (10 s).
+NAMED_WITHIN = 15.0
+
+
+def test_a_frozen_idle_rank_is_named_by_rank_and_host_in_health_and_the_dashboard_within_15_s():
+    s = Stack()
+    engine = s.start_engine(ranks=2, WATCHDOG_TIMEOUT="300")
+    api = s.start_api()
+    stopped: int | None = None
+    try:
+        get = lambda path: httpx.get(s.base_url + path, timeout=15)  # noqa: E731
+        wait_for(lambda: len(get("/health").json().get("rank_states") or []) >= 2, 30, "both ranks' first reports")
+        rank1 = next(rank for rank in get("/health").json()["rank_states"] if rank["rank"] == 1)
+        assert rank1["host"] and rank1["unanswered"] == 0
+
+        os.kill(rank1["pid"], signal.SIGSTOP)
+        stopped = frozen_at = time.monotonic()
+        named = f"rank 1 ({rank1['host']}, pid {rank1['pid']}) not answering"
+        body = wait_for(lambda: (lambda b: b if named in b.get("engine", "") else None)(get("/health").json()),
+                        NAMED_WITHIN, f"/health to name the frozen rank ({named!r})")
+        assert time.monotonic() - frozen_at <= NAMED_WITHIN
+        assert body["status"] == "unavailable"
+        silent = next(rank for rank in body["rank_states"] if rank["rank"] == 1)
+        assert silent["unanswered"] >= body["stall_deadline"], silent
+        assert next(rank for rank in body["rank_states"] if rank["rank"] == 0)["unanswered"] == 0
+        state = get("/dashboard/state").json()  # what the dashboard's page renders: the same verdict and rank
+        assert named in state["health"]["engine"]
+        assert next(r for r in state["health"]["rank_states"] if r["rank"] == 1)["unanswered"] > 0
+
+        os.kill(rank1["pid"], signal.SIGCONT)
+        stopped = None
+        wait_for(lambda: get("/health").status_code == 200, 15, "/health to answer 200 again once rank 1 runs")
         assert engine.alive()
     finally:
         if stopped is not None:

@@ -90,6 +90,30 @@ def test_sleeping_ranks_answer_reports_in_rank_order_and_sleep_on(four):
         assert [s.result(timeout=10) for s in sleepers] == [[REPORT, REPORT, RING]] * 3
 
 
+def test_rank_0_knows_which_rank_has_not_answered_its_report_while_it_waits(four):
+    """A frozen rank holds rank 0's report request; the others' answers arrive, and only the silent rank (rank 1,
+    the first one asked) is named, with how long rank 0 has waited, until it answers."""
+    bell0, bell1, *others = four
+    assert bell0.unanswered() == {}
+    with ThreadPoolExecutor(3) as pool:
+        for b in others:
+            pool.submit(lambda b=b: (b.wait(10.0), b.answer([b.rank])))
+        gathered = pool.submit(bell0.gather, [0])
+        wait = lambda: bell0.unanswered() if list(bell0.unanswered()) == [1] else None  # noqa: E731
+        late = None
+        for _ in range(200):
+            late = wait()
+            if late:
+                break
+            threading.Event().wait(0.01)
+        assert late is not None and late[1] >= 0, bell0.unanswered()
+        assert not gathered.done()
+        assert bell1.wait(10.0) == REPORT
+        bell1.answer([1])
+        assert gathered.result(timeout=10) == [[0], [1], [2], [3]]
+    assert bell0.unanswered() == {}
+
+
 def test_a_rank_that_died_asleep_is_noticed_at_the_next_report(four):
     bell0, bell1, *_ = four
     bell1.close()

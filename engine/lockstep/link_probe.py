@@ -1,0 +1,78 @@
+"""Measure the links between ranks with send/recv: what every rank runs after a plan that asks for a probe.
+
+Pairs go one after another in one order on every rank (engine/rank0/links.py: link_pairs); a rank runs
+only its own pairs. The lower rank of a pair measures: one-byte round trips (one to warm up, then up to
+LATENCY_ROUNDS while they fit in LATENCY_BUDGET; half the median is the latency), then one send of `nbytes`
+answered by one byte (the bandwidth). The measuring rank decides when the round trips end and says so in the
+byte it sends (1: the last), so both sides agree on every message's size without a clock. The figures go to
+rank 0 in one gather. Everything travels on the model's stream, like the plans, so nothing interleaves with the model's own
+collectives in a different order on some rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import mlx.core as mx
+
+from engine.rank0.links import LATENCY_BUDGET, LATENCY_ROUNDS, LinkProbes, encode
+
+_MORE, _LAST = mx.array([0], dtype=mx.uint8), mx.array([1], dtype=mx.uint8)
+
+
+def _pings(peer: int, group, stream) -> list[float]:
+    """The measuring side's round trips: the first warms up (connections, buffers) and is not counted."""
+    trips: list[float] = []
+    start = time.perf_counter()
+    for i in range(LATENCY_ROUNDS + 1):
+        last = i == LATENCY_ROUNDS or (i >= 1 and time.perf_counter() - start > LATENCY_BUDGET)
+        t = time.perf_counter()
+        mx.eval(mx.distributed.send(_LAST if last else _MORE, peer, group=group, stream=stream))
+        mx.eval(mx.distributed.recv_like(_MORE, peer, group=group, stream=stream))
+        if i:
+            trips.append(time.perf_counter() - t)
+        if last:
+            break
+    return trips
+
+
+def _echo(peer: int, group, stream) -> None:
+    """The other side: answer every ping with its own byte, until the last one."""
+    while True:
+        got = mx.distributed.recv_like(_MORE, peer, group=group, stream=stream)
+        mx.eval(mx.distributed.send(got, peer, group=group, stream=stream))
+        if got.item():
+            return
+
+
+def _measure(a_side: bool, peer: int, nbytes: int, group, stream) -> list[int] | None:
+    """One pair: the measuring side returns its figures, the other None."""
+    big = mx.zeros((nbytes,), dtype=mx.uint8)
+    mx.eval(big, _MORE, _LAST)
+    if not a_side:
+        _echo(peer, group, stream)
+        mx.eval(mx.distributed.recv_like(big, peer, group=group, stream=stream))
+        mx.eval(mx.distributed.send(_MORE, peer, group=group, stream=stream))
+        return None
+    t0 = time.perf_counter()
+    trips = _pings(peer, group, stream)
+    t = time.perf_counter()
+    mx.eval(mx.distributed.send(big, peer, group=group, stream=stream))
+    mx.eval(mx.distributed.recv_like(_MORE, peer, group=group, stream=stream))
+    end = time.perf_counter()
+    # the big send's time is its bytes plus a round trip (the answer's): take the fastest round trip out, at most
+    # half the time, so that a round trip slower than the others (a busy host) cannot inflate the figure
+    took = end - t
+    return encode(statistics.median(trips) / 2, nbytes / max(took - min(trips), took / 2, 1e-9), end - t0)
+
+
+def probe(links: LinkProbes, nbytes: int, rank: int, group, stream) -> list[int]:
+    """Run this rank's pairs; its gather row (engine/rank0/links.py: LinkProbes.row)."""
+    figures = {}
+    for index, (a, b) in enumerate(links.pairs):
+        if rank in (a, b):
+            got = _measure(rank == a, b if rank == a else a, nbytes, group, stream)
+            if got is not None:
+                figures[index] = got
+    return links.row(rank, figures)
