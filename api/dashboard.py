@@ -80,7 +80,8 @@ class Dashboard:
         last = self.engine.last_info
         return {
             "time": time.time(),
-            "served_model": self.settings.model_name,
+            # the engine's name for its model (a switch changes it under this API), the API's before it answered
+            "served_model": last.model if last and last.model else self.settings.model_name,
             "health": {**body, "http_status": status},
             "model": body.get("model") or (last.model if last else self.settings.model_name),
             "tokens_per_second": sum(series[-RATE_WINDOW:]) / RATE_WINDOW,
