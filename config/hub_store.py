@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config.hub_cache import HASH_CHUNK, Manifest, repo_folder, snapshot_folder
+from config.hub_cache import HASH_CHUNK, Manifest, repo_folder, snapshot_folder, write_manifest
 
 COMPLETE = -1  # "have" of a blob a rank holds whole and checked
 
@@ -167,3 +167,54 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return -1
+
+
+def survey(cache: Path, manifest: Manifest) -> dict:
+    """What this cache lacks of the manifest: {"free": bytes, "need": bytes, "lacking": [paths]} (partials kept)."""
+    store = RankStore(cache, manifest)
+    need, lacking = 0, []
+    for item in items(manifest):
+        held = store.have(item)
+        if held != COMPLETE:
+            need += item.size - held
+            lacking += item.paths
+    return {"free": free_bytes(cache), "need": need, "lacking": lacking}
+
+
+def verify(cache: Path, manifest: Manifest, write: bool) -> dict:
+    """{"bad": [paths]}: paths absent or damaged, the damaged ones removed so a copy replaces them; with write
+    and none bad, the manifest is written (last)."""
+    store = RankStore(cache, manifest)
+    bad: list[str] = []
+    for item in items(manifest):
+        if store.have(item) == COMPLETE:
+            continue
+        bad += item.paths
+        for p in item.paths:
+            target = store.snapshot / p
+            if target.exists() and _size(target) == item.size:  # the right size with the wrong bytes
+                Path(os.path.realpath(target)).unlink()
+    if write and not bad:
+        write_manifest(cache, manifest)
+    return {"bad": bad}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m config.hub_store survey|verify|commit CACHE < MANIFEST_JSON`: one JSON line on stdout (the rsync
+    transport of a spread runs it on each host over ssh)."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in ("survey", "verify", "commit"):
+        print("usage: python -m config.hub_store survey|verify|commit CACHE < MANIFEST_JSON", file=sys.stderr)
+        return 2
+    manifest = Manifest.from_json(sys.stdin.read())
+    cache = Path(args[1]).expanduser()
+    out = survey(cache, manifest) if args[0] == "survey" else verify(cache, manifest, write=args[0] == "commit")
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -20,7 +20,7 @@ from pathlib import Path
 from config import ConfigError, load_settings
 from config.hub_cache import Manifest, write_manifest
 from ipc.lifecycle import ExitCause
-from ipc.spread import JOINED, SpreadResult, encode_result
+from ipc.spread import JOINED, SpreadResult, encode_result, test_hook
 
 from engine.spread.hooks import ChunkHooks
 from engine.spread.plan import Plan
@@ -121,9 +121,7 @@ def _survey(rank: int, writer: bool, store: RankStore, blobs) -> list[int]:
         return [0, 0, 0, *([COMPLETE] * len(blobs))]
     haves = [store.have(b) for b in blobs]
     need = sum(b.size - max(h, 0) for b, h in zip(blobs, haves) if h != COMPLETE)
-    from engine.spread.hooks import hook
-
-    free = hook("MCS_SPREAD_TEST_FREE_BYTES", rank)
+    free = test_hook("MCS_SPREAD_TEST_FREE_BYTES", rank)
     return [free_bytes(store.cache) if free is None else free, need, 0, *haves]
 
 

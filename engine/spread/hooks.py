@@ -1,6 +1,7 @@
 """Test hooks of the spreading ranks, read from the environment only here (each "RANK:NUMBER").
 
-MCS_SPREAD_TEST_FREE_BYTES  that rank reports NUMBER free bytes instead of its disk's (the space check)
+MCS_SPREAD_TEST_FREE_BYTES  that rank reports NUMBER free bytes instead of its disk's (the space check; the
+                            rsync transport, ops/spread_rsync.py, reads it too)
 MCS_SPREAD_TEST_PAUSE       rank 0 stops sending after NUMBER chunks and waits to be killed (a killed spread)
 MCS_SPREAD_TEST_EXIT        that rank kills itself with SIGKILL after NUMBER chunks received (a rank that dies)
 """
@@ -12,14 +13,7 @@ import signal
 import sys
 import threading
 
-
-def hook(name: str, rank: int, environ=os.environ) -> int | None:
-    """NUMBER when the hook `name` is set for this rank."""
-    for entry in environ.get(name, "").split(","):
-        who, _, number = entry.partition(":")
-        if who.strip() == str(rank) and number.strip().isdigit():
-            return int(number)
-    return None
+from ipc.spread import test_hook as hook
 
 
 class ChunkHooks:

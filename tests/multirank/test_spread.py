@@ -5,7 +5,6 @@ damaged file replaced, a full disk refused before any byte, a dying rank named."
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,16 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from config.hub_cache import (Manifest, ManifestFile, manifest_path, repo_folder, scan, sha256_file,
-                              snapshot_folder, write_manifest)
-from engine.zoo.store import ensure_zoo_model
+from config.hub_cache import Manifest, manifest_path, repo_folder, scan, snapshot_folder
 from ops.procs import free_port_run
-from tests.harness import MODEL_CACHE, REPO, short_dir, wait_for
+from tests.harness import REPO, short_dir, wait_for
+from tests.hub_model import COMMIT, REPO_ID, flip_a_byte, hub_model, identical
 
 pytestmark = pytest.mark.multirank
 
-REPO_ID = "org/tiny-zoo"
-COMMIT = "c0ffee" + "0" * 34
 CHUNK = 64 * 1024  # the zoo model's 0.9 MB weights make 15 chunks
 
 
@@ -30,22 +26,13 @@ CHUNK = 64 * 1024  # the zoo model's 0.9 MB weights make 15 chunks
 def caches() -> tuple[Path, Path, Manifest]:
     """Rank 0's cache holding a zoo model whole (manifest written), rank 1's empty."""
     root = short_dir("spread-")
-    r0, r1 = root / "r0", root / "r1"
-    src = ensure_zoo_model("llama", MODEL_CACHE)
-    snap = snapshot_folder(r0, REPO_ID, COMMIT)
-    snap.mkdir(parents=True)
-    files = []
-    for f in sorted(p for p in src.iterdir() if p.is_file()):
-        shutil.copyfile(f, snap / f.name)
-        files.append(ManifestFile(f.name, f.stat().st_size, sha256_file(f)))
-    manifest = Manifest(REPO_ID, "main", COMMIT, tuple(files))
-    write_manifest(r0, manifest)
-    return r0, r1, manifest
+    return root / "r0", root / "r1", hub_model(root / "r0", links=True)
 
 
 def env(r0: Path, r1: Path, **more: str) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("MCS_SPREAD_TEST_", "HUB_CACHE", "HOSTS"))}
-    return {**keep, "HOSTS": "127.0.0.1,127.0.0.1", "HUB_CACHE_PER_RANK": f"{r0},{r1}", "BACKEND": "ring",
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("MCS_SPREAD_TEST_", "HUB_CACHE", "HOST"))}
+    (r0.parent / "empty.env").touch()
+    return {**keep, "ENV_FILE": str(r0.parent / "empty.env"), "HOSTS": "127.0.0.1,127.0.0.1", "HUB_CACHE_PER_RANK": f"{r0},{r1}", "BACKEND": "ring",
             "RING_PORT": str(free_port_run(4)), "RUN_DIR": str(r0.parent / "run"), "WATCHDOG_TIMEOUT": "30",
             "PYTHONUNBUFFERED": "1", **more}
 
@@ -59,11 +46,6 @@ def sent(proc: subprocess.CompletedProcess) -> int:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [line] = [x for x in proc.stdout.splitlines() if x.startswith("spread: bytes_sent=")]
     return int(line.split()[1].partition("=")[2])
-
-
-def identical(r0: Path, r1: Path, manifest: Manifest) -> bool:
-    a, b = snapshot_folder(r0, REPO_ID, COMMIT), snapshot_folder(r1, REPO_ID, COMMIT)
-    return all(sha256_file(b / f.path) == sha256_file(a / f.path) == f.sha256 for f in manifest.files)
 
 
 def test_spread_copies_every_file_then_a_second_run_moves_nothing(caches):
@@ -105,9 +87,7 @@ def test_a_flipped_byte_on_rank_1_is_found_and_replaced(caches):
     r0, r1, manifest = caches
     sent(spread(r0, r1))
     weights = snapshot_folder(r1, REPO_ID, COMMIT) / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    Path(os.path.realpath(weights)).write_bytes(bytes(data))  # same size: only the sha256 tells
+    flip_a_byte(weights)
     assert sent(spread(r0, r1)) == weights.stat().st_size
     assert identical(r0, r1, manifest)
 
