@@ -31,7 +31,7 @@ import msgspec
 from config import REPO_ROOT, ConfigError, Settings, load_settings
 from config.hub_cache import Manifest, read_manifest
 from ipc.lifecycle import VICTIM_CAUSES
-from ipc.spread import JOINED, PARENT_ENV, TEST_HOOKS, SpreadResult, decode_result
+from ipc.spread import JOINED, PARENT_ENV, TEST_HOOKS, decode_result
 from ops.failures import describe_exit
 from ops.procs import poll
 

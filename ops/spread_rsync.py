@@ -18,7 +18,7 @@ from pathlib import Path
 
 from config import REPO_ROOT, Settings
 from config.hub_cache import Manifest, repo_folder, snapshot_folder, write_manifest
-from config.hub_store import COMPLETE, Incoming, RankStore, free_bytes, items
+from config.hub_store import COMPLETE, Incoming, RankStore, items
 from ipc.spread import test_hook
 from ops.cluster import SSH_OPTIONS
 from ops.progress import Progress, human_bytes
