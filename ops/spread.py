@@ -16,6 +16,7 @@ its exit line and last words make the sentence. SPREAD_TRANSPORT=rsync: ops/spre
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import socket
@@ -67,8 +68,21 @@ def spread(settings: Settings, manifest: Manifest, hosts: list[str], *, chunk_by
     return ClusterSpread(settings, manifest, hosts, chunk_bytes, via).run()
 
 
+def engine_ports(settings: Settings, hosts: list[str]) -> int:
+    """How many ports from RING_PORT the engine's ring takes: one per rank, or per address of a hostfile's host."""
+    if not settings.HOSTFILE:
+        return len(hosts)
+    try:
+        path = Path(settings.HOSTFILE).expanduser()
+        doc = json.loads((path if path.is_absolute() else REPO_ROOT / path).read_text())
+        entries = doc["hosts"] if isinstance(doc, dict) else doc
+        return sum(max(1, len(h.get("ips") or [])) for h in entries)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return len(hosts)
+
+
 def spread_port(settings: Settings, n: int) -> int:
-    """The first of the n ports the spread's ring uses: above the engine's, or below when those run out."""
+    """The first of the n ports the spread takes: just above the engine's, or below RING_PORT when those run out."""
     return settings.RING_PORT + n if settings.RING_PORT + 2 * n - 1 <= 65535 else settings.RING_PORT - n
 
 
@@ -116,7 +130,7 @@ class ClusterSpread:
                 "--hosts", ",".join(self.hosts)]
 
     def run(self) -> int:
-        n = len(self.hosts)
+        n = engine_ports(self.settings, self.hosts)
         port = spread_port(self.settings, n)
         if (self.settings.BACKEND == "ring" and all(h in LOCAL for h in self.hosts)
                 and not poll(lambda: _ports_free(port, n), PORT_WAIT, 0.2)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,10 @@ def sent(proc: subprocess.CompletedProcess) -> int:
 
 def test_spread_copies_every_file_then_a_second_run_moves_nothing(caches):
     r0, r1, manifest = caches
-    assert sent(spread(r0, r1)) == manifest.total_bytes
+    port = free_port_run(4)
+    # an engine serving meanwhile holds RING_PORT and RING_PORT+1: the spread takes the ports above
+    with socket.create_server(("127.0.0.1", port)), socket.create_server(("127.0.0.1", port + 1)):
+        assert sent(spread(r0, r1, RING_PORT=str(port))) == manifest.total_bytes
     assert identical(r0, r1, manifest)
     assert manifest_path(r1, REPO_ID, COMMIT).is_file()
     [listed] = scan(r1)
