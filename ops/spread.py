@@ -152,6 +152,9 @@ class ClusterSpread:
                 popen.kill()
                 popen.wait()
             relay.join(timeout=5)
+            for pipe in (popen.stdin, popen.stdout):
+                if pipe is not None:
+                    pipe.close()
             manifest_path.unlink(missing_ok=True)
         return self.verdict()
 

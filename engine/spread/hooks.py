@@ -1,4 +1,4 @@
-"""Test hooks of the spreading ranks, read from the environment only here (each "RANK:NUMBER").
+"""Test hooks of the spreading programs, set in the environment (each "RANK:NUMBER"; parsed by ipc.spread.test_hook).
 
 MCS_SPREAD_TEST_FREE_BYTES  that rank reports NUMBER free bytes instead of its disk's (the space check; the
                             rsync transport, ops/spread_rsync.py, reads it too)
