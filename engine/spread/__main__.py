@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import socket
 import sys
@@ -19,12 +20,13 @@ from pathlib import Path
 
 from config import ConfigError, load_settings
 from config.hub_cache import Manifest, write_manifest
+from config.hub_store import COMPLETE, RankStore, free_bytes, items
 from ipc.lifecycle import ExitCause
 from ipc.spread import JOINED, SpreadResult, encode_result, test_hook
+from ops.progress import Progress
 
 from engine.spread.hooks import ChunkHooks
 from engine.spread.plan import Plan
-from config.hub_store import COMPLETE, RankStore, free_bytes, items
 from engine.spread.watch import Deadline
 
 HASH_FLOOR = 50e6  # bytes/s any host hashes at least: the check phase's deadline grows with the model
@@ -90,8 +92,9 @@ def spread(wire, settings, args, deadline: Deadline) -> None:
     plan = Plan(wire.gather(_survey(rank, writer, store, blobs)), blobs)
     hosts = [h for h in args.hosts.split(",") if h]
     refusal = plan.refusal(manifest, hosts, [settings.hub_cache(r) for r in range(wire.size)])
-    if refusal is not None:
-        _finish(rank, args, SpreadResult(ok=False, message=refusal), None)
+    if refusal is not None:  # the dashboard shows it too
+        progress = Progress(settings.run_dir, manifest.repo, "spread", 0, stream=io.StringIO()) if rank == 0 else None
+        _finish(rank, args, SpreadResult(ok=False, message=refusal), progress)
         return
     from engine.spread.stream import Streamer  # MLX: only once there is something to move
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from config.hub_cache import Manifest
-from ops.progress import human_bytes
-
 from config.hub_store import COMPLETE, Item
+from ops.progress import human_bytes
 
 HEAD = 3  # columns before the haves
 

@@ -6,12 +6,12 @@ import time
 from pathlib import Path
 
 from config.hub_cache import Manifest
+from config.hub_store import Incoming, RankStore
 from ipc.spread import SpreadResult
 from ops.progress import Progress, human_bytes
 
 from engine.spread.hooks import ChunkHooks
 from engine.spread.plan import Plan
-from config.hub_store import Incoming, RankStore
 from engine.spread.wire import Wire, pick_via, receive_blob, send_blob
 
 

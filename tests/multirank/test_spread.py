@@ -15,6 +15,7 @@ import pytest
 
 from config.hub_cache import Manifest, manifest_path, repo_folder, scan, snapshot_folder
 from ops.procs import free_port_run
+from ops.progress import read_state
 from tests.harness import REPO, short_dir, wait_for
 from tests.hub_model import COMMIT, REPO_ID, flip_a_byte, hub_model, identical
 
@@ -104,6 +105,8 @@ def test_a_rank_without_room_is_refused_before_anything_is_copied(caches):
     assert f"host 127.0.0.1 (rank 1) needs" in line and f"({manifest.total_bytes} bytes)" in line
     assert "(1000 bytes) free" in line
     assert not (repo_folder(r1, REPO_ID) / "blobs").exists()
+    state = read_state(r0.parent / "run")  # what the dashboard shows
+    assert state is not None and (state.phase, state.error) == ("failed", line.removeprefix("spread: "))
 
 
 def test_a_rank_that_dies_ends_the_spread_with_a_sentence(caches):
