@@ -1,0 +1,52 @@
+"""Bounds every wait of a spreading rank: a collective whose peer died or froze busy-waits in C++ forever.
+
+A thread watches a deadline the rank moves forward as it makes progress; past it, the rank prints one
+line and exits with ExitCause.STALLED, and mlx.launch then ends the other ranks (it does on any rank's
+non-zero exit). Rank 0 also ends the spread when the ops process that started it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+from engine.watchdog import process_gone
+from ipc.lifecycle import ExitCause
+from ipc.spread import PARENT_ENV
+
+CHECK_EVERY = 0.5  # seconds
+
+
+class Deadline:
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.phase = "starting"
+        self.until = time.monotonic() + 3600
+        parent = os.environ.get(PARENT_ENV, "") if rank == 0 else ""
+        host, _, pid = parent.partition(" ")
+        self.parent = int(pid) if pid.isdigit() and host == socket.gethostname() else None
+        threading.Thread(target=self._run, name="spread-deadline", daemon=True).start()
+
+    def beat(self, phase: str, allowance: float) -> None:
+        """The next wait (named by phase) may take up to allowance seconds."""
+        self.phase = phase
+        self.until = time.monotonic() + allowance
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(CHECK_EVERY)
+            if self.parent is not None and process_gone(self.parent):
+                self._end(f"the process that started the spread (pid {self.parent}) is gone")
+            late = time.monotonic() - self.until
+            if late > 0:
+                self._end(f"no progress while {self.phase} (past its deadline by {late:.0f} s): a peer rank is "
+                          "dead or frozen")
+
+    def _end(self, why: str) -> None:
+        try:
+            print(f"spread rank {self.rank}: {why}; ending this rank", file=sys.stderr, flush=True)
+        finally:
+            os._exit(ExitCause.STALLED)

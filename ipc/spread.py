@@ -1,0 +1,53 @@
+"""What the spreading ranks (engine/spread) and ops/spread.py agree on without parsing each other's output.
+
+Rank 0 writes one SpreadResult as JSON to the path ops gives it; ops reads it once mlx.launch has exited
+(mlx.launch exits 0 whatever its ranks did, so its exit code says nothing).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+# "<host> <pid>" of the ops process that started the spread: rank 0 ends the spread when it is gone.
+PARENT_ENV = "MCS_SPREAD_PARENT"
+# Test hooks, read only by the spreading programs (each "RANK:NUMBER"); see engine/spread/hooks.py.
+TEST_HOOKS = ("MCS_SPREAD_TEST_FREE_BYTES", "MCS_SPREAD_TEST_PAUSE", "MCS_SPREAD_TEST_EXIT")
+# The line rank 0 prints once every rank has joined (ops then quiets mlx.launch's stdin loop).
+JOINED = "spread: every rank joined"
+
+
+class SpreadResult(msgspec.Struct, frozen=True, kw_only=True):
+    """How a spread ended, as rank 0 saw it."""
+
+    ok: bool
+    message: str
+    bytes_sent: int = 0  # payload bytes rank 0 put on the wire (per receiver with send/recv)
+    files_sent: int = 0  # distinct blobs streamed
+    seconds: float = 0.0  # of streaming, checks excluded
+    via: str = ""  # "sendrecv" or "allsum"
+
+
+def test_hook(name: str, rank: int, environ: Mapping[str, str] = os.environ) -> int | None:
+    """NUMBER when the test hook `name` ("RANK:NUMBER,...") is set for this rank."""
+    for entry in environ.get(name, "").split(","):
+        who, _, number = entry.partition(":")
+        if who.strip() == str(rank) and number.strip().isdigit():
+            return int(number)
+    return None
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(SpreadResult)
+
+
+def encode_result(result: SpreadResult) -> bytes:
+    """The result as JSON."""
+    return _encoder.encode(result)
+
+
+def decode_result(data: bytes) -> SpreadResult:
+    """Raises msgspec.ValidationError / DecodeError when data is not a result."""
+    return _decoder.decode(data)
