@@ -68,7 +68,9 @@ class Progress:
                                    started=now, updated=now)
         self._drawn = self._written = 0.0
         self._plain = now
-        self._say(f"{phase} {model}: {human_bytes(total)} to move" + (f" to {', '.join(hosts)}" if hosts else ""))
+        what = "to check" if phase == "verify" else "to move"
+        whence = "from" if phase == "download" else "to"  # a download's hosts are where it fetches from
+        self._say(f"{phase} {model}: {human_bytes(total)} {what}" + (f" {whence} {', '.join(hosts)}" if hosts else ""))
         self._write(force=True)
 
     def add(self, nbytes: int, file: str = "") -> None:
