@@ -99,6 +99,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     BODY_READ_TIMEOUT: Seconds = 30.0
     CORS_ORIGINS: str = ""
     OUTPUT_BUFFER_EVENTS: Annotated[int, Meta(ge=16)] = 4096
+    # speculative decoding: off, ngram (prompt lookup), draft (DRAFT_MODEL proposes) or mtp (the model's own
+    # multi-token-prediction heads); NUM_DRAFT_TOKENS proposed per sequence and step
+    SPECULATIVE: Literal["off", "ngram", "draft", "mtp"] = "off"
+    NUM_DRAFT_TOKENS: Annotated[int, Meta(ge=1, le=16)] = 4
+    DRAFT_MODEL: str = ""
 
     # Derived values, resolved against the repository root.
     @property

@@ -310,7 +310,7 @@ class LockstepBatch:
                 continue  # its token came from a fallback; the request ends with an error instead
             out.tokens.append((rid, r.token, r.finish_reason))
             if rid in self.wants_logprobs:
-                out.logprob_rows[rid] = r.logprobs  # already evaluated by mlx-lm; no copy
+                out.logprob_rows.setdefault(rid, []).append(r.logprobs)  # evaluated by mlx-lm; no copy
         if self.failed:
             self._drop_failed(finished)
         if finished:

@@ -89,6 +89,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # After this (idle) plan every rank probes the links between ranks, this many bytes for bandwidth (0: none):
     # engine/lockstep/link_probe.py
     probe: int = 0
+    # Speculative decoding: the tokens rank 0 proposes to follow each decoding request's next input (request id ->
+    # draft tokens); every rank verifies them in this step's one forward pass and keeps the same ones
+    # (engine/speculative). Absent requests decode one token as usual.
+    drafts: dict[str, list[int]] = {}
 
 
 class PlanError(RuntimeError):

@@ -10,11 +10,16 @@ from typing import Any
 class StepResults:
     """One step's outcome on this rank.
 
-    tokens: (request id, sampled token, finish reason) per decoding request; logprob_rows maps the
-    requests that asked for logprobs to their row over the vocabulary (an mx.array); failed maps the
-    requests this step ended because generating them raised, to the reason (identical on every rank).
+    tokens: (request id, sampled token, finish reason) per token a decoding request gained, in order: one per
+    request in a plain step, up to 1 + its accepted draft tokens in a speculative one (the finish reason only on
+    its last); logprob_rows maps the requests that asked for logprobs to their rows over the vocabulary (mx.arrays),
+    one per token of theirs in `tokens`, in the same order; failed maps the requests this step ended because
+    generating them raised, to the reason (identical on every rank). proposed and accepted count the draft tokens
+    this step verified and kept (engine/speculative).
     """
 
     tokens: list[tuple[str, int, str | None]] = field(default_factory=list)
-    logprob_rows: dict[str, Any] = field(default_factory=dict)
+    logprob_rows: dict[str, list[Any]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    proposed: int = 0
+    accepted: int = 0

@@ -386,10 +386,12 @@ class Scheduler:
         if not rows:
             return
         asks, owners = [], []
+        nth: dict[str, int] = {}  # a speculative step gives a request several tokens, each with its row
         for rid, token, finish in results.tokens:
             req = self.running.get(rid)
+            i = nth[rid] = nth.get(rid, -1) + 1
             if rid in rows and req is not None and not req.done and not (finish == "stop" and token in self.eos):
-                asks.append((token, rows[rid], req.top_logprobs))
+                asks.append((token, rows[rid][i], req.top_logprobs))
                 owners.append(req)
         texts = owners[0].texts if owners else None
         if texts is None:

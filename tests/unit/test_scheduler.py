@@ -304,6 +304,6 @@ def test_logprobs_come_from_the_extraction_the_scheduler_was_given() -> None:
     sched, _ = make()
     admit(sched, request("a", top_logprobs=2), request("b"))
     plan(sched)
-    sched.absorb(StepResults(tokens=[("a", 5, None), ("b", 6, None)], logprob_rows={"a": "row"}))
+    sched.absorb(StepResults(tokens=[("a", 5, None), ("b", 6, None)], logprob_rows={"a": ["row"]}))
     got = {m.request_id: m.logprobs for m in messages(sched)}
     assert got == {"a": [TokenLogprob(token="<5>", logprob=-2.0, bytes=[])], "b": []}
