@@ -67,3 +67,91 @@ def fed_tokens(gen: Any) -> dict[int, int]:
     fed = {uid: len(t) for uid, t in zip(gen._prompt_batch.uids, gen._prompt_batch.tokens)}
     fed.update((uid, len(t)) for uid, t in zip(gen._generation_batch.uids, gen._generation_batch.tokens))
     return fed
+
+
+def step_with_decoding(gen: Any, decode) -> list:
+    """One BatchGenerator step whose decoding half is decode(generation batch) -> responses instead of mlx-lm's
+    own one-token step; prefill and the move of prefilled prompts into decoding happen as in gen.next()."""
+    batch = gen._generation_batch
+    batch.next = lambda: decode(batch)  # BatchGenerator._next calls self._generation_batch.next()
+    try:
+        return gen.next()[1]
+    finally:
+        del batch.next
+
+
+class Decoding:
+    """mlx-lm's GenerationBatch as a speculative step reads and updates it.
+
+    mlx-lm samples each sequence's next input one step ahead (`_next_tokens`, with the logprob rows they were
+    sampled from) and returns a token once it has been fed: `tokens` always holds what the cache holds.
+    """
+
+    def __init__(self, batch: Any):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch.uids)
+
+    @property
+    def model(self) -> Any:
+        return self.batch.model
+
+    @property
+    def uids(self) -> list[int]:
+        return self.batch.uids
+
+    @property
+    def cache(self) -> list:
+        return self.batch.prompt_cache
+
+    def sampler(self, i: int) -> Any:
+        """The sequence's own sampler, None for the batch's greedy one (mlx-lm puts that in for None)."""
+        sampler = self.batch.samplers[i] if self.batch.samplers else None
+        return None if sampler is self.batch.fallback_sampler else sampler
+
+    def processors(self, i: int) -> tuple:
+        return tuple(self.batch.logits_processors[i] or ()) if self.batch.logits_processors else ()
+
+    def pending(self) -> tuple[list[int], list]:
+        """Each sequence's next input (sampled, not yet fed) and the logprob row it was sampled from."""
+        return self.batch._next_tokens.tolist(), list(self.batch._next_logprobs)
+
+    def set_pending(self, fed, tokens: list[int], rows: list) -> None:
+        import mlx.core as mx
+
+        self.batch._current_tokens = fed
+        self.batch._next_tokens = mx.array(tokens, dtype=fed.dtype)
+        self.batch._next_logprobs = rows
+
+    def context(self, i: int) -> Any:
+        """The sequence's token buffer, as its logits processors see it (TokenBuffer)."""
+        return self.batch._token_context[i]
+
+    def remaining(self, i: int) -> int:
+        """Tokens the sequence may still return before max_tokens ends it."""
+        return self.batch.max_tokens[i] - self.batch._num_tokens[i]
+
+    def count(self, i: int, token: int) -> str | None:
+        """Count a returned token as mlx-lm does: its finish reason, if it ends the sequence."""
+        self.batch._num_tokens[i] += 1
+        reason = "length" if self.batch._num_tokens[i] >= self.batch.max_tokens[i] else None
+        return "stop" if self.batch._matchers[i].advance(token) else reason
+
+    def fed(self, i: int) -> list[int]:
+        return self.batch.tokens[i]
+
+    def response(self, i: int, token: int, row: Any, reason: str | None) -> Any:
+        ended = reason is not None
+        return self.batch.Response(uid=self.batch.uids[i], token=token, logprobs=row, finish_reason=reason,
+                                   prompt_cache=self.batch.extract_cache(i) if ended else None,
+                                   all_tokens=self.batch.tokens[i] if ended else None)
+
+    def filter(self, keep: list[int]) -> None:
+        if len(keep) < len(self.batch.uids):
+            self.batch.filter(keep)
+
+
+def decoding_batch(gen: Any) -> Any:
+    """A BatchGenerator's GenerationBatch: the sequences it decodes, in their batch order."""
+    return gen._generation_batch

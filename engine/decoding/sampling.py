@@ -41,17 +41,42 @@ class SeededSampler:
         self.count = 0
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        return mx.random.categorical(self._tempered(logprobs), key=self._next_key())
+
+    def choose(self, logprobs: mx.array, draft: int | None) -> tuple[int, bool]:
+        """The token at this position of a speculative step, and whether it is the draft: speculative sampling
+        for a proposal that is certain of its draft (q = one-hot), so the token keeps this sampler's
+        distribution p whatever was proposed. The draft is kept with probability p(draft); else the token is
+        drawn from p without it. Without a draft, exactly as __call__ would sample it. One key per token index."""
+        key = self._next_key()
+        logits = self._tempered(logprobs)
+        if draft is None:
+            return mx.random.categorical(logits, key=key).item(), False
+        k_accept, k_other = mx.random.split(key)
+        width = logits.shape[-1]
+        if 0 <= draft < width:
+            p_draft = mx.exp(logits[0, draft] - mx.logsumexp(logits[0]))
+            if mx.random.uniform(key=k_accept).item() < p_draft.item():
+                return draft, True
+            logits = mx.where(mx.arange(width) == draft, mx.array(-mx.inf, dtype=logits.dtype), logits)
+        return mx.random.categorical(logits, key=k_other).item(), False
+
+    def _next_key(self) -> mx.array:
         key = mx.random.key((self.seed << 20) + self.count)
         self.count += 1
         if self.seed == _FAIL_SEED and self.count > 2:
             raise RuntimeError("failpoint: the sampler of a request with ENGINE_FAILPOINT's seed")
+        return key
+
+    def _tempered(self, logprobs: mx.array) -> mx.array:
+        """The logits this sampler draws from: filtered, then divided by the temperature."""
         if 0.0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
         if self.min_p > 0.0:
             logprobs = apply_min_p(logprobs, self.min_p)
         if self.top_k > 0:
             logprobs = apply_top_k(logprobs, self.top_k)
-        return mx.random.categorical(logprobs * self.inv_temp, key=key)
+        return logprobs * self.inv_temp
 
 
 def make_sampler(ins: Insert) -> SeededSampler | None:

@@ -14,6 +14,8 @@ from engine.lockstep.boundaries import Boundaries
 from engine.lockstep.plan import Plan, Store, fingerprint, token_checksum
 from engine.lockstep.prefix import PrefixEntries, model_cuts
 from engine.lockstep.results import StepResults
+from engine.speculative.rollback import can_verify
+from engine.speculative.verify import verify
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +37,18 @@ class _Guard:
         try:
             return self.fn(*args)
         except Exception as exc:
-            if self.rid not in self.failures:
-                if isinstance(exc, GrammarFailed):  # the client's grammar, not the engine, gave out
-                    log.warning("request %s: %s; ending it", self.rid, exc)
-                else:
-                    log.exception("request %s: its sampling raised; ending it", self.rid)
-                self.failures[self.rid] = _reason(exc)
+            _failed(self.rid, exc, self.failures)
             return self.fallback(*args)
+
+
+def _failed(rid: str, exc: Exception, failures: dict[str, str]) -> None:
+    """Mark a request failed by its own sampling (logged once)."""
+    if rid not in failures:
+        if isinstance(exc, GrammarFailed):  # the client's grammar, not the engine, gave out
+            log.warning("request %s: %s; ending it", rid, exc)
+        else:
+            log.exception("request %s: its sampling raised; ending it", rid, exc_info=exc)
+        failures[rid] = _reason(exc)
 
 
 def _argmax(logprobs):
@@ -96,6 +103,8 @@ class LockstepBatch:
         self.ended_before: dict[str, tuple[list, int]] = {}
         # states at a prompt's end or a shared prefix's (Insert.keep_prompt, keep_at), until a plan stores them
         self.boundaries = Boundaries()
+        # Whether this model's caches can drop rejected drafts per sequence (engine/speculative/rollback.py)
+        self.verifies, self.why_not_verify = can_verify(model)
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -285,13 +294,20 @@ class LockstepBatch:
             if self._fail_seed is not None and ins.seed == self._fail_seed:
                 self._seeded.add(ins.rid)
 
-    def step(self) -> StepResults:
-        """One batched forward step: (request id, sampled token, finish reason) per decoding request."""
+    def step(self, drafts: dict[str, list[int]] | None = None) -> StepResults:
+        """One batched forward step: (request id, token, finish reason) per token a decoding request gained.
+
+        drafts (request id -> tokens proposed to follow its next input) are verified in the same forward pass
+        (engine/speculative); without any, or when this model cannot drop rejected drafts, mlx-lm's own step."""
         out = StepResults()
         try:
             if self._seeded:
                 raise RuntimeError("failpoint: a step holding a request with ENGINE_FAILPOINT's seed")
-            _, responses = self.gen.next()
+            rows = self._draft_rows(drafts) if drafts and self.verifies else None
+            if rows is None:
+                _, responses = self.gen.next()
+            else:
+                responses = mlx_compat.step_with_decoding(self.gen, lambda batch: self._verify(batch, rows, out))
         except Exception as exc:
             log.exception("the batched step raised")
             self.reset(_reason(exc))
@@ -325,6 +341,19 @@ class LockstepBatch:
         out.failed = dict(self.failed)
         self.failed.clear()  # in place: the guards of running requests hold this dict
         return out
+
+    def _draft_rows(self, drafts: dict[str, list[int]]) -> list[list[int]] | None:
+        """Drafts per row of the decoding batch (None: no decoding sequence has any)."""
+        decoding = mlx_compat.Decoding(mlx_compat.decoding_batch(self.gen))
+        rows = [list(drafts.get(self.rid_of.get(uid, ""), ())) for uid in decoding.uids]
+        return rows if any(rows) else None
+
+    def _verify(self, batch, rows: list[list[int]], out: StepResults) -> list:
+        decoding = mlx_compat.Decoding(batch)
+        uids = list(decoding.uids)
+        verified = verify(decoding, rows, lambda i, exc: _failed(self.rid_of[uids[i]], exc, self.failed))
+        out.proposed, out.accepted = verified.proposed, verified.accepted
+        return verified.responses
 
     def _drop_failed(self, finished: set[str]) -> None:
         uids = [self.uid_of.pop(rid) for rid in self.failed if rid in self.uid_of]

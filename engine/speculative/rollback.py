@@ -1,0 +1,62 @@
+"""Dropping each sequence's own number of last tokens from a batch's caches, and which cache kinds allow it.
+
+mlx-lm's BatchKVCache keeps every sequence's tokens right-aligned at one write index `_idx`, each row's start
+marked by its `left_padding` (masked) and its length by `offset` (which RoPE reads per row). After a step that fed
+k + 1 tokens to every row, row i must forget its last n_i: trim the count all rows forget (the write index moves
+back), then roll each row that forgets more right by its extra, so its last kept token sits just before the write
+index again, and grow its left padding by as much (what rolls round to the row's front lies in the padding and is
+masked). MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary key, so the same holds.
+
+A sliding-window cache (RotatingKVCache) overwrites its oldest tokens in place and a linear-attention state
+(ArraysCache) folds every token into a fixed-size state: neither can give back a suffix, so such a model verifies
+no drafts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache, dynamic_roll, make_prompt_cache
+
+_WHY = {
+    "RotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
+    "BatchRotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
+    "ArraysCache": "a linear-attention state folds every token in and cannot drop rejected drafts",
+}
+
+
+def can_verify(model_or_cache: Any) -> tuple[bool, str]:
+    """Whether every layer's cache can drop a different number of last tokens per sequence (a model: as a fresh
+    cache of its own says; or a list of layer caches), and if not, why."""
+    layers = model_or_cache if isinstance(model_or_cache, (list, tuple)) else make_prompt_cache(model_or_cache)
+    for layer in _flat(layers):
+        if type(layer) not in (KVCache, BatchKVCache):
+            name = type(layer).__name__
+            return False, _WHY.get(name, f"its {name} layers cannot drop rejected drafts per sequence")
+    return True, ""
+
+
+def drop_last(layers: list, counts: list[int]) -> None:
+    """Make row i of every layer's batch cache forget its last counts[i] tokens."""
+    if not any(counts):
+        return
+    common = min(counts)
+    extra = [n - common for n in counts]
+    shifts = mx.array(extra) if any(extra) else None
+    for layer in _flat(layers):
+        if common:
+            layer.trim(common)
+        if shifts is not None:
+            if layer.keys is not None:
+                layer.keys = dynamic_roll(layer.keys, shifts[:, None], axis=2)
+                layer.values = dynamic_roll(layer.values, shifts[:, None], axis=2)
+            layer.left_padding = layer.left_padding + shifts
+            layer.offset = layer.offset - shifts
+
+
+def _flat(layers) -> list:
+    out = []
+    for layer in layers:
+        out.extend(_flat(layer.caches) if isinstance(layer, CacheList) else [layer])
+    return out
