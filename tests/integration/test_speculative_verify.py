@@ -156,3 +156,34 @@ def test_models_whose_caches_cannot_drop_a_suffix_decode_plainly_even_when_given
 @pytest.mark.parametrize("name", ["qwen3", "llama", "deepseek-v3", "qwen3-moe"])
 def test_plain_kv_and_latent_caches_can_verify(name):
     assert can_verify(loaded(name)[0]) == (True, "")
+
+
+def test_penalties_and_bias_see_each_positions_own_context():
+    """Repetition and presence penalties read the tokens before each position: with drafts (the fed input and the
+    kept drafts in context, the rejected ones never) the output is plain decoding's."""
+    model, _ = loaded("llama")
+    inserts = [Insert(rid=f"r{i}", tokens=p, max_tokens=30, repetition_penalty=1.3, presence_penalty=0.4,
+                      logit_bias={7: 2.0}) for i, p in enumerate(prompts(3))]
+    plain = run(model, set(), inserts)
+    spec = run(model, set(), inserts, true_drafts(plain["out"], lambda rid, at: at % 4 == 2))
+    assert spec["out"] == plain["out"] and 0 < spec["accepted"] < spec["proposed"]
+
+
+def test_a_request_whose_sampler_raises_in_a_speculative_step_fails_alone(monkeypatch):
+    from engine.decoding import sampling
+
+    monkeypatch.setattr(sampling, "_FAIL_SEED", 99)  # its sampler raises from its third token on
+    model, _ = loaded("qwen3")
+    good = Insert(rid="good", tokens=prompts(1)[0], max_tokens=20, temperature=0.8, seed=5)
+    bad = Insert(rid="bad", tokens=prompts(2)[1], max_tokens=20, temperature=0.8, seed=99)
+    drafter = lambda out: {rid: [3, 4, 5] for rid in out}  # noqa: E731
+    alone = run(model, set(), [good], drafter)
+    batch = LockstepBatch(model, set(), 64, 8)
+    batch.apply(Plan(step=0, fingerprint=0, token_check=0, inserts=[good, bad]))
+    out, failed = [], {}
+    while len(batch):
+        res = batch.step(drafter({"good": out, "bad": []}))
+        failed.update(res.failed)
+        out += [t for rid, t, _ in res.tokens if rid == "good"]
+    assert list(failed) == ["bad"] and "failpoint" in failed["bad"]
+    assert out == alone["out"]["good"]
