@@ -90,3 +90,27 @@ def test_a_local_model_folder_is_its_own_path_and_an_absent_repo_is_not_fetched(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(Exception, match="(?i)local|offline|cache|not found"):
         mlx_compat.local_model_path("nobody/absent-model", download=False)
+
+
+def test_the_decoding_view_reads_the_lookahead_mlx_lm_keeps_and_a_replaced_step_still_prefills(loaded):
+    """The speculative step (engine/speculative/verify.py) relies on each of these: the next input sampled one step
+    ahead with its row, the fed tokens, the counts max_tokens and stop tokens end a sequence by, and a step whose
+    decoding half is replaced still moves prompts along."""
+    model, tok = loaded
+    gen = BatchGenerator(model, stop_tokens=[[9999]], completion_batch_size=4, prefill_batch_size=4)
+    gen.insert([[5, 6, 7], [8, 9, 10, 11]], max_tokens=[3, 8])
+    while mlx_compat.batch_occupancy(gen)[0] < 2:
+        gen.next()
+    dec = mlx_compat.Decoding(mlx_compat.decoding_batch(gen))
+    pending, rows = dec.pending()
+    assert len(pending) == len(rows) == 2 and rows[0].shape == (model.args.vocab_size,)
+    assert [dec.fed(i) for i in range(2)] == [[5, 6, 7], [8, 9, 10, 11]]
+    assert dec.sampler(0) is None and dec.processors(0) == () and dec.remaining(0) == 3
+    assert [dec.count(0, 1), dec.count(0, 9999), dec.count(0, 2)] == [None, "stop", "length"]
+    gen.insert([[12, 13]], max_tokens=[4])
+    seen = []
+    responses = mlx_compat.step_with_decoding(gen, lambda batch: seen.append(len(batch)) or [])
+    assert seen == [2] and responses == []
+    assert mlx_compat.batch_occupancy(gen)[2] == 0, "the waiting prompt should have started its prefill"
+    assert "next" not in vars(mlx_compat.decoding_batch(gen)), "mlx-lm's own step should be back"
+    gen.close()
