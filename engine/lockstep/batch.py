@@ -66,6 +66,14 @@ def _segments(ins, reused: int) -> list[list[int]]:
     return [ins.tokens[reused:]]
 
 
+def _valid(draft: list[int], vocab: int) -> list[int]:
+    """The draft up to its first token the model has no embedding for."""
+    for n, token in enumerate(draft):
+        if not 0 <= token < vocab:
+            return list(draft[:n])
+    return list(draft)
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
@@ -105,6 +113,8 @@ class LockstepBatch:
         self.boundaries = Boundaries()
         # Whether this model's caches can drop rejected drafts per sequence (engine/speculative/rollback.py)
         self.verifies, self.why_not_verify = can_verify(model)
+        # token ids past it index past the embedding: a draft is cut there (a draft model may have a larger vocabulary)
+        self.vocab = getattr(getattr(model, "args", None), "vocab_size", None) or 1 << 31
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -345,7 +355,7 @@ class LockstepBatch:
     def _draft_rows(self, drafts: dict[str, list[int]]) -> list[list[int]] | None:
         """Drafts per row of the decoding batch (None: no decoding sequence has any)."""
         decoding = mlx_compat.Decoding(mlx_compat.decoding_batch(self.gen))
-        rows = [list(drafts.get(self.rid_of.get(uid, ""), ())) for uid in decoding.uids]
+        rows = [_valid(drafts.get(self.rid_of.get(uid, ""), ()), self.vocab) for uid in decoding.uids]
         return rows if any(rows) else None
 
     def _verify(self, batch, rows: list[list[int]], out: StepResults) -> list:

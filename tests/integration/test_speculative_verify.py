@@ -187,3 +187,12 @@ def test_a_request_whose_sampler_raises_in_a_speculative_step_fails_alone(monkey
         out += [t for rid, t, _ in res.tokens if rid == "good"]
     assert list(failed) == ["bad"] and "failpoint" in failed["bad"]
     assert out == alone["out"]["good"]
+
+
+def test_drafts_with_token_ids_outside_the_vocabulary_are_cut_there():
+    model, _ = loaded("qwen3")
+    inserts = [Insert(rid="r", tokens=prompts(1)[0], max_tokens=12)]
+    plain = run(model, set(), inserts)
+    right = true_drafts(plain["out"])
+    spec = run(model, set(), inserts, lambda out: {"r": right(out)["r"][:2] + [-1, 1 << 40, 3]})
+    assert spec["out"] == plain["out"] and spec["accepted"] == spec["proposed"] > 0
