@@ -3,7 +3,13 @@
 Rank 0 alone: the proposals travel in the plan, so no other rank needs the draft, and a draft on every rank would
 cost each of them its memory and its forward passes for nothing. Each sequence keeps a draft KV cache across
 steps, fed only the tokens it has not seen; when the history leaves what it fed (drafts the target rejected), the
-cache is trimmed back to the common prefix, which mlx-lm's KVCache allows.
+cache is trimmed back to the common prefix, which mlx-lm's KVCache allows. The drafts a call proposes stay in
+the cache, so the next call refeeds none that the target accepted and trims those it rejected.
+
+One sequence at a time: merging the sequences' caches into one batch cache per call (mlx-lm's BatchKVCache.merge)
+copies every cache each step, which measured slower here than a forward per sequence once contexts reach a few
+thousand tokens; drafting several sequences in one forward needs a batch cache kept across steps that rolls back
+per sequence.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ def _specials(tok: Any) -> dict[str, int]:
 def load_draft(settings: Settings) -> tuple[Any, Any, str]:
     """DRAFT_MODEL resolved like MODEL (demo or zoo name, folder, repo id from rank 0's cache) and loaded."""
     from mlx_lm import load as mlx_load
-    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
 
     if not settings.DRAFT_MODEL:
         raise ModelError("SPECULATIVE=draft needs DRAFT_MODEL: a small model of the target's tokenizer "
@@ -73,10 +79,12 @@ def load_draft(settings: Settings) -> tuple[Any, Any, str]:
         model, tokenizer = mlx_load(str(path))
     except Exception as exc:  # mlx-lm and transformers raise anything on a broken folder
         raise ModelError(f"DRAFT_MODEL={settings.DRAFT_MODEL!r} does not load from {path}: {exc}") from exc
-    stuck = sorted({type(c).__name__ for c in make_prompt_cache(model) if not c.is_trimmable()})
-    if stuck:
+    # Rejected drafts are trimmed off: a plain KVCache trims at any length (a sliding window's cache cannot once
+    # full, a linear-attention state never).
+    other = sorted({type(c).__name__ for c in make_prompt_cache(model) if not isinstance(c, KVCache)})
+    if other:
         raise ModelError(f"DRAFT_MODEL={settings.DRAFT_MODEL!r} keeps caches that cannot roll back rejected "
-                         f"drafts ({', '.join(stuck)}); choose a draft with plain attention layers")
+                         f"drafts ({', '.join(other)}); choose a draft whose layers all use full attention")
     return model, tokenizer, str(path)
 
 

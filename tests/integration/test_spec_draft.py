@@ -93,3 +93,10 @@ def test_a_draft_that_cannot_be_found_names_the_draft_setting(tmp_path) -> None:
         DraftProposer(settings, None)
     with pytest.raises(ModelError, match="SPECULATIVE=draft needs DRAFT_MODEL"):
         DraftProposer(_settings(tmp_path, MODEL="zoo-llama"), None)
+
+
+@pytest.mark.parametrize(("name", "kind"), [("qwen3.5", "ArraysCache"), ("gpt-oss", "RotatingKVCache")])
+def test_a_draft_whose_caches_cannot_roll_back_is_refused(name, kind, tmp_path) -> None:
+    settings = _settings(tmp_path, MODEL="zoo-llama", DRAFT_MODEL="zoo-" + name)
+    with pytest.raises(ModelError, match=f"^DRAFT_MODEL='zoo-{name}' keeps caches that cannot roll back .*{kind}"):
+        DraftProposer(settings, None)
