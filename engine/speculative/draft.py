@@ -23,7 +23,7 @@ import msgspec
 
 from config import Settings
 from engine.mlx_compat import hf_tokenizer
-from engine.model import ModelError, resolve
+from engine.model import ModelError, load_errors_explained, refuse_broken_folder, resolve
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +71,17 @@ def load_draft(settings: Settings) -> tuple[Any, Any, str]:
     if not settings.DRAFT_MODEL:
         raise ModelError("SPECULATIVE=draft needs DRAFT_MODEL: a small model of the target's tokenizer "
                          "(a folder, a repo id in the cache, or a demo or zoo name)")
+    draft = msgspec.structs.replace(settings, MODEL=settings.DRAFT_MODEL)
     try:
-        path = resolve(msgspec.structs.replace(settings, MODEL=settings.DRAFT_MODEL), rank=0)
-    except ModelError as exc:  # resolve's sentences name the setting it read: here, DRAFT_MODEL
+        path = resolve(draft, rank=0)
+    except ModelError as exc:  # resolve's sentences start with the setting it read: here, DRAFT_MODEL
         raise ModelError(str(exc).replace("MODEL=", "DRAFT_MODEL=", 1)) from exc
     try:
-        model, tokenizer = mlx_load(str(path))
-    except Exception as exc:  # mlx-lm and transformers raise anything on a broken folder
-        raise ModelError(f"DRAFT_MODEL={settings.DRAFT_MODEL!r} does not load from {path}: {exc}") from exc
+        refuse_broken_folder(draft, path)
+        with load_errors_explained(draft, path):
+            model, tokenizer = mlx_load(str(path))
+    except ModelError as exc:
+        raise ModelError(f"DRAFT_MODEL={settings.DRAFT_MODEL!r}: {exc}") from exc
     # Rejected drafts are trimmed off: a plain KVCache trims at any length (a sliding window's cache cannot once
     # full, a linear-attention state never).
     other = sorted({type(c).__name__ for c in make_prompt_cache(model) if not isinstance(c, KVCache)})

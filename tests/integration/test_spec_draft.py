@@ -100,3 +100,12 @@ def test_a_draft_whose_caches_cannot_roll_back_is_refused(name, kind, tmp_path) 
     settings = _settings(tmp_path, MODEL="zoo-llama", DRAFT_MODEL="zoo-" + name)
     with pytest.raises(ModelError, match=f"^DRAFT_MODEL='zoo-{name}' keeps caches that cannot roll back .*{kind}"):
         DraftProposer(settings, None)
+
+
+def test_a_broken_draft_folder_is_named(tmp_path) -> None:
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json")
+    settings = _settings(tmp_path, MODEL="zoo-llama", DRAFT_MODEL=str(folder))
+    with pytest.raises(ModelError, match=f"^DRAFT_MODEL='{folder}': .*config.json"):
+        DraftProposer(settings, None)
