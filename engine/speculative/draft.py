@@ -14,7 +14,6 @@ per sequence.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +23,6 @@ import msgspec
 from config import Settings
 from engine.mlx_compat import hf_tokenizer
 from engine.model import ModelError, load_errors_explained, refuse_broken_folder, resolve
-
-log = logging.getLogger(__name__)
 
 # A first call may carry a whole agent prompt: fed in chunks, as mlx-lm prefills, so the draft's activations
 # stay bounded.
@@ -143,8 +140,8 @@ class DraftProposer:
         """Trim the cache to the longest prefix it shares with history, keeping at least the last token to feed."""
         from mlx_lm.models.cache import trim_prompt_cache
 
-        keep = 0
         limit = min(len(seq.fed), len(history) - 1)
+        keep = limit if seq.fed[:limit] == history[:limit] else 0  # the usual case, compared at C speed
         while keep < limit and seq.fed[keep] == history[keep]:
             keep += 1
         if keep < len(seq.fed):
