@@ -67,3 +67,14 @@ def fed_tokens(gen: Any) -> dict[int, int]:
     fed = {uid: len(t) for uid, t in zip(gen._prompt_batch.uids, gen._prompt_batch.tokens)}
     fed.update((uid, len(t)) for uid, t in zip(gen._generation_batch.uids, gen._generation_batch.tokens))
     return fed
+
+
+def decoding_histories(gen: Any) -> dict[int, list[int]]:
+    """uid -> every token a decoding sequence's cache holds, then its next input (sampled by the last step, fed by
+    the next: mlx-lm's GenerationBatch reports a token one step after sampling it). Reading the next inputs waits
+    for the last step to end."""
+    batch = gen._generation_batch
+    if not batch.uids or batch._next_tokens is None:
+        return {}
+    nexts = batch._next_tokens.tolist()
+    return {uid: [*tokens, nxt] for uid, tokens, nxt in zip(batch.uids, batch.tokens, nexts)}
