@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,6 +40,16 @@ def greedy_answers(ranks: int, speculative: str, max_tokens: int = 160) -> tuple
                                                        "temperature": 0})
                 assert r.status_code == 200, r.text
                 texts.append(r.json()["choices"][0]["text"])
+            # together: sequences join, end (length, a stop string) and leave a batch while others get drafts
+            def one(i: int) -> str:
+                body = {"model": "default", "prompt": PROMPTS[i % len(PROMPTS)], "temperature": 0,
+                        "max_tokens": 40 + 25 * i, **({"stop": ["barn"]} if i == 3 else {})}
+                r = http.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+
+            with cf.ThreadPoolExecutor(6) as pool:
+                texts += list(pool.map(one, range(6)))
             health = http.get("/health").json()
         assert s.probe() is not None  # no desync ended the engine
         return chats, texts, counters(s.base_url), health["speculative"]

@@ -34,6 +34,10 @@ from engine.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
+# With a proposer and several ranks: after a round of proposals that found nothing, the next 1, 2, 4... plans (at
+# most this many) are sent ahead again, undrafted, so plain chat keeps the overlap of plan and forward pass.
+MAX_PLANS_AHEAD = 8
+
 # How long an idle rank 0 waits on its inbound queue before looking at deadlines and reports again, and how
 # long another rank sleeps on its doorbell between watchdog beats.
 IDLE_WAIT_SECONDS = 1.0
@@ -82,6 +86,8 @@ class StepLoop:
         # rank 0, speculative decoding: what proposes drafts (None: plain decoding), and at most how many per sequence
         self.proposer = proposer
         self.draft_tokens = draft_tokens
+        self.dry_rounds = 0  # consecutive rounds of proposals that found no draft
+        self.plans_ahead = 0  # plans still to send ahead before proposing again
 
     @property
     def step(self) -> int:
@@ -226,9 +232,23 @@ class StepLoop:
         if self.links is not None:
             plan = self.links.attach(plan, now, busy(sched, self.inbound))
         if self.proposer is not None and not plan.idle and not plan.shutdown:
-            drafts = self._drafts(plan) if after else {}
-            plan = msgspec.structs.replace(plan, drafts=drafts, next_after=True)
+            plan = self._speculate(plan, after)
         return plan
+
+    def _speculate(self, plan: Plan, after: bool) -> Plan:
+        """Drafts for a plan made after the step, and how the next plan travels: after this step while proposals
+        find drafts (or a sequence joins), else sent ahead for a few plans before proposing again."""
+        drafts = self._drafts(plan) if after else {}
+        if after:
+            self.dry_rounds = 0 if drafts or plan.inserts else self.dry_rounds + 1
+            self.plans_ahead = min(2 ** (self.dry_rounds - 1), MAX_PLANS_AHEAD) if self.dry_rounds else 0
+        elif plan.inserts:
+            self.dry_rounds = self.plans_ahead = 0
+        else:
+            self.plans_ahead = max(0, self.plans_ahead - 1)
+        log.debug("plan %d, made %s the step: drafts for %d sequence(s), the next plan %s", plan.step,
+                  "after" if after else "ahead of", len(drafts), "after" if self.plans_ahead == 0 else "ahead")
+        return msgspec.structs.replace(plan, drafts=drafts, next_after=self.plans_ahead == 0)
 
     def _drafts(self, plan: Plan) -> dict[str, list[int]]:
         """The proposer's drafts for the sequences that decode in this plan's step: never for one it removes, nor
