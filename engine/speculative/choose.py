@@ -45,9 +45,9 @@ def cannot_verify(model: Any) -> str | None:
     """Why this rank's model cannot verify drafts (its caches cannot roll back a rejected suffix per sequence), or
     None when it can. Asks the verification's own answer; without it, nothing can verify."""
     try:
-        from engine.speculative.verify import can_verify
+        from engine.speculative.rollback import can_verify
     except ImportError:
-        return "this build cannot verify drafts (engine.speculative.verify is missing)"
+        return "this build cannot verify drafts (engine.speculative.rollback is missing)"
     answer = can_verify(model)
     if isinstance(answer, tuple):  # (ok, why)
         ok, why = answer

@@ -52,7 +52,7 @@ def test_the_proposers_refusal_passes_through(monkeypatch):
 
 
 def test_without_the_verification_nothing_can_verify(monkeypatch):
-    monkeypatch.setitem(sys.modules, "engine.speculative.verify", None)
+    monkeypatch.setitem(sys.modules, "engine.speculative.rollback", None)
     assert "cannot verify drafts" in cannot_verify(object())
 
 
@@ -62,7 +62,7 @@ def test_without_the_verification_nothing_can_verify(monkeypatch):
     ("", None), ("ArraysCache holds a state", "ArraysCache holds a state"),
 ])
 def test_the_verifications_answer(monkeypatch, answer, why):
-    fake = ModuleType("engine.speculative.verify")
+    fake = ModuleType("engine.speculative.rollback")
     fake.can_verify = lambda model: answer
-    monkeypatch.setitem(sys.modules, "engine.speculative.verify", fake)
+    monkeypatch.setitem(sys.modules, "engine.speculative.rollback", fake)
     assert cannot_verify(object()) == why
