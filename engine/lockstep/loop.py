@@ -181,9 +181,6 @@ class StepLoop:
                 self._broadcast(plan)
             self.asleep = plan.idle and not single
             self.batch.apply(plan)
-            if self.proposer is not None:
-                for rid in plan.removes:
-                    self.proposer.forget(rid)
             if plan.stores or plan.evicts:
                 # what the ranks now hold, measured on this rank's shard; over budget, the LRU go next plan
                 sched.prefix.applied(self.batch.prefix.sizes())
@@ -238,6 +235,8 @@ class StepLoop:
     def _speculate(self, plan: Plan, after: bool) -> Plan:
         """Drafts for a plan made after the step, and how the next plan travels: after this step while proposals
         find drafts (or a sequence joins), else sent ahead for a few plans before proposing again."""
+        for rid in plan.removes:  # the sequences that finish in a step are forgotten after it (_count_drafts)
+            self.proposer.forget(rid)
         drafts = self._drafts(plan) if after else {}
         if after:
             self.dry_rounds = 0 if drafts or plan.inserts else self.dry_rounds + 1

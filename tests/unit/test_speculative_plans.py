@@ -65,3 +65,12 @@ def test_a_match_or_a_new_sequence_brings_proposals_back_at_once():
     lp.batch.histories_now = {"a": [1, 2, 3, 4, 1, 2]}
     out = lp._speculate(plan(), after=True)
     assert out.drafts == {"a": [3, 4, 1]} and out.next_after
+
+
+def test_the_proposer_forgets_what_a_plan_removes_sent_ahead_or_not():
+    proposer = NgramProposer()
+    lp = loop({"a": [1, 2, 9, 1, 2], "b": [3, 4, 8, 3, 4]}, proposer)
+    lp._speculate(plan(), after=True)
+    assert set(proposer.indexes) == {"a", "b"}
+    lp._speculate(plan(removes=["a"]), after=False)
+    assert set(proposer.indexes) == {"b"}
