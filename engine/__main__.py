@@ -179,11 +179,32 @@ def _build(settings, joined: Joined, watchdog):
         watchdog.beat("connecting the doorbell")  # idle ranks sleep on it instead of meeting in a collective
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
-    speculate = _can_speculate(settings, joined, channel)
+    proposer = _speculation(settings, joined, channel, watchdog)
     if joined.rank != 0:
         return StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, links=links), None
     return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
-                  speculate)
+                  proposer)
+
+
+def _speculation(settings, joined: Joined, channel, watchdog):
+    """Rank 0's proposer (None elsewhere, and where the model decodes plainly). Every rank learns whether rank 0
+    could build it, so a proposer that cannot be built (a draft of another tokenizer, no MTP heads) ends every
+    rank with rank 0's sentence (ModelError) rather than leaving them waiting for a plan."""
+    from engine.model import ModelError
+
+    if not _can_speculate(settings, joined, channel):
+        return None
+    proposer, why = None, ""
+    if joined.rank == 0:
+        watchdog.beat(f"building the {settings.SPECULATIVE} proposer")
+        try:
+            proposer = _proposer(settings, joined.loaded, joined.loaded.tokenizer)
+        except ModelError as exc:
+            why = str(exc)
+    if not channel.gather([0 if why else 1])[0][0]:
+        raise ModelError(why or f"rank 0 could not build the SPECULATIVE={settings.SPECULATIVE} proposer (see its "
+                                "log); ending this rank with it")
+    return proposer
 
 
 def _can_speculate(settings, joined: Joined, channel) -> bool:
@@ -203,7 +224,7 @@ def _can_speculate(settings, joined: Joined, channel) -> bool:
 
 
 def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows,
-           links, speculate: bool):
+           links, proposer):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.rank0.admission import Prompter
@@ -233,7 +254,6 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
                           PrefixIndex(cache_budget, batch.prefix.cuts), kv)
     backend = settings.BACKEND if joined.size > 1 else "single"
-    proposer = _proposer(settings, loaded, tokenizer) if speculate else None
     spec_mode = settings.SPECULATIVE if proposer is not None else "off"
 
     def info() -> Info:
