@@ -22,8 +22,9 @@ def counters(base_url: str) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in COUNTERS}
 
 
-def greedy_answers(ranks: int, speculative: str, max_tokens: int = 160) -> tuple[list[str], list[str], dict, dict]:
-    """(chat answers, completion texts, /metrics counters, /health's speculative block) of one engine."""
+def greedy_answers(ranks: int, speculative: str, max_tokens: int = 160) -> tuple:
+    """(greedy chat answers, greedy completion texts, /metrics counters, /health's speculative block, seeded sampled
+    texts) of one engine."""
     s = Stack()
     engine = s.start_engine(ranks=ranks, SPECULATIVE=speculative, NUM_DRAFT_TOKENS="4")
     api = s.start_api()
@@ -50,9 +51,16 @@ def greedy_answers(ranks: int, speculative: str, max_tokens: int = 160) -> tuple
 
             with cf.ThreadPoolExecutor(6) as pool:
                 texts += list(pool.map(one, range(6)))
+            # sampled, seeded: the same answers wherever the ranks verify them alike
+            seeded = []
+            for seed in (1, 2):
+                r = http.post("/v1/completions", json={"model": "default", "prompt": PROMPTS[0], "max_tokens": 60,
+                                                       "temperature": 0.8, "seed": seed})
+                assert r.status_code == 200, r.text
+                seeded.append(r.json()["choices"][0]["text"])
             health = http.get("/health").json()
         assert s.probe() is not None  # no desync ended the engine
-        return chats, texts, counters(s.base_url), health["speculative"]
+        return chats, texts, counters(s.base_url), health["speculative"], seeded
     finally:
         api.stop()
         engine.stop()

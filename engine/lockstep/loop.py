@@ -88,6 +88,7 @@ class StepLoop:
         self.draft_tokens = draft_tokens
         self.dry_rounds = 0  # consecutive rounds of proposals that found no draft
         self.plans_ahead = 0  # plans still to send ahead before proposing again
+        self.drafting = True  # the last plan said the next one comes after the step (next_after)
 
     @property
     def step(self) -> int:
@@ -229,7 +230,12 @@ class StepLoop:
         if self.links is not None:
             plan = self.links.attach(plan, now, busy(sched, self.inbound))
         if self.proposer is not None and not plan.idle and not plan.shutdown:
-            plan = self._speculate(plan, after)
+            # one rank keeps the schedule of several (drafted or not, step by step), so that a seeded sampled answer,
+            # which depends on the drafts it was verified with, is the same on any number of ranks
+            plan = self._speculate(plan, after and self.drafting)
+            self.drafting = plan.next_after
+        elif plan.idle:
+            self.drafting = True  # from idle, the next plan is made when work comes
         return plan
 
     def _speculate(self, plan: Plan, after: bool) -> Plan:
@@ -237,25 +243,26 @@ class StepLoop:
         find drafts (or a sequence joins), else sent ahead for a few plans before proposing again."""
         for rid in plan.removes:  # the sequences that finish in a step are forgotten after it (_count_drafts)
             self.proposer.forget(rid)
-        drafts = self._drafts(plan) if after else {}
-        if after:
-            self.dry_rounds = 0 if drafts or plan.inserts else self.dry_rounds + 1
-            self.plans_ahead = min(2 ** (self.dry_rounds - 1), MAX_PLANS_AHEAD) if self.dry_rounds else 0
-        elif plan.inserts:
+        histories = self._histories(plan) if after else {}
+        drafts = self._drafts(plan, histories) if histories else {}
+        if plan.inserts:
             self.dry_rounds = self.plans_ahead = 0
-        else:
+        elif histories:  # a round of proposals (none while every sequence still prefills)
+            self.dry_rounds = 0 if drafts else self.dry_rounds + 1
+            self.plans_ahead = min(2 ** (self.dry_rounds - 1), MAX_PLANS_AHEAD) if self.dry_rounds else 0
+        elif not after:
             self.plans_ahead = max(0, self.plans_ahead - 1)
         log.debug("plan %d, made %s the step: drafts for %d sequence(s), the next plan %s", plan.step,
                   "after" if after else "ahead of", len(drafts), "after" if self.plans_ahead == 0 else "ahead")
         return msgspec.structs.replace(plan, drafts=drafts, next_after=self.plans_ahead == 0)
 
-    def _drafts(self, plan: Plan) -> dict[str, list[int]]:
-        """The proposer's drafts for the sequences that decode in this plan's step: never for one it removes, nor
-        for one still prefilling (it has no next input yet)."""
+    def _histories(self, plan: Plan) -> dict[str, list[int]]:
+        """The sequences that decode in this plan's step: never one it removes, nor one still prefilling (it has
+        no next input yet)."""
         gone = set(plan.removes)
-        histories = {rid: h for rid, h in self.batch.histories().items() if rid not in gone}
-        if not histories:
-            return {}
+        return {rid: h for rid, h in self.batch.histories().items() if rid not in gone}
+
+    def _drafts(self, plan: Plan, histories: dict[str, list[int]]) -> dict[str, list[int]]:
         self.watchdog.beat(f"proposing drafts for plan {plan.step}")
         proposed = self.proposer.propose(histories, self.draft_tokens)
         return {rid: list(d[:self.draft_tokens]) for rid, d in proposed.items() if d and rid in histories}
