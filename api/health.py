@@ -21,6 +21,7 @@ from starlette.responses import Response
 from api.bodies import json_response
 from api.engine_client import EngineClient, EngineStalled
 from api.errors import APIError
+from api.metrics import acceptance, tokens_per_forward
 from config import Settings
 
 # How long /health waits for the engine's Info before calling it stalled.
@@ -67,6 +68,11 @@ def details(info: ipc.Info) -> dict[str, Any]:
                          "entries": info.prompt_cache_entries, "hits": info.prompt_cache_hits,
                          "misses": info.prompt_cache_misses, "evictions": info.prompt_cache_evictions,
                          "prompt_tokens": info.prompt_tokens_total, "cached_tokens": info.prompt_tokens_cached},
+        "speculative": {"mode": info.spec_mode, "draft_tokens": info.spec_draft_tokens,
+                        "proposed_tokens": info.spec_proposed_tokens, "accepted_tokens": info.spec_accepted_tokens,
+                        "acceptance": round(acceptance(info), 4), "forward_passes": info.spec_forward_passes,
+                        "emitted_tokens": info.spec_emitted_tokens,
+                        "tokens_per_forward": round(tokens_per_forward(info), 4)},
         "kv_memory": {"budget_bytes": info.kv_budget_bytes, "reserved_bytes": info.kv_reserved_bytes,
                       "token_bytes": info.kv_token_bytes, "window_token_bytes": info.kv_window_token_bytes,
                       "window_tokens": info.kv_window, "constant_bytes": info.kv_constant_bytes,

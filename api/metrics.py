@@ -171,6 +171,7 @@ class EngineCollector(Collector):
                                   "Step-plan broadcasts from rank 0 to every rank.",
                                   count_value=info.broadcast_time_count, sum_value=info.broadcast_time_sum)
         yield from _prefix_cache(info)
+        yield from _speculative(info)
         yield from _kv_memory(info)
         memory = GaugeMetricFamily(f"{PREFIX}_rank_memory_bytes", "MLX memory of each rank (active, cache, peak).",
                                    labels=["rank", "host", "kind"])
@@ -238,6 +239,37 @@ def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:
     yield CounterMetricFamily(f"{PREFIX}_prompt_cache_tokens",
                               "Of those, tokens whose KV came from the prefix cache instead of being computed.",
                               value=info.prompt_tokens_cached)
+
+
+def _speculative(info: ipc.Info) -> Iterator[Metric]:
+    """Speculative decoding: rate(emitted) / rate(forward passes) is tokens per target forward pass over a window,
+    the gauge the same since the engine started."""
+    yield InfoMetricFamily(f"{PREFIX}_speculative", "Speculative decoding as the engine runs it (mode off also where "
+                           "the model's caches cannot verify drafts).",
+                           value={"mode": info.spec_mode, "draft_tokens": str(info.spec_draft_tokens)})
+    yield CounterMetricFamily(f"{PREFIX}_spec_proposed_tokens", "Draft tokens rank 0 proposed for verification.",
+                              value=info.spec_proposed_tokens)
+    yield CounterMetricFamily(f"{PREFIX}_spec_accepted_tokens", "Draft tokens the target model verified and kept.",
+                              value=info.spec_accepted_tokens)
+    yield CounterMetricFamily(f"{PREFIX}_spec_forward_passes", "A sequence's target forward passes that verified "
+                              "drafts (a step verifying three sequences' drafts counts three).",
+                              value=info.spec_forward_passes)
+    yield CounterMetricFamily(f"{PREFIX}_spec_emitted_tokens", "Tokens those sequences gained in those passes "
+                              "(accepted drafts plus the target's own token).", value=info.spec_emitted_tokens)
+    yield GaugeMetricFamily(f"{PREFIX}_spec_tokens_per_forward", "Tokens a sequence gains per target forward pass "
+                            "that verified drafts, since the engine started (1 without speculation).",
+                            value=tokens_per_forward(info))
+    yield GaugeMetricFamily(f"{PREFIX}_spec_acceptance_ratio", "Accepted over proposed draft tokens since the engine "
+                            "started (0 before any proposal).", value=acceptance(info))
+
+
+def tokens_per_forward(info: ipc.Info) -> float:
+    """Tokens per target forward pass that verified drafts (1.0 before any)."""
+    return info.spec_emitted_tokens / info.spec_forward_passes if info.spec_forward_passes else 1.0
+
+
+def acceptance(info: ipc.Info) -> float:
+    return info.spec_accepted_tokens / info.spec_proposed_tokens if info.spec_proposed_tokens else 0.0
 
 
 def _kv_memory(info: ipc.Info) -> Iterator[Metric]:

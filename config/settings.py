@@ -186,6 +186,8 @@ HINTS = {
     "LOG_LEVEL": "one of DEBUG, INFO, WARNING, ERROR",
     "BACKEND": "one of ring, jaccl, mpi",
     "PARALLEL": "one of tensor, pipeline",
+    "SPECULATIVE": "one of off, ngram, draft, mtp",
+    "NUM_DRAFT_TOKENS": "an integer from 1 to 16 (draft tokens proposed per sequence and step)",
     "MAX_TOKENS_DEFAULT": "0 (no cap) or a positive integer",
     "MAX_TOKENS_LIMIT": "a positive integer",
     "MAX_BATCH": "a positive integer",
@@ -306,6 +308,7 @@ def _check(s: Settings) -> None:
         raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see README)")
     _check_pipeline_layers(s)
     _check_hub_caches(s)
+    _check_speculative(s)
     if not _listen_host(s.API_HOST):
         raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
                           "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
@@ -326,6 +329,14 @@ def _check(s: Settings) -> None:
         raise ConfigError(
             f"MAX_TOKENS_DEFAULT={s.MAX_TOKENS_DEFAULT} exceeds MAX_TOKENS_LIMIT={s.MAX_TOKENS_LIMIT}: lower it or raise the limit"
         )
+
+
+def _check_speculative(s: Settings) -> None:
+    """What the settings alone can tell; the models' own answers (a draft's tokenizer, MTP heads, caches that
+    cannot roll back) come when the engine loads them (engine/speculative/choose.py)."""
+    if s.SPECULATIVE == "draft" and not s.DRAFT_MODEL.strip():
+        raise ConfigError("SPECULATIVE=draft needs DRAFT_MODEL: name a small model with MODEL's tokenizer (a folder, "
+                          "a repo id, a demo or zoo name), or set SPECULATIVE=ngram, which needs no second model")
 
 
 def _check_hub_caches(s: Settings) -> None:

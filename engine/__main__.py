@@ -103,7 +103,11 @@ def main() -> int:
         return ExitCause.MODEL
     # A socket per stream; after _join, since importing mlx_lm sets the limits to 2048 (soft) and 4096 (hard).
     log.debug("open-file limit %d", raise_open_file_limit())
-    loop, server = _build(settings, joined, watchdog)
+    try:
+        loop, server = _build(settings, joined, watchdog)
+    except ModelError as exc:  # rank 0's proposer (SPECULATIVE) cannot be built: the model's answer, in a sentence
+        log.error("%s", exc)
+        return ExitCause.MODEL
 
     def on_signal(signum, frame):  # never log in a signal handler
         loop.request_stop()
@@ -175,13 +179,52 @@ def _build(settings, joined: Joined, watchdog):
         watchdog.beat("connecting the doorbell")  # idle ranks sleep on it instead of meeting in a collective
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
+    proposer = _speculation(settings, joined, channel, watchdog)
     if joined.rank != 0:
         return StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, links=links), None
-    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links)
+    return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
+                  proposer)
+
+
+def _speculation(settings, joined: Joined, channel, watchdog):
+    """Rank 0's proposer (None elsewhere, and where the model decodes plainly). Every rank learns whether rank 0
+    could build it, so a proposer that cannot be built (a draft of another tokenizer, no MTP heads) ends every
+    rank with rank 0's sentence (ModelError) rather than leaving them waiting for a plan."""
+    from engine.model import ModelError
+
+    if not _can_speculate(settings, joined, channel):
+        return None
+    proposer, why = None, ""
+    if joined.rank == 0:
+        watchdog.beat(f"building the {settings.SPECULATIVE} proposer")
+        try:
+            proposer = _proposer(settings, joined.loaded, joined.loaded.tokenizer)
+        except ModelError as exc:
+            why = str(exc)
+    if not channel.gather([0 if why else 1])[0][0]:
+        raise ModelError(why or f"rank 0 could not build the SPECULATIVE={settings.SPECULATIVE} proposer (see its "
+                                "log); ending this rank with it")
+    return proposer
+
+
+def _can_speculate(settings, joined: Joined, channel) -> bool:
+    """SPECULATIVE is on and every rank's caches can verify drafts (pipeline ranks hold different layers: all are
+    asked, each rank alike); else rank 0 says in one line why the model decodes plainly."""
+    from engine.speculative.choose import cannot_verify
+
+    if settings.SPECULATIVE == "off":
+        return False
+    why = cannot_verify(joined.loaded.model)
+    rows = channel.gather([0 if why else 1])
+    if joined.rank == 0 and not all(row[0] for row in rows):
+        where = why or f"rank(s) {[r for r, row in enumerate(rows) if not row[0]]} hold caches that cannot"
+        logging.getLogger("engine").warning("SPECULATIVE=%s: this model decodes without speculation: %s",
+                                            settings.SPECULATIVE, where)
+    return all(row[0] for row in rows)
 
 
 def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows,
-           links):
+           links, proposer):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.lockstep.loop import LoopStats, StepLoop
     from engine.rank0.admission import Prompter
@@ -211,6 +254,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
                           PrefixIndex(cache_budget, batch.prefix.cuts), kv)
     backend = settings.BACKEND if joined.size > 1 else "single"
+    spec_mode = settings.SPECULATIVE if proposer is not None else "off"
 
     def info() -> Info:
         return Info(model=settings.model_name, model_path=loaded.path, context_length=loaded.context_length,
@@ -226,7 +270,9 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
                     kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured,
                     parallel=loaded.parallel, pipeline_layers=list(loaded.pipeline_split),
-                    links=links.snapshot())
+                    links=links.snapshot(), spec_mode=spec_mode, spec_draft_tokens=settings.NUM_DRAFT_TOKENS,
+                    spec_proposed_tokens=stats.spec_proposed, spec_accepted_tokens=stats.spec_accepted,
+                    spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
@@ -234,8 +280,18 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     if joined.size > 1:
         server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
     loop = StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
-                    stats, links)
+                    stats, links, proposer, settings.NUM_DRAFT_TOKENS)
     return loop, server
+
+
+def _proposer(settings, loaded, tokenizer):
+    """Rank 0's proposer for SPECULATIVE; raises ModelError (a draft of another tokenizer, no MTP heads)."""
+    from engine.speculative.choose import make_proposer
+
+    proposer = make_proposer(settings, loaded, tokenizer)
+    logging.getLogger("engine").info("speculative decoding: %s, up to %d draft token(s) per sequence and step",
+                                     settings.SPECULATIVE, settings.NUM_DRAFT_TOKENS)
+    return proposer
 
 
 def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]]):

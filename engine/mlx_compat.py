@@ -155,3 +155,14 @@ class Decoding:
 def decoding_batch(gen: Any) -> Any:
     """A BatchGenerator's GenerationBatch: the sequences it decodes, in their batch order."""
     return gen._generation_batch
+
+
+def decoding_histories(gen: Any) -> dict[int, list[int]]:
+    """uid -> every token a decoding sequence's cache holds, then its next input (sampled by the last step, fed by
+    the next: mlx-lm's GenerationBatch reports a token one step after sampling it). Reading the next inputs waits
+    for the last step to end."""
+    batch = gen._generation_batch
+    if not batch.uids or batch._next_tokens is None:
+        return {}
+    nexts = batch._next_tokens.tolist()
+    return {uid: [*tokens, nxt] for uid, tokens, nxt in zip(batch.uids, batch.tokens, nexts)}

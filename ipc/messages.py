@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 
 # The reasoning levels a Generate may ask for (OpenAI's reasoning_effort but "none", which is enable_thinking false).
@@ -151,6 +151,16 @@ class Info(Msg):
     pipeline_layers: list[int] = []
     # the links between ranks as last probed (empty: one rank, or no probe yet)
     links: list[LinkState] = []
+    # speculative decoding (SPECULATIVE; "off" also where the model's caches cannot verify drafts), the most draft
+    # tokens per sequence and step, and cumulative counts: draft tokens proposed and accepted, and a sequence's
+    # forward passes that verified drafts (a step verifying three sequences' drafts counts three) with the tokens
+    # those sequences gained in them, so emitted / forward passes is tokens per target forward pass (1.0 without)
+    spec_mode: str = "off"
+    spec_draft_tokens: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_forward_passes: int = 0
+    spec_emitted_tokens: int = 0
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from config import REPO_ROOT, Settings
 from ops.parallel_check import parallel_refusal
+from ops.speculative_check import speculative_refusal
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 PROBE = Path(__file__).resolve().parent / "hostprobe.py"
@@ -218,9 +219,10 @@ def check(settings: Settings) -> int:
     with cf.ThreadPoolExecutor(len(hosts) + 1) as pool:
         # the ranks together: can they run MODEL at all as PARALLEL says (asked here: mlx-lm decides alike anywhere)
         refusal = pool.submit(parallel_refusal, settings, sum(len(h.ranks) for h in hosts))
+        speculation = pool.submit(speculative_refusal, settings)
         list(pool.map(lambda h: probe_host(h, settings), hosts))
     judge(hosts, settings)
-    model_faults = [why] if (why := refusal.result()) is not None else []
+    model_faults = [why for why in (refusal.result(), speculation.result()) if why is not None]
     print(render(hosts, settings, global_faults, model_faults))
     return 1 if global_faults or model_faults or any(h.faults for h in hosts) or not hosts else 0
 

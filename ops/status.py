@@ -44,6 +44,7 @@ def describe_info(i: Info) -> str:
         f"  step      {i.step}  (last step {i.last_step_age:.1f}s ago)",
         f"  requests  {i.active} active of {i.max_batch} slots, {i.queued} queued of {i.max_queue}",
         _prompt_cache(i),
+        _speculative(i),
         _kv_memory(i),
     ]
     for r in i.rank_states:
@@ -76,6 +77,17 @@ def _prompt_cache(i: Info) -> str:
     return (f"  prefix cache {i.prompt_cache_entries} entries, {_size(i.prompt_cache_bytes)} of "
             f"{_size(i.prompt_cache_budget)} per rank; {i.prompt_cache_hits} hits, {i.prompt_cache_misses} misses, "
             f"{i.prompt_cache_evictions} evictions; {share} of prompt tokens from the cache")
+
+
+def _speculative(i: Info) -> str:
+    if i.spec_mode == "off":
+        return "  speculation off (SPECULATIVE=off, or the model's caches cannot verify drafts: see the engine log)"
+    if not i.spec_forward_passes:
+        return f"  speculation {i.spec_mode}, up to {i.spec_draft_tokens} draft tokens; no drafts verified yet"
+    accepted = 100 * i.spec_accepted_tokens / i.spec_proposed_tokens if i.spec_proposed_tokens else 0
+    return (f"  speculation {i.spec_mode}, up to {i.spec_draft_tokens} draft tokens; {i.spec_accepted_tokens} of "
+            f"{i.spec_proposed_tokens} proposed tokens accepted ({accepted:.0f} %), "
+            f"{i.spec_emitted_tokens / i.spec_forward_passes:.2f} tokens per forward pass with drafts")
 
 
 def _kv_memory(i: Info) -> str:

@@ -108,6 +108,20 @@ function renderCards(state) {
   $("active-sub").textContent = known ? `of ${h.max_batch} batch slots` : "";
   $("step-age").textContent = known ? seconds(h.last_step_age) + " ago" : "–";
   $("step-sub").textContent = known ? `step ${h.step} · stall after ${h.stall_deadline} s` : "";
+  renderSpeculation(h.speculative);
+}
+
+function renderSpeculation(s) {
+  // tokens a sequence gains per target forward pass that verified drafts, and the share of drafts accepted
+  if (!s || s.mode === "off") {
+    $("spec").textContent = "off";
+    $("spec-sub").textContent = s ? "SPECULATIVE=off, or the model cannot verify drafts" : "";
+    return;
+  }
+  $("spec").textContent = s.forward_passes ? s.tokens_per_forward.toFixed(2) : "–";
+  $("spec-sub").textContent = s.proposed_tokens
+    ? `${s.mode} · ${(100 * s.acceptance).toFixed(0)} % of ${s.proposed_tokens} drafts accepted`
+    : `${s.mode} · no drafts proposed yet`;
 }
 
 function memoryBar(r) {

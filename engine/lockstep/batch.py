@@ -304,6 +304,12 @@ class LockstepBatch:
             if self._fail_seed is not None and ins.seed == self._fail_seed:
                 self._seeded.add(ins.rid)
 
+    def histories(self) -> dict[str, list[int]]:
+        """Rank 0, before planning drafts: per decoding sequence, every token its cache holds and last its next
+        input (what a proposer continues; engine/speculative)."""
+        return {self.rid_of[uid]: h for uid, h in mlx_compat.decoding_histories(self.gen).items()
+                if uid in self.rid_of}
+
     def step(self, drafts: dict[str, list[int]] | None = None) -> StepResults:
         """One batched forward step: (request id, token, finish reason) per token a decoding request gained.
 

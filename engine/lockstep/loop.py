@@ -23,14 +23,20 @@ from engine.lockstep.channel import Pending, PlanChannel
 from engine.lockstep.doorbell import RING, Bell, Doorbell
 from engine.lockstep.link_probe import probe
 from engine.lockstep.plan import Plan
+from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.links import LinkProbes, busy
 from engine.rank0.scheduler import Scheduler, Submit, Withdraw
 from engine.rank0.server import EngineServer
 from engine.ranks import RankReports, local_row
+from engine.speculative.propose import Proposer
 from engine.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
+
+# With a proposer and several ranks: after a round of proposals that found nothing, the next 1, 2, 4... plans (at
+# most this many) are sent ahead again, undrafted, so plain chat keeps the overlap of plan and forward pass.
+MAX_PLANS_AHEAD = 8
 
 # How long an idle rank 0 waits on its inbound queue before looking at deadlines and reports again, and how
 # long another rank sleeps on its doorbell between watchdog beats.
@@ -47,6 +53,12 @@ class LoopStats:
     step_time_count: int = 0
     broadcast_time_sum: float = 0.0
     broadcast_time_count: int = 0
+    # speculative decoding: draft tokens rank 0 proposed and the steps kept; a sequence's forward passes that verified
+    # drafts (a step verifying three sequences' drafts counts three) and the tokens those sequences gained in them
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_forward_passes: int = 0
+    spec_emitted: int = 0
 
 
 class StepLoop:
@@ -55,7 +67,8 @@ class StepLoop:
     def __init__(self, batch: LockstepBatch, channel: PlanChannel, watchdog: Watchdog, drain_seconds: float,
                  doorbell: Doorbell | Bell | None = None, scheduler: Scheduler | None = None,
                  server: EngineServer | None = None, inbound: queue.SimpleQueue | None = None,
-                 reports: RankReports | None = None, stats: LoopStats | None = None, links: LinkProbes | None = None):
+                 reports: RankReports | None = None, stats: LoopStats | None = None, links: LinkProbes | None = None,
+                 proposer: Proposer | None = None, draft_tokens: int = 0):
         self.batch = batch
         self.channel = channel
         self.watchdog = watchdog
@@ -70,6 +83,12 @@ class StepLoop:
         self.links = links  # the rank pairs a probe measures; rank 0 also schedules probes and keeps the figures
         self.rank = channel.rank
         self.stopping_since: float | None = None
+        # rank 0, speculative decoding: what proposes drafts (None: plain decoding), and at most how many per sequence
+        self.proposer = proposer
+        self.draft_tokens = draft_tokens
+        self.dry_rounds = 0  # consecutive rounds of proposals that found no draft
+        self.plans_ahead = 0  # plans still to send ahead before proposing again
+        self.drafting = True  # the last plan said the next one comes after the step (next_after)
 
     @property
     def step(self) -> int:
@@ -106,11 +125,13 @@ class StepLoop:
             if plan.idle:
                 self._sleep(plan.step)
                 continue
-            # rank 0 sends the next plan now, before this step's forward pass (see _lead)
-            expected = self.batch.expect(plan.step + 1)
-            pending = self.channel.post(None)
+            if not plan.next_after:
+                # rank 0 sends the next plan now, before this step's forward pass (see _lead)
+                expected = self.batch.expect(plan.step + 1)
+                pending = self.channel.post(None)
+            # else it comes after this step, drafts continuing what the step samples: broadcast at the loop's top
             self.watchdog.beat(f"step {plan.step}")
-            self.batch.step()
+            self.batch.step(drafts=plan.drafts)
 
     def _sleep(self, step: int) -> None:
         """Until rank 0 rings for its next plan, answering its report requests meanwhile."""
@@ -128,7 +149,9 @@ class StepLoop:
         forward pass is queued: its all_sum then runs between the two passes, and every rank reads it and
         builds pass n+1 while pass n computes, as mlx-lm's own loop does. Sending it after queuing pass n
         would make every rank wait for pass n to end before building the next one. The plan knows what
-        rank 0 knew one step earlier: a new request joins a busy batch one step later; from idle, at once."""
+        rank 0 knew one step earlier: a new request joins a busy batch one step later; from idle, at once.
+        With a proposer, plans say `next_after`: the next plan is made after this step, when the tokens its drafts
+        continue are known, and broadcast then (engine/speculative)."""
         sched, server = self.scheduler, self.server
         assert sched is not None and server is not None and self.inbound is not None
         single = self.channel.size == 1
@@ -152,7 +175,7 @@ class StepLoop:
                         self.reports.update([row] if single else self.doorbell.gather(row))
                     continue
                 # with no work and the other ranks awake, this is the idle plan that puts them to sleep
-                plan = self._next_plan(now, shutdown)
+                plan = self._next_plan(now, shutdown, after=True)
                 if self.asleep:
                     self.watchdog.beat(f"ringing the doorbell for plan {plan.step}")
                     self.doorbell.ring()
@@ -173,10 +196,10 @@ class StepLoop:
                 log.info("rank 0: shutdown plan sent at step %d", plan.step)
                 return
             if not plan.idle:
-                if not single:
+                if not single and not plan.next_after:
                     self._drain_inbound(block=False)
                     now = time.monotonic()
-                    pending = self._post(self._next_plan(now, self._drained(now)))
+                    pending = self._post(self._next_plan(now, self._drained(now), after=False))
                 self._step(plan)
             server.post(sched.take_events())
 
@@ -193,7 +216,8 @@ class StepLoop:
                                                         "retry when it is back"))
         return True
 
-    def _next_plan(self, now: float, shutdown: bool) -> Plan:
+    def _next_plan(self, now: float, shutdown: bool, after: bool) -> Plan:
+        """after: made once the last step ended (not sent ahead of it), so drafts may continue its tokens."""
         sched = self.scheduler
         sched.expire(now)
         sched.step = self.step
@@ -205,7 +229,43 @@ class StepLoop:
             plan = msgspec.structs.replace(plan, report=True)
         if self.links is not None:
             plan = self.links.attach(plan, now, busy(sched, self.inbound))
+        if self.proposer is not None and not plan.idle and not plan.shutdown:
+            # one rank keeps the schedule of several (drafted or not, step by step), so that a seeded sampled answer,
+            # which depends on the drafts it was verified with, is the same on any number of ranks
+            plan = self._speculate(plan, after and self.drafting)
+            self.drafting = plan.next_after
+        elif plan.idle:
+            self.drafting = True  # from idle, the next plan is made when work comes
         return plan
+
+    def _speculate(self, plan: Plan, after: bool) -> Plan:
+        """Drafts for a plan made after the step, and how the next plan travels: after this step while proposals
+        find drafts (or a sequence joins), else sent ahead for a few plans before proposing again."""
+        for rid in plan.removes:  # the sequences that finish in a step are forgotten after it (_count_drafts)
+            self.proposer.forget(rid)
+        histories = self._histories(plan) if after else {}
+        drafts = self._drafts(plan, histories) if histories else {}
+        if plan.inserts:
+            self.dry_rounds = self.plans_ahead = 0
+        elif histories:  # a round of proposals (none while every sequence still prefills)
+            self.dry_rounds = 0 if drafts else self.dry_rounds + 1
+            self.plans_ahead = min(2 ** (self.dry_rounds - 1), MAX_PLANS_AHEAD) if self.dry_rounds else 0
+        elif not after:
+            self.plans_ahead = max(0, self.plans_ahead - 1)
+        log.debug("plan %d, made %s the step: drafts for %d sequence(s), the next plan %s", plan.step,
+                  "after" if after else "ahead of", len(drafts), "after" if self.plans_ahead == 0 else "ahead")
+        return msgspec.structs.replace(plan, drafts=drafts, next_after=self.plans_ahead == 0)
+
+    def _histories(self, plan: Plan) -> dict[str, list[int]]:
+        """The sequences that decode in this plan's step: never one it removes, nor one still prefilling (it has
+        no next input yet)."""
+        gone = set(plan.removes)
+        return {rid: h for rid, h in self.batch.histories().items() if rid not in gone}
+
+    def _drafts(self, plan: Plan, histories: dict[str, list[int]]) -> dict[str, list[int]]:
+        self.watchdog.beat(f"proposing drafts for plan {plan.step}")
+        proposed = self.proposer.propose(histories, self.draft_tokens)
+        return {rid: list(d[:self.draft_tokens]) for rid, d in proposed.items() if d and rid in histories}
 
     def _probe_due(self, now: float) -> bool:
         """Rank 0, idle: whether to wake the ranks for a link probe now."""
@@ -244,10 +304,26 @@ class StepLoop:
     def _step(self, plan: Plan) -> None:
         self.watchdog.beat(f"step {plan.step}")
         t0 = time.perf_counter()
-        results = self.batch.step()
+        results = self.batch.step(drafts=plan.drafts)
         self.stats.step_time_sum += time.perf_counter() - t0
         self.stats.step_time_count += 1
+        if self.proposer is not None:
+            self._count_drafts(plan, results)
         self.scheduler.absorb(results)
+
+    def _count_drafts(self, plan: Plan, results: StepResults) -> None:
+        """Speculation's figures for Info, and the proposer forgets the sequences that ended."""
+        stats = self.stats
+        if plan.drafts:
+            stats.spec_proposed += sum(len(d) for d in plan.drafts.values())
+            stats.spec_accepted += results.accepted
+            stats.spec_forward_passes += len(plan.drafts)
+            stats.spec_emitted += sum(1 for rid, _, _ in results.tokens if rid in plan.drafts)
+        for rid, _, finish in results.tokens:
+            if finish is not None:
+                self.proposer.forget(rid)
+        for rid in results.failed:
+            self.proposer.forget(rid)
 
     def _drain_inbound(self, block: bool) -> None:
         """Move submissions and withdrawals into the scheduler. With block (no work), wait for the first

@@ -93,6 +93,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # draft tokens); every rank verifies them in this step's one forward pass and keeps the same ones
     # (engine/speculative). Absent requests decode one token as usual.
     drafts: dict[str, list[int]] = {}
+    # How plan step + 1 travels: made after this step's forward pass (and broadcast then) instead of sent ahead of
+    # it, so that rank 0 can propose drafts continuing the tokens this step samples. Every rank reads it here, in the
+    # plan before, so the ranks' collectives stay in the same order.
+    next_after: bool = False
 
 
 class PlanError(RuntimeError):

@@ -55,6 +55,30 @@ def test_a_sequence_pauses_at_its_segments_ends_and_feeds_its_first_token_the_st
     gen.close()
 
 
+def test_decoding_histories_are_the_fed_tokens_then_the_next_input(loaded):
+    """A proposer continues [prompt, tokens reported so far, the token the next step feeds]: mlx-lm reports a
+    token the step after sampling it, so the history's last token is the one the next step reports."""
+    model, tok = loaded
+    gen = BatchGenerator(model, stop_tokens=[[t] for t in sorted(tok.eos_token_ids)], completion_batch_size=4,
+                         prefill_batch_size=4, prefill_step_size=16)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    uids = gen.insert(prompts, max_tokens=[20, 20])
+    assert mlx_compat.decoding_histories(gen) == {}
+    reported = {uid: [] for uid in uids}
+    while len(mlx_compat.decoding_histories(gen)) < 2:  # both prompts fed
+        for r in gen.next()[1]:
+            reported[r.uid].append(r.token)
+    for _ in range(4):
+        before = mlx_compat.decoding_histories(gen)
+        for r in gen.next()[1]:
+            reported[r.uid].append(r.token)
+            assert r.token == before[r.uid][-1]  # the next input, reported by this step
+        for uid, prompt in zip(uids, prompts):
+            history = mlx_compat.decoding_histories(gen)[uid]
+            assert history[:-1] == prompt + reported[uid]
+    gen.close()
+
+
 def test_a_detokenizer_keeps_its_leading_space(loaded):
     _, tok = loaded
     ids = tok.encode(" hello", add_special_tokens=False)

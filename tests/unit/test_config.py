@@ -60,6 +60,8 @@ def test_values_are_converted_and_stripped(tmp_path: Path) -> None:
         ("MAX_FRAME_BYTES", "1024", "an integer of bytes >= 65536"),
         ("HEALTH_STALL_SECONDS", "0.5", "a number of seconds >= 3"),
         ("WATCHDOG_TIMEOUT", "0.01", "a number of seconds >= 5"),
+        ("SPECULATIVE", "eagle", "one of off, ngram, draft, mtp"),
+        ("NUM_DRAFT_TOKENS", "0", "an integer from 1 to 16"),
     ],
 )
 def test_bad_value_names_variable_value_and_accepted(name: str, value: str, accepted: str) -> None:
@@ -147,6 +149,8 @@ def test_run_dir_too_long_for_the_default_socket() -> None:
         ({"API_HOST": "bad host"}, "API_HOST"),
         ({"API_HOST": "[::1]"}, "API_HOST"),
         ({"RING_PORT": "65535", "HOSTS": "127.0.0.1,127.0.0.1"}, "RING_PORT=65535 is too high for 2 ranks"),
+        ({"SPECULATIVE": "draft"}, "SPECULATIVE=draft needs DRAFT_MODEL"),
+        ({"SPECULATIVE": "draft", "DRAFT_MODEL": "  "}, "SPECULATIVE=draft needs DRAFT_MODEL"),
     ],
 )
 def test_cross_field_checks(env: dict[str, str], fragment: str) -> None:
