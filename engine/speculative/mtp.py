@@ -64,6 +64,29 @@ def mtp_support(loaded: LoadedModel, name: str = "") -> str | None:
             f"module for this architecture; {ALTERNATIVE}")
 
 
+def mtp_refusal(folder: Path) -> str | None:
+    """The same verdict from the model's files alone (`launch.sh check` and start, before any weight loads): its
+    config.json's model_type stands for mlx-lm's module; None when SPECULATIVE=mtp can run."""
+    import mlx_lm
+
+    try:
+        family = str(json.loads((Path(folder) / "config.json").read_text()).get("model_type", ""))
+    except (OSError, ValueError, AttributeError):
+        return None  # the model's own checks say what is wrong with the folder
+    heads = shipped_heads(Path(folder))
+    model = f"MODEL={folder} ({family or 'unknown architecture'})"
+    if family in RUNNABLE and heads:
+        return None
+    if not heads:
+        return (f"SPECULATIVE=mtp cannot run on {model}: its checkpoint ships no multi-token-prediction heads "
+                f"(config.json declares none); {ALTERNATIVE}")
+    if family in DROPPED_HEADS:
+        return (f"SPECULATIVE=mtp cannot run on {model}: mlx-lm {mlx_lm.__version__} drops the checkpoint's "
+                f"{heads} multi-token-prediction layer(s) at load and runs them for no architecture; {ALTERNATIVE}")
+    return (f"SPECULATIVE=mtp cannot run on {model}: mlx-lm {mlx_lm.__version__} has no multi-token-prediction "
+            f"module for this architecture; {ALTERNATIVE}")
+
+
 def shipped_heads(folder: Path) -> int:
     """How many MTP layers the checkpoint's config.json declares (num_nextn_predict_layers, mtp_num_hidden_layers
     and their kin, at the top or in text_config)."""
