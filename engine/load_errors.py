@@ -11,6 +11,12 @@ import json
 import re
 from pathlib import Path
 
+
+
+class ModelError(Exception):
+    """MODEL cannot be resolved or loaded; the message says how to fix it (engine.model re-exports it)."""
+
+
 _SHAPE = re.compile(r"Expected shape (\(.*?\)) but received shape (\(.*?\)) for parameter (\S+)")
 _MISSING = re.compile(r"Missing (\d+) parameters?:\s*(\S+?),?\s*(?:$|\n)")
 _EXTRA = re.compile(r"Received (\d+) parameters? not in model:\s*(\S+?)[,.]?\s*(?:$|\n)")

@@ -15,17 +15,13 @@ from config import Settings
 from config.hub_cache import locate, split_model
 from config.model_folder import folder_problem
 from engine.facts import model_facts
-from engine.load_errors import explain
+from engine.load_errors import ModelError, explain
 from engine.mlx_compat import hf_tokenizer
 from ipc.messages import ModelFacts
 
 DEMO_PREFIX = "demo-"
 ZOO_PREFIX = "zoo-"
 NO_TOKENIZER_LIMIT = int(1e30)  # what Hugging Face tokenizers use for "no maximum length"
-
-
-class ModelError(Exception):
-    """MODEL cannot be resolved or loaded; the message says how to fix it."""
 
 
 @dataclass

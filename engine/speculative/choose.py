@@ -6,7 +6,7 @@ import importlib
 import logging
 from typing import Any
 
-from engine.model import ModelError
+from engine.load_errors import ModelError
 from engine.speculative.propose import Proposer
 
 log = logging.getLogger(__name__)

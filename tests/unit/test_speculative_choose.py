@@ -7,7 +7,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from engine.model import ModelError
+from engine.load_errors import ModelError
 from engine.speculative.choose import cannot_verify, make_proposer
 from engine.speculative.ngram import NgramProposer
 

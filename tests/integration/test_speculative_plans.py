@@ -1,5 +1,6 @@
-"""Rank 0's drafting decisions in the step loop, without MLX: which sequences get drafts, and how each plan tells
-the ranks whether the next one comes after the step (drafted) or is sent ahead of it."""
+"""Rank 0's drafting decisions in the step loop, driven without an engine: which sequences get drafts, and how each
+plan tells the ranks whether the next one comes after the step (drafted) or is sent ahead of it. Here rather than
+in tests/unit because the loop module imports MLX (through the batch and the link probe)."""
 
 from __future__ import annotations
 
