@@ -196,3 +196,34 @@ def test_drafts_with_token_ids_outside_the_vocabulary_are_cut_there():
     right = true_drafts(plain["out"])
     spec = run(model, set(), inserts, lambda out: {"r": right(out)["r"][:2] + [-1, 1 << 40, 3]})
     assert spec["out"] == plain["out"] and spec["accepted"] == spec["proposed"] > 0
+
+
+def test_the_batch_kv_holds_no_more_positions_than_its_longest_sequence_whatever_each_row_accepts():
+    """The KV budget reserves, per running sequence, the batch's longest sequence (every row padded to it). Rows
+    that accept different numbers of drafts in turn (one all, the other none, then the other way round) must not
+    leave the padding of their rejected drafts behind: the batch's buffer would grow by the most any row kept per
+    step while each row grows by far less, past the memory the budget reserved."""
+    model, _ = loaded("qwen3")
+    inserts = [Insert(rid=f"r{i}", tokens=p, max_tokens=120) for i, p in enumerate(prompts(2))]
+    plain = run(model, set(), inserts)["out"]
+    wide = 16
+    right = {rid: toks for rid, toks in plain.items()}
+    batch = LockstepBatch(model, set(), 64, 8)
+    batch.apply(Plan(step=0, fingerprint=0, token_check=0, inserts=inserts))
+    out = {ins.rid: [] for ins in inserts}
+    step = 0
+    while len(batch):
+        good = f"r{step % 2}"  # the rows take turns accepting every draft
+        drafts = {rid: (right[rid][len(got) + 1:len(got) + 1 + wide] if rid == good else [])
+                  for rid, got in out.items()}
+        drafts = {rid: d + [(d[-1] + 1) % 97 if d else 5] * (wide - len(d)) for rid, d in drafts.items()}
+        drafts = {rid: d if rid == good else [(t + 1) % 97 for t in d] for rid, d in drafts.items()}
+        for rid, token, _ in batch.step(drafts).tokens:
+            out[rid].append(token)
+        step += 1
+        dec = batch.gen._generation_batch
+        if dec.uids:
+            longest = max(len(t) for t in dec.tokens)
+            held = dec.prompt_cache[0]._idx
+            assert held <= longest, f"step {step}: the batch KV holds {held} positions, its longest row {longest}"
+    assert out == plain
