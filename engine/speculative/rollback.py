@@ -57,6 +57,12 @@ def drop_last(layers: list, counts: list[int]) -> None:
         _drop_common_padding(layers)
 
 
+def held(layers: list) -> int:
+    """Positions the batch's caches hold per row (padding included): where the next forward pass writes."""
+    flat = _flat(layers)
+    return flat[0]._idx if flat else 0
+
+
 def _drop_common_padding(layers: list) -> None:
     """Cut the padding every row now starts with, as mlx-lm does when a batch shrinks. Left behind, it would grow
     the buffer by the most any row kept each step while each row grows by what it kept itself (rows accepting in

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engine.mlx_compat import Decoding
-from engine.speculative.rollback import drop_last
+from engine.speculative.rollback import drop_last, held
 
 
 @dataclass
@@ -43,7 +43,9 @@ def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Except
     """One speculative decoding step over every sequence of dec; drafts[i] follow sequence i's next input.
     failed(i, exc) is told of a sequence whose sampler raised: it then keeps only its fed input."""
     pending, pending_rows = dec.pending()
-    drafts = [d[:max(0, dec.remaining(i) - 1)] for i, d in enumerate(drafts)]  # tokens past max_tokens: waste
+    room = _room(dec)
+    # tokens past max_tokens are waste; past `room`, the widest row would write where no budget reserved KV
+    drafts = [d[:max(0, min(dec.remaining(i) - 1, room))] for i, d in enumerate(drafts)]
     width = 1 + max(map(len, drafts))
     fed = mx.array([[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(pending, drafts)], dtype=mx.uint32)
     logits = dec.model(fed, cache=dec.cache)
@@ -58,6 +60,14 @@ def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Except
             walk = Walk([pending[i]], [pending_rows[i]], mx.argmax(logprobs[i, 0]).item(), logprobs[i, 0])
         walks.append(walk)
     return _finish(dec, walks, drafts, width, fed[:, 0])
+
+
+def _room(dec: Decoding) -> int:
+    """Drafts a row may have this step: every row is as wide as the widest, and the batch's KV must stay within the
+    positions its longest sequence reserves (prompt + max_tokens, which the KV budget and the context limit cap),
+    also for a row near its end that gets no drafts."""
+    reserved = max(len(dec.fed(i)) + dec.remaining(i) for i in range(len(dec)))  # prompt + max_tokens, per row
+    return reserved - held(dec.cache) - 1  # the next input takes one position
 
 
 def _walk(dec: Decoding, i: int, logits: mx.array, logprobs: mx.array, drafts: list[int], walk: Walk) -> None:

@@ -227,3 +227,34 @@ def test_the_batch_kv_holds_no_more_positions_than_its_longest_sequence_whatever
             held = dec.prompt_cache[0]._idx
             assert held <= longest, f"step {step}: the batch KV holds {held} positions, its longest row {longest}"
     assert out == plain
+
+
+def test_drafts_never_write_the_batch_kv_past_what_its_longest_sequence_reserved(monkeypatch):
+    """The KV budget reserves each row of the batch its longest sequence's positions (prompt + max_tokens; the
+    context limit caps the same sum). A row near its end gets no drafts, but the batch's forward pass is as wide as
+    the most drafts any row has: the others' 16 drafts must not make the batch write past those positions."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    written = []
+    update = BatchKVCache.update_and_fetch
+
+    def recording(self, keys, values):
+        got = update(self, keys, values)
+        written.append(self._idx)
+        return got
+
+    monkeypatch.setattr(BatchKVCache, "update_and_fetch", recording)
+    model, _ = loaded("qwen3")
+    long_prompt = [(5 * j) % 61 + 3 for j in range(240)]
+    inserts = [Insert(rid="near", tokens=long_prompt, max_tokens=16),
+               Insert(rid="far", tokens=prompts(1)[0], max_tokens=120)]
+    reserved = max(len(ins.tokens) + ins.max_tokens for ins in inserts)
+    batch = LockstepBatch(model, set(), 256, 8)
+    batch.apply(Plan(step=0, fingerprint=0, token_check=0, inserts=inserts))
+    out = {ins.rid: [] for ins in inserts}
+    while "near" in batch.order:
+        written.clear()
+        for rid, token, _ in batch.step({"far": [1] * 16}).tokens:  # wrong drafts: "far" keeps proposing
+            out[rid].append(token)
+        assert max(written, default=0) <= reserved, f"after {len(out['near'])} tokens of the near-ended row"
+    assert len(out["near"]) == 16
