@@ -34,9 +34,13 @@ class Walk:
 
 @dataclass
 class Verified:
+    """The step's responses; the drafts it judged (a sequence's drafts after the token that ended it are not judged:
+    nothing continues there) and kept; the rows that had any to judge."""
+
     responses: list
     proposed: int = 0
     accepted: int = 0
+    drafted: list[int] = field(default_factory=list)
 
 
 def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Exception], None]) -> Verified:
@@ -108,16 +112,19 @@ def _greedy(logprobs: mx.array, draft: int | None) -> tuple[int, bool]:
 
 def _finish(dec: Decoding, walks: list[Walk], drafts: list[list[int]], width: int, fed: mx.array) -> Verified:
     """Count the tokens each sequence returns, roll back what it does not keep, and answer as mlx-lm's step."""
-    out = Verified([], proposed=sum(map(len, drafts)))
+    out = Verified([], drafted=[i for i, d in enumerate(drafts) if d])
     mx.eval([w.rows for w in walks], [w.next_row for w in walks])
     ends: list[str | None] = []
     for i, walk in enumerate(walks):
-        reason = None
+        reason, judged = None, len(drafts[i])
         for n, token in enumerate(walk.tokens):
             reason = dec.count(i, token)
             if reason is not None:
+                if n + 1 < len(walk.tokens):  # ended inside its accepted drafts: those after n were never judged
+                    judged = n
                 del walk.tokens[n + 1:], walk.rows[n + 1:]
                 break
+        out.proposed += judged
         out.accepted += len(walk.tokens) - 1
         dec.fed(i).extend(walk.tokens)
         ends.append(reason)

@@ -28,3 +28,12 @@ def test_ngram_answers_equal_plain_decoding_on_every_cache_kind(name: str) -> No
     else:
         assert spec["mode"] == "off" and "decodes without speculation" in spec["log"]
         assert spec["counters"]["mcs_spec_proposed_tokens_total"] == 0
+
+
+def test_a_draft_model_equal_to_the_target_answers_as_plain_decoding_with_every_proposal_accepted() -> None:
+    plain = zoo_answers("llama", 1, "off")
+    spec = zoo_answers("llama", 1, "draft", DRAFT_MODEL="zoo-llama")
+    assert spec["texts"] == plain["texts"] and spec["tokens"] == plain["tokens"]
+    assert spec["mode"] == "draft" and "ERROR" not in spec["log"], spec["log"][-3000:]
+    proposed, accepted = (spec["counters"][f"mcs_spec_{k}_tokens_total"] for k in ("proposed", "accepted"))
+    assert proposed > 0 and accepted == proposed
