@@ -5,7 +5,8 @@ marked by its `left_padding` (masked) and its length by `offset` (which RoPE rea
 k + 1 tokens to every row, row i must forget its last n_i: trim the count all rows forget (the write index moves
 back), then roll each row that forgets more right by its extra, so its last kept token sits just before the write
 index again, and grow its left padding by as much (what rolls round to the row's front lies in the padding and is
-masked); the padding every row then starts with is cut off, so the buffer stays as long as the longest row. MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary key, so the same holds.
+masked); the padding every row then starts with is cut off, so the buffer stays as long as the longest row.
+MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary key, so the same holds.
 
 A sliding-window cache (RotatingKVCache) overwrites its oldest tokens in place and a linear-attention state
 (ArraysCache) folds every token into a fixed-size state: neither can give back a suffix, so such a model verifies
