@@ -247,8 +247,8 @@ def _speculative(info: ipc.Info) -> Iterator[Metric]:
     yield InfoMetricFamily(f"{PREFIX}_speculative", "Speculative decoding as the engine runs it (mode off also where "
                            "the model's caches cannot verify drafts).",
                            value={"mode": info.spec_mode, "draft_tokens": str(info.spec_draft_tokens)})
-    yield CounterMetricFamily(f"{PREFIX}_spec_proposed_tokens", "Draft tokens rank 0 proposed for verification.",
-                              value=info.spec_proposed_tokens)
+    yield CounterMetricFamily(f"{PREFIX}_spec_proposed_tokens", "Draft tokens the target model verified (rank 0's "
+                              "proposals, up to each sequence's max_tokens and end).", value=info.spec_proposed_tokens)
     yield CounterMetricFamily(f"{PREFIX}_spec_accepted_tokens", "Draft tokens the target model verified and kept.",
                               value=info.spec_accepted_tokens)
     yield CounterMetricFamily(f"{PREFIX}_spec_forward_passes", "A sequence's target forward passes that verified "

@@ -369,6 +369,7 @@ class LockstepBatch:
         uids = list(decoding.uids)
         verified = verify(decoding, rows, lambda i, exc: _failed(self.rid_of[uids[i]], exc, self.failed))
         out.proposed, out.accepted = verified.proposed, verified.accepted
+        out.drafted = {self.rid_of[uids[i]] for i in verified.drafted if uids[i] in self.rid_of}
         return verified.responses
 
     def _drop_failed(self, finished: set[str]) -> None:

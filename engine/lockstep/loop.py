@@ -314,11 +314,12 @@ class StepLoop:
     def _count_drafts(self, plan: Plan, results: StepResults) -> None:
         """Speculation's figures for Info, and the proposer forgets the sequences that ended."""
         stats = self.stats
-        if plan.drafts:
-            stats.spec_proposed += sum(len(d) for d in plan.drafts.values())
+        if results.drafted:
+            # what the step verified: drafts past a sequence's max_tokens, its KV room or its end were never judged
+            stats.spec_proposed += results.proposed
             stats.spec_accepted += results.accepted
-            stats.spec_forward_passes += len(plan.drafts)
-            stats.spec_emitted += sum(1 for rid, _, _ in results.tokens if rid in plan.drafts)
+            stats.spec_forward_passes += len(results.drafted)
+            stats.spec_emitted += sum(1 for rid, _, _ in results.tokens if rid in results.drafted)
         for rid, _, finish in results.tokens:
             if finish is not None:
                 self.proposer.forget(rid)

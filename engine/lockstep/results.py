@@ -15,7 +15,7 @@ class StepResults:
     its last); logprob_rows maps the requests that asked for logprobs to their rows over the vocabulary (mx.arrays),
     one per token of theirs in `tokens`, in the same order; failed maps the requests this step ended because
     generating them raised, to the reason (identical on every rank). proposed and accepted count the draft tokens
-    this step verified and kept (engine/speculative).
+    this step verified and kept (engine/speculative), drafted the requests that had drafts to verify in it.
     """
 
     tokens: list[tuple[str, int, str | None]] = field(default_factory=list)
@@ -23,3 +23,4 @@ class StepResults:
     failed: dict[str, str] = field(default_factory=dict)
     proposed: int = 0
     accepted: int = 0
+    drafted: set[str] = field(default_factory=set)

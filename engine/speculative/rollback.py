@@ -5,7 +5,8 @@ marked by its `left_padding` (masked) and its length by `offset` (which RoPE rea
 k + 1 tokens to every row, row i must forget its last n_i: trim the count all rows forget (the write index moves
 back), then roll each row that forgets more right by its extra, so its last kept token sits just before the write
 index again, and grow its left padding by as much (what rolls round to the row's front lies in the padding and is
-masked). MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary key, so the same holds.
+masked); the padding every row then starts with is cut off, so the buffer stays as long as the longest row.
+MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary key, so the same holds.
 
 A sliding-window cache (RotatingKVCache) overwrites its oldest tokens in place and a linear-attention state
 (ArraysCache) folds every token into a fixed-size state: neither can give back a suffix, so such a model verifies
@@ -53,6 +54,30 @@ def drop_last(layers: list, counts: list[int]) -> None:
                 layer.values = dynamic_roll(layer.values, shifts[:, None], axis=2)
             layer.left_padding = layer.left_padding + shifts
             layer.offset = layer.offset - shifts
+    if shifts is not None:
+        _drop_common_padding(layers)
+
+
+def held(layers: list) -> int:
+    """Positions the batch's caches hold per row (padding included): where the next forward pass writes."""
+    flat = _flat(layers)
+    return flat[0]._idx if flat else 0
+
+
+def _drop_common_padding(layers: list) -> None:
+    """Cut the padding every row now starts with, as mlx-lm does when a batch shrinks. Left behind, it would grow
+    the buffer by the most any row kept each step while each row grows by what it kept itself (rows accepting in
+    turn), past the longest sequence the KV budget reserves every row for."""
+    flat = _flat(layers)
+    pad = min(flat[0].left_padding.tolist()) if flat else 0
+    if pad <= 0:
+        return
+    for layer in flat:
+        if layer.keys is not None:
+            layer.keys = layer.keys[..., pad:, :]
+            layer.values = layer.values[..., pad:, :]
+        layer._idx -= pad
+        layer.left_padding = layer.left_padding - pad
 
 
 def _flat(layers) -> list:

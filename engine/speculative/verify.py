@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engine.mlx_compat import Decoding
-from engine.speculative.rollback import drop_last
+from engine.speculative.rollback import drop_last, held
 
 
 @dataclass
@@ -34,16 +34,22 @@ class Walk:
 
 @dataclass
 class Verified:
+    """The step's responses; the drafts it judged (a sequence's drafts after the token that ended it are not judged:
+    nothing continues there) and kept; the rows that had any to judge."""
+
     responses: list
     proposed: int = 0
     accepted: int = 0
+    drafted: list[int] = field(default_factory=list)
 
 
 def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Exception], None]) -> Verified:
     """One speculative decoding step over every sequence of dec; drafts[i] follow sequence i's next input.
     failed(i, exc) is told of a sequence whose sampler raised: it then keeps only its fed input."""
     pending, pending_rows = dec.pending()
-    drafts = [d[:max(0, dec.remaining(i) - 1)] for i, d in enumerate(drafts)]  # tokens past max_tokens: waste
+    room = _room(dec)
+    # tokens past max_tokens are waste; past `room`, the widest row would write where no budget reserved KV
+    drafts = [d[:max(0, min(dec.remaining(i) - 1, room))] for i, d in enumerate(drafts)]
     width = 1 + max(map(len, drafts))
     fed = mx.array([[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(pending, drafts)], dtype=mx.uint32)
     logits = dec.model(fed, cache=dec.cache)
@@ -58,6 +64,14 @@ def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Except
             walk = Walk([pending[i]], [pending_rows[i]], mx.argmax(logprobs[i, 0]).item(), logprobs[i, 0])
         walks.append(walk)
     return _finish(dec, walks, drafts, width, fed[:, 0])
+
+
+def _room(dec: Decoding) -> int:
+    """Drafts a row may have this step: every row is as wide as the widest, and the batch's KV must stay within the
+    positions its longest sequence reserves (prompt + max_tokens, which the KV budget and the context limit cap),
+    also for a row near its end that gets no drafts."""
+    reserved = max(len(dec.fed(i)) + dec.remaining(i) for i in range(len(dec)))  # prompt + max_tokens, per row
+    return reserved - held(dec.cache) - 1  # the next input takes one position
 
 
 def _walk(dec: Decoding, i: int, logits: mx.array, logprobs: mx.array, drafts: list[int], walk: Walk) -> None:
@@ -98,16 +112,19 @@ def _greedy(logprobs: mx.array, draft: int | None) -> tuple[int, bool]:
 
 def _finish(dec: Decoding, walks: list[Walk], drafts: list[list[int]], width: int, fed: mx.array) -> Verified:
     """Count the tokens each sequence returns, roll back what it does not keep, and answer as mlx-lm's step."""
-    out = Verified([], proposed=sum(map(len, drafts)))
+    out = Verified([], drafted=[i for i, d in enumerate(drafts) if d])
     mx.eval([w.rows for w in walks], [w.next_row for w in walks])
     ends: list[str | None] = []
     for i, walk in enumerate(walks):
-        reason = None
+        reason, judged = None, len(drafts[i])
         for n, token in enumerate(walk.tokens):
             reason = dec.count(i, token)
             if reason is not None:
+                if n + 1 < len(walk.tokens):  # ended inside its accepted drafts: those after n were never judged
+                    judged = n
                 del walk.tokens[n + 1:], walk.rows[n + 1:]
                 break
+        out.proposed += judged
         out.accepted += len(walk.tokens) - 1
         dec.fed(i).extend(walk.tokens)
         ends.append(reason)

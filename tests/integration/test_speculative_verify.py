@@ -196,3 +196,65 @@ def test_drafts_with_token_ids_outside_the_vocabulary_are_cut_there():
     right = true_drafts(plain["out"])
     spec = run(model, set(), inserts, lambda out: {"r": right(out)["r"][:2] + [-1, 1 << 40, 3]})
     assert spec["out"] == plain["out"] and spec["accepted"] == spec["proposed"] > 0
+
+
+def test_the_batch_kv_holds_no_more_positions_than_its_longest_sequence_whatever_each_row_accepts():
+    """The KV budget reserves, per running sequence, the batch's longest sequence (every row padded to it). Rows
+    that accept different numbers of drafts in turn (one all, the other none, then the other way round) must not
+    leave the padding of their rejected drafts behind: the batch's buffer would grow by the most any row kept per
+    step while each row grows by far less, past the memory the budget reserved."""
+    model, _ = loaded("qwen3")
+    inserts = [Insert(rid=f"r{i}", tokens=p, max_tokens=120) for i, p in enumerate(prompts(2))]
+    plain = run(model, set(), inserts)["out"]
+    wide = 16
+    right = {rid: toks for rid, toks in plain.items()}
+    batch = LockstepBatch(model, set(), 64, 8)
+    batch.apply(Plan(step=0, fingerprint=0, token_check=0, inserts=inserts))
+    out = {ins.rid: [] for ins in inserts}
+    step = 0
+    while len(batch):
+        good = f"r{step % 2}"  # the rows take turns accepting every draft
+        drafts = {rid: (right[rid][len(got) + 1:len(got) + 1 + wide] if rid == good else [])
+                  for rid, got in out.items()}
+        drafts = {rid: d + [(d[-1] + 1) % 97 if d else 5] * (wide - len(d)) for rid, d in drafts.items()}
+        drafts = {rid: d if rid == good else [(t + 1) % 97 for t in d] for rid, d in drafts.items()}
+        for rid, token, _ in batch.step(drafts).tokens:
+            out[rid].append(token)
+        step += 1
+        dec = batch.gen._generation_batch
+        if dec.uids:
+            longest = max(len(t) for t in dec.tokens)
+            held = dec.prompt_cache[0]._idx
+            assert held <= longest, f"step {step}: the batch KV holds {held} positions, its longest row {longest}"
+    assert out == plain
+
+
+def test_drafts_never_write_the_batch_kv_past_what_its_longest_sequence_reserved(monkeypatch):
+    """The KV budget reserves each row of the batch its longest sequence's positions (prompt + max_tokens; the
+    context limit caps the same sum). A row near its end gets no drafts, but the batch's forward pass is as wide as
+    the most drafts any row has: the others' 16 drafts must not make the batch write past those positions."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    written = []
+    update = BatchKVCache.update_and_fetch
+
+    def recording(self, keys, values):
+        got = update(self, keys, values)
+        written.append(self._idx)
+        return got
+
+    monkeypatch.setattr(BatchKVCache, "update_and_fetch", recording)
+    model, _ = loaded("qwen3")
+    long_prompt = [(5 * j) % 61 + 3 for j in range(240)]
+    inserts = [Insert(rid="near", tokens=long_prompt, max_tokens=16),
+               Insert(rid="far", tokens=prompts(1)[0], max_tokens=120)]
+    reserved = max(len(ins.tokens) + ins.max_tokens for ins in inserts)
+    batch = LockstepBatch(model, set(), 256, 8)
+    batch.apply(Plan(step=0, fingerprint=0, token_check=0, inserts=inserts))
+    out = {ins.rid: [] for ins in inserts}
+    while "near" in batch.order:
+        written.clear()
+        for rid, token, _ in batch.step({"far": [1] * 16}).tokens:  # wrong drafts: "far" keeps proposing
+            out[rid].append(token)
+        assert max(written, default=0) <= reserved, f"after {len(out['near'])} tokens of the near-ended row"
+    assert len(out["near"]) == 16

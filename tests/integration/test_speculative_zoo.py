@@ -1,0 +1,39 @@
+"""SPECULATIVE=ngram through the API on one rank, across the zoo's cache kinds: greedy answers, logprobs, a second
+turn from the prefix cache and concurrent requests equal plain decoding's; sliding-window and hybrid models decode
+plainly with one log line saying why."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.speculative_zoo import zoo_answers
+
+# plain KV; MLA's latent (4-bit: the tiny bf16 one never repeats itself, so nothing would be proposed); MoE;
+# 4-bit weights. Then a sliding window and linear attention, which decode plainly.
+VERIFYING = ["qwen3", "deepseek-v3-4bit", "qwen3-moe", "llama-4bit"]
+FALLBACK = ["gpt-oss", "qwen3.5"]
+
+
+@pytest.mark.parametrize("name", VERIFYING + FALLBACK)
+def test_ngram_answers_equal_plain_decoding_on_every_cache_kind(name: str) -> None:
+    plain = zoo_answers(name, 1, "off")
+    spec = zoo_answers(name, 1, "ngram")
+    assert spec["texts"] == plain["texts"]
+    assert spec["tokens"] == plain["tokens"] and spec["top"] == plain["top"]
+    assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
+    assert "ERROR" not in spec["log"] and "Traceback" not in spec["log"], spec["log"][-3000:]
+    if name in VERIFYING:
+        assert spec["mode"] == "ngram"
+        assert spec["counters"]["mcs_spec_accepted_tokens_total"] > 0  # the repeated text was proposed and kept
+    else:
+        assert spec["mode"] == "off" and "decodes without speculation" in spec["log"]
+        assert spec["counters"]["mcs_spec_proposed_tokens_total"] == 0
+
+
+def test_a_draft_model_equal_to_the_target_answers_as_plain_decoding_with_every_proposal_accepted() -> None:
+    plain = zoo_answers("llama", 1, "off")
+    spec = zoo_answers("llama", 1, "draft", DRAFT_MODEL="zoo-llama")
+    assert spec["texts"] == plain["texts"] and spec["tokens"] == plain["tokens"]
+    assert spec["mode"] == "draft" and "ERROR" not in spec["log"], spec["log"][-3000:]
+    proposed, accepted = (spec["counters"][f"mcs_spec_{k}_tokens_total"] for k in ("proposed", "accepted"))
+    assert proposed > 0 and accepted == proposed

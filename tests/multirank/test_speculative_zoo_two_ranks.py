@@ -1,0 +1,30 @@
+"""SPECULATIVE=ngram on two ranks across the zoo's cache kinds, tensor parallel and pipelined: greedy answers,
+logprobs, a second turn from the prefix cache and concurrent requests equal plain decoding's on the same ranks, no
+rank desyncs; a sliding-window model decodes plainly with its log line."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.speculative_zoo import zoo_answers
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.mark.parametrize("name, settings", [
+    ("llama-4bit", {}),  # plain KV, quantized, tensor parallel
+    ("qwen3-moe", {}),  # MoE, tensor parallel
+    ("deepseek-v3-4bit", {"PARALLEL": "pipeline"}),  # MLA, each rank verifying with its own layers
+    ("gpt-oss", {}),  # sliding window: plain decoding
+])
+def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, settings: dict) -> None:
+    plain = zoo_answers(name, 2, "off", **settings)
+    spec = zoo_answers(name, 2, "ngram", **settings)
+    assert spec["texts"] == plain["texts"]
+    assert spec["tokens"] == plain["tokens"] and spec["top"] == plain["top"]
+    assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
+    assert "ERROR" not in spec["log"] and "Traceback" not in spec["log"], spec["log"][-3000:]
+    if name == "gpt-oss":
+        assert spec["mode"] == "off" and "decodes without speculation" in spec["log"]
+    else:
+        assert spec["mode"] == "ngram" and spec["counters"]["mcs_spec_accepted_tokens_total"] > 0
