@@ -183,6 +183,9 @@ def explain(exc: BaseException, repo: str, revision: str) -> str:
                                         RepositoryNotFoundError, RevisionNotFoundError)
     where = hub_fetch.endpoint()
     status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, hub_fetch.HubAnswerRefused):
+        return (f"{where} listed {repo} with {exc}: refused, nothing fetched (a broken or hostile hub or mirror: "
+                "check HF_ENDPOINT)")
     if isinstance(exc, GatedRepoError):
         return (f"{repo} on {where} is gated: accept its terms on the hub's page, then set HF_TOKEN to a token of "
                 "that account")

@@ -15,9 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.hub_cache import repo_folder, snapshot_folder
+from config.hub_cache import inside_path, is_blob_name, is_commit, repo_folder, snapshot_folder
 
 ATTEMPTS = 5  # per file; each resumes where the previous one stopped
+
+
+class HubAnswerRefused(ValueError):
+    """The hub's listing names a commit, file or blob that would land outside the cache (or is no hub name)."""
 
 
 @dataclass(frozen=True)
@@ -47,16 +51,25 @@ def endpoint() -> str:
 
 
 def list_repo(repo: str, revision: str) -> RemoteRepo:
-    """The commit a revision names and every file with its size and hashes (one API call)."""
+    """The commit a revision names and every file with its size and hashes (one API call); raises
+    HubAnswerRefused when one of them could not be a path inside the cache (a broken or hostile mirror)."""
     from huggingface_hub import HfApi
     info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    # every name below becomes a path on disk: each is checked before any byte moves
+    if not is_commit(str(info.sha)):
+        raise HubAnswerRefused(f"commit {str(info.sha)[:80]!r}, which is not 40 hex digits")
     files = []
     for s in info.siblings or []:
         sha256 = s.lfs.sha256 if s.lfs is not None else None
         size = s.lfs.size if s.lfs is not None else s.size
         etag = sha256 or s.blob_id
         if size is None or etag is None:
-            raise ValueError(f"the hub gave no size or id for {s.rfilename} of {repo}")
+            raise HubAnswerRefused(f"no size or id for {s.rfilename!r}")
+        if not inside_path(str(s.rfilename)):
+            raise HubAnswerRefused(f"a file named {str(s.rfilename)[:200]!r}, which would land outside the model's "
+                                   "folder")
+        if not all(h is None or is_blob_name(h) for h in (etag, sha256, s.blob_id)):
+            raise HubAnswerRefused(f"{s.rfilename!r} with the id {str(etag)[:80]!r}, which is no sha1 or sha256")
         files.append(RemoteFile(s.rfilename, int(size), etag, sha256, s.blob_id))
     return RemoteRepo(repo, revision, str(info.sha), tuple(files))
 

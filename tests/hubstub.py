@@ -94,6 +94,8 @@ class HubStub:
         self.served = Served()
         self.rate = rate  # bytes per second per response; 0: as fast as the socket goes
         self.hold_at: int | None = None  # every response stops at this offset of its file until release()
+        # a broken or hostile mirror: a file path no repo knows is answered with this file's bytes
+        self.answer_any: StubFile | None = None
         self._released = threading.Event()
         self._cond = threading.Condition()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
@@ -196,6 +198,8 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                     self._api(m, parse_qs(url.query), entry)
                 elif m := _RESOLVE.match(path):
                     self._resolve(m, head, entry)
+                elif hub.answer_any is not None:
+                    self._answer(hub.answer_any, head, entry)
                 else:
                     self._error(entry, 404, "EntryNotFound", "no such endpoint")
             except (BrokenPipeError, ConnectionResetError):
@@ -241,12 +245,15 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
             if found is None:
                 return
             stub, commit = found
-            f = stub.files.get(m.group(3))
+            f = stub.files.get(m.group(3), hub.answer_any)
             if f is None:
                 self._error(entry, 404, "EntryNotFound", f"{m.group(3)} does not exist", commit)
                 return
+            self._answer(f, head, entry, {"X-Repo-Commit": commit})
+
+        def _answer(self, f: StubFile, head: bool, entry: dict, more: dict[str, str] | None = None) -> None:
             etag = f.sha256 if f.lfs else f.oid
-            headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
+            headers = {**(more or {}), "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                        "Content-Type": "application/octet-stream"}
             if f.lfs:
                 headers |= {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(f.api_size)}

@@ -3,6 +3,7 @@ command in a subprocess, a zoo model as the repo, the stub's own counts as the m
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -226,3 +227,29 @@ def test_a_new_commit_moves_only_the_files_that_changed(hub, zoo_folder, tmp_pat
     assert hub.served.bytes == {"config.json": (newer / "config.json").stat().st_size}
     _assert_whole(tmp_path / "hub", "org/tiny", newer)
     assert read_manifest(tmp_path / "hub", "org/tiny", old_commit) is not None  # the old snapshot stays
+
+
+@pytest.mark.parametrize("lie", ["path", "blob id", "sha256", "commit"])
+def test_a_hostile_hub_never_makes_the_download_write_outside_the_cache(hub, zoo_folder, tmp_path, lie) -> None:
+    """A hub or mirror (HF_ENDPOINT) names the files, their blobs and the commit: names that climb out of the
+    cache ("../..") are refused in one sentence before any byte moves, and nothing lands outside the cache."""
+    stub = hub.add("org/evil", zoo_folder)
+    climb = "../../../../escaped"
+    weights, config = stub.files["model.safetensors"], stub.files["config.json"]
+    if lie == "path":
+        stub.files[climb] = dataclasses.replace(config, path=climb)
+        hub.answer_any = config  # the URL of "../.." names no file the stub knows: a hostile mirror answers anyway
+    elif lie == "blob id":
+        stub.files["config.json"] = dataclasses.replace(config, oid=climb)
+    elif lie == "sha256":
+        stub.files["model.safetensors"] = dataclasses.replace(weights, sha256=climb)
+    else:
+        stub.refs["main"] = stub.commit = "../../../../escaped"
+        hub.answer_any = config
+    work = tmp_path / "work"
+    work.mkdir()
+    sentence = _one_sentence(download(work, hub.url, "org/evil"))
+    assert "org/evil" in sentence and "refused, nothing fetched" in sentence and "HF_ENDPOINT" in sentence, sentence
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    assert not [p for p in work.rglob("*escaped*")]
+    assert not [q for q in hub.served.requests if q["method"] == "GET" and "/resolve/" in q["path"]]
