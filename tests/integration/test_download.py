@@ -253,3 +253,24 @@ def test_a_hostile_hub_never_makes_the_download_write_outside_the_cache(hub, zoo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
     assert not [p for p in work.rglob("*escaped*")]
     assert not [q for q in hub.served.requests if q["method"] == "GET" and "/resolve/" in q["path"]]
+
+
+def test_a_second_download_while_one_runs_is_refused_and_the_first_finishes_whole(hub, zoo_folder, tmp_path) -> None:
+    """Two terminals, one model: both appending to the same partial file would corrupt it (and two progress
+    files in one run dir would overwrite each other), so the second says who runs and leaves."""
+    weights = (zoo_folder / "model.safetensors").stat().st_size
+    hub.hold(weights // 2)
+    first = subprocess.Popen([str(REPO / "launch.sh"), "download", "org/tiny"], cwd=REPO, env=_env(tmp_path, hub.url),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        hub.wait_served(weights // 2, path="model.safetensors", timeout=TIMEOUT)
+        second = subprocess.run([str(REPO / "launch.sh"), "download", "org/tiny"], cwd=REPO,
+                                env=_env(tmp_path, hub.url), capture_output=True, text=True, timeout=30)
+        sentence = _one_sentence(second)
+        assert "another download" in sentence and f"pid {first.pid}" in sentence, sentence
+    finally:
+        hub.release()
+        _, err = first.communicate(timeout=TIMEOUT)
+    assert first.returncode == 0, err
+    assert hub.served.bytes["model.safetensors"] == weights
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
