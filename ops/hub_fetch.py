@@ -143,6 +143,7 @@ def fetch(cache: Path, remote: RemoteRepo, f: RemoteFile, moved: Callable[[int],
 
 
 def _get(remote: RemoteRepo, f: RemoteFile, part: Path, moved: Callable[[int], None]) -> None:
+    import httpx2
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
     have = part.stat().st_size if part.exists() else 0
@@ -156,16 +157,24 @@ def _get(remote: RemoteRepo, f: RemoteFile, part: Path, moved: Callable[[int], N
     if have:
         headers["Range"] = f"bytes={have}-"
     url = hf_hub_url(remote.repo, f.path, revision=remote.commit)
+    cut: Exception | None = None
     with http_stream_backoff("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as r:
         hf_raise_for_status(r)
         # A server that ignores Range answers 200 with the whole file: then the part starts over.
         # Unbuffered, each block as it arrives: what a kill leaves on disk is all that arrived.
         with open(part, "ab" if r.status_code == 206 else "wb", buffering=0) as out:
-            for chunk in r.iter_bytes():
-                view = memoryview(chunk)
-                while view:
-                    view = view[out.write(view):]
-                moved(len(chunk))
+            try:
+                for chunk in r.iter_bytes():
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[out.write(view):]
+                    moved(len(chunk))
+            except (httpx2.TimeoutException, httpx2.NetworkError) as exc:
+                # raised here it would reach huggingface_hub's retry generator, which swallows it, yields
+                # again and ends in "generator didn't stop after throw()": re-raised once out, fetch resumes
+                cut = exc
+    if cut is not None:
+        raise cut
 
 
 def _link(blob: Path, pointer: Path) -> None:

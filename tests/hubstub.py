@@ -24,6 +24,7 @@ import json
 import re
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ class HubStub:
         self.hold_at: int | None = None  # every response stops at this offset of its file until release()
         # a broken or hostile mirror: a file path no repo knows is answered with this file's bytes
         self.answer_any: StubFile | None = None
+        self.cut_at: int | None = None  # the next response to reach this offset of its file is reset there (once)
         self._released = threading.Event()
         self._cond = threading.Condition()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
@@ -288,7 +290,10 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                         hub._released.wait()
                         if _peer_gone(self.connection):
                             return  # its client was killed while held: what it never got must not count
-                    n = min(CHUNK, stop - pos, (hold - pos) if hold is not None and pos < hold else CHUNK)
+                    if self._cut(pos):
+                        return
+                    n = min(CHUNK, stop - pos, (hold - pos) if hold is not None and pos < hold else CHUNK,
+                            (hub.cut_at - pos) if hub.cut_at is not None and pos < hub.cut_at else CHUNK)
                     block = src.read(n)
                     self.wfile.write(block)
                     self.wfile.flush()
@@ -299,6 +304,17 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                         ahead = sent / hub.rate - (time.monotonic() - began)
                         if ahead > 0:
                             time.sleep(ahead)
+
+        def _cut(self, pos: int) -> bool:
+            """At the cut offset: reset the connection (RST, as a dropped link or a NAT timeout does), once."""
+            with hub._cond:
+                if hub.cut_at is None or pos < hub.cut_at:
+                    return False
+                hub.cut_at = None
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+            return True
 
         def _error(self, entry: dict, status: int, code: str | None, message: str, commit: str | None = None) -> None:
             headers = {"Content-Type": "application/json", "X-Error-Message": message}

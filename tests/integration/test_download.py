@@ -274,3 +274,19 @@ def test_a_second_download_while_one_runs_is_refused_and_the_first_finishes_whol
     assert first.returncode == 0, err
     assert hub.served.bytes["model.safetensors"] == weights
     _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
+
+
+def test_a_connection_reset_mid_file_resumes_from_what_arrived(hub, zoo_folder, tmp_path) -> None:
+    """A link that drops mid-file (a reset, a stalled read that times out) is picked up where it stopped:
+    the download ends whole, asking only for the bytes it lacked."""
+    weights = (zoo_folder / "model.safetensors").stat().st_size
+    hub.cut_at = weights // 2
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    gets = [q for q in hub.served.requests if q["path"].endswith("/model.safetensors") and q["method"] == "GET"]
+    assert [q["range"] for q in gets][0] is None and len(gets) == 2
+    # a reset drops what sat unread in the receiver's buffers: the rerun starts where the disk stopped
+    resumed = int(gets[1]["range"].removeprefix("bytes=").removesuffix("-"))
+    assert 0 < resumed <= weights // 2
+    assert hub.served.bytes["model.safetensors"] == weights + weights // 2 - resumed
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
