@@ -39,6 +39,8 @@ def switch(settings: Settings, model: str, served_name: str) -> int:
     services = Services(Layout(new))
     # no start, stop or restart may run meanwhile: .env and the engine change together, or neither does
     with services.locked():
+        # what a start would refuse (a folder or cached repo that cannot load here) before .env names it
+        services.engine.refuse_broken_model()
         _write_env(settings, model, served_name, changes, forwarded, new)
         os.environ.update(forwarded)  # engine_ctl forwards the variables set here to every rank (--env)
         return restart_with(new, services)

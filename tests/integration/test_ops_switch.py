@@ -156,3 +156,21 @@ def test_a_switch_while_another_launch_sh_changes_the_services_changes_nothing()
     finally:
         lock.release()
         shutil.rmtree(launch.root, ignore_errors=True)
+
+
+def test_a_switch_to_a_cached_repo_that_is_no_model_is_refused_before_env_changes(tmp_path):
+    """A repo downloaded whole that holds no model (a typo'd name: only a README) passes the every-rank check;
+    what a start would refuse is refused before .env is written, so .env never names what cannot load."""
+    hub = tmp_path / "hub"
+    readme = tmp_path / "src" / "README.md"
+    readme.parent.mkdir()
+    readme.write_text("# not a model\n")
+    lay_out_repo(hub, readme.parent)
+    launch = Launch(MODEL="demo-tiny", HUB_CACHE=str(hub))
+    try:
+        r = launch.run("switch", REPO_ID)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "has no config.json" in r.stderr, r.stderr
+        assert (launch.root / "empty.env").read_text() == ""
+    finally:
+        shutil.rmtree(launch.root, ignore_errors=True)
