@@ -37,7 +37,7 @@ def _load(path: Path) -> tuple[Any, str]:
         return None, f"larger than {MAX_BYTES} bytes"
     try:
         return json.loads(data), ""
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json's decoder goes
         return None, f"not JSON ({exc})"
 
 

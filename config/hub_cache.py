@@ -34,6 +34,8 @@ HASH_CHUNK = 8 * 1024 * 1024
 # org/name as the Hugging Face hub spells a repo id (what a local path or a demo/zoo name is not)
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# a blob's name in the cache: git's sha1 of a small file, the sha256 of an LFS one
+_BLOB_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
 def default_hub_cache() -> Path:
@@ -46,6 +48,20 @@ def default_hub_cache() -> Path:
 
 def is_repo_id(name: str) -> bool:
     return bool(_REPO_RE.match(name)) and ".." not in name
+
+
+def is_commit(name: str) -> bool:
+    return bool(_COMMIT_RE.match(name))
+
+
+def is_blob_name(name: str) -> bool:
+    return bool(_BLOB_RE.match(name))
+
+
+def inside_path(path: str) -> bool:
+    """A file's path as a snapshot may hold it: relative, with / separators, no part that climbs out or is empty."""
+    parts = path.split("/")
+    return bool(path) and "\0" not in path and all(part not in ("", ".", "..") for part in parts)
 
 
 def repo_folder(cache: Path, repo: str) -> Path:
@@ -95,9 +111,13 @@ class Manifest:
                            files=files)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a model manifest ({type(exc).__name__}: {exc})") from None
+        # the commit and the sha256s name folders and files in the cache: none may climb out of it
+        if manifest.commit and not is_commit(manifest.commit):
+            raise ValueError(f"not a model manifest: commit {manifest.commit!r} is not 40 hex digits")
         for f in files:
-            if f.path.startswith("/") or ".." in Path(f.path).parts or f.size < 0:
-                raise ValueError(f"not a model manifest: file {f.path!r} of size {f.size} is outside its folder")
+            if not inside_path(f.path) or f.size < 0 or len(f.sha256) != 64 or not is_blob_name(f.sha256):
+                raise ValueError(f"not a model manifest: file {f.path!r} of size {f.size} (sha256 {f.sha256!r}) "
+                                 "is outside its folder or malformed")
         return manifest
 
 

@@ -193,7 +193,9 @@ def verify(cache: Path, manifest: Manifest, write: bool) -> dict:
         for p in item.paths:
             target = store.snapshot / p
             if target.exists() and _size(target) == item.size:  # the right size with the wrong bytes
-                Path(os.path.realpath(target)).unlink()
+                real = Path(os.path.realpath(target))
+                # a blob of ours goes; a link to anywhere else (made by hand or another tool) goes, not its file
+                (real if real.parent == Path(os.path.realpath(store.blobs)) else target).unlink()
     if write and not bad:
         write_manifest(cache, manifest)
     return {"bad": bad}

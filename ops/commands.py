@@ -188,11 +188,12 @@ class Services:
             self.api.refuse_running()
             return 0 if self.api.launch(want) is not None else 1
 
-    def restart_engine(self) -> int:
+    def restart_engine(self, locked: bool = False) -> int:
+        """locked: the caller holds the launch lock already (a switch, which wrote .env under it)."""
         # The stop half is done whole, as a stop; a signal during the start half undoes it, as a start's.
         stopped = "the engine is stopped; the API answers 503 until ./launch.sh restart-engine"
         with held():
-            with self.locked():
+            with contextlib.nullcontext() if locked else self.locked():
                 self.engine.refuse_broken_model()  # before the stop: the running engine keeps serving
                 self.engine.stop()
                 try:

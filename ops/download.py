@@ -8,6 +8,7 @@ resuming what an earlier run left; files already there are not fetched again, bu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import socket
@@ -22,6 +23,7 @@ from config.hub_cache import HASH_CHUNK, Manifest, ManifestFile, is_repo_id, wri
 from ops import cluster, hub_fetch
 from ops.hub_fetch import RemoteFile, RemoteRepo
 from ops.layout import Die
+from ops.pidfile import Busy, Lock
 from ops.progress import Progress, human_bytes
 
 WORKERS = 4  # files fetched at once: a hub CDN serves one stream slower than the link a Mac has
@@ -30,6 +32,31 @@ WORKERS = 4  # files fetched at once: a hub CDN serves one stream slower than th
 def download(settings: Settings, source: str, revision: str | None) -> int:
     """0 when rank 0's cache (and, through spread, every rank's) holds the model whole; Die(1) with why."""
     hosts = rank_hosts(settings)  # a hostfile fault is said before a long download, not after
+    with one_at_a_time(settings):
+        return _download(settings, source, revision, hosts)
+
+
+@contextlib.contextmanager
+def one_at_a_time(settings: Settings):
+    """One download (and spread) per run folder: two appending to one partial file corrupt it, and the
+    dashboard's single transfer.json would show both by turns."""
+    lock = Lock(settings.run_dir / "download.lock")
+    try:
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except Busy as busy:
+        who = f" (pid {busy.pid})" if busy.pid is not None else ""
+        raise Die(1, f"another download{who} is running from {settings.run_dir}: wait for it to end (the dashboard "
+                     "shows its progress), then run this one") from None
+    except OSError as exc:
+        raise Die(1, f"cannot create the lock {lock.path}: {exc}") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _download(settings: Settings, source: str, revision: str | None, hosts: list[str]) -> int:
     folder = Path(source).expanduser()
     if folder.is_dir():
         if revision:
@@ -183,6 +210,9 @@ def explain(exc: BaseException, repo: str, revision: str) -> str:
                                         RepositoryNotFoundError, RevisionNotFoundError)
     where = hub_fetch.endpoint()
     status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, hub_fetch.HubAnswerRefused):
+        return (f"{where} listed {repo} with {exc}: refused, nothing fetched (a broken or hostile hub or mirror: "
+                "check HF_ENDPOINT)")
     if isinstance(exc, GatedRepoError):
         return (f"{repo} on {where} is gated: accept its terms on the hub's page, then set HF_TOKEN to a token of "
                 "that account")

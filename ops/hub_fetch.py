@@ -15,9 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.hub_cache import repo_folder, snapshot_folder
+from config.hub_cache import inside_path, is_blob_name, is_commit, repo_folder, snapshot_folder
 
 ATTEMPTS = 5  # per file; each resumes where the previous one stopped
+
+
+class HubAnswerRefused(ValueError):
+    """The hub's listing names a commit, file or blob that would land outside the cache (or is no hub name)."""
 
 
 @dataclass(frozen=True)
@@ -47,16 +51,25 @@ def endpoint() -> str:
 
 
 def list_repo(repo: str, revision: str) -> RemoteRepo:
-    """The commit a revision names and every file with its size and hashes (one API call)."""
+    """The commit a revision names and every file with its size and hashes (one API call); raises
+    HubAnswerRefused when one of them could not be a path inside the cache (a broken or hostile mirror)."""
     from huggingface_hub import HfApi
     info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    # every name below becomes a path on disk: each is checked before any byte moves
+    if not is_commit(str(info.sha)):
+        raise HubAnswerRefused(f"commit {str(info.sha)[:80]!r}, which is not 40 hex digits")
     files = []
     for s in info.siblings or []:
         sha256 = s.lfs.sha256 if s.lfs is not None else None
         size = s.lfs.size if s.lfs is not None else s.size
         etag = sha256 or s.blob_id
         if size is None or etag is None:
-            raise ValueError(f"the hub gave no size or id for {s.rfilename} of {repo}")
+            raise HubAnswerRefused(f"no size or id for {s.rfilename!r}")
+        if not inside_path(str(s.rfilename)):
+            raise HubAnswerRefused(f"a file named {str(s.rfilename)[:200]!r}, which would land outside the model's "
+                                   "folder")
+        if not all(h is None or is_blob_name(h) for h in (etag, sha256, s.blob_id)):
+            raise HubAnswerRefused(f"{s.rfilename!r} with the id {str(etag)[:80]!r}, which is no sha1 or sha256")
         files.append(RemoteFile(s.rfilename, int(size), etag, sha256, s.blob_id))
     return RemoteRepo(repo, revision, str(info.sha), tuple(files))
 
@@ -130,6 +143,7 @@ def fetch(cache: Path, remote: RemoteRepo, f: RemoteFile, moved: Callable[[int],
 
 
 def _get(remote: RemoteRepo, f: RemoteFile, part: Path, moved: Callable[[int], None]) -> None:
+    import httpx2
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
     have = part.stat().st_size if part.exists() else 0
@@ -143,16 +157,24 @@ def _get(remote: RemoteRepo, f: RemoteFile, part: Path, moved: Callable[[int], N
     if have:
         headers["Range"] = f"bytes={have}-"
     url = hf_hub_url(remote.repo, f.path, revision=remote.commit)
+    cut: Exception | None = None
     with http_stream_backoff("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as r:
         hf_raise_for_status(r)
         # A server that ignores Range answers 200 with the whole file: then the part starts over.
         # Unbuffered, each block as it arrives: what a kill leaves on disk is all that arrived.
         with open(part, "ab" if r.status_code == 206 else "wb", buffering=0) as out:
-            for chunk in r.iter_bytes():
-                view = memoryview(chunk)
-                while view:
-                    view = view[out.write(view):]
-                moved(len(chunk))
+            try:
+                for chunk in r.iter_bytes():
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[out.write(view):]
+                    moved(len(chunk))
+            except (httpx2.TimeoutException, httpx2.NetworkError) as exc:
+                # raised here it would reach huggingface_hub's retry generator, which swallows it, yields
+                # again and ends in "generator didn't stop after throw()": re-raised once out, fetch resumes
+                cut = exc
+    if cut is not None:
+        raise cut
 
 
 def _link(blob: Path, pointer: Path) -> None:

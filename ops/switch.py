@@ -36,6 +36,18 @@ def switch(settings: Settings, model: str, served_name: str) -> int:
         new = load_settings({**os.environ, **forwarded})
     except ConfigError as exc:
         raise Die(2, f"configuration error with MODEL={model}: {exc}") from None
+    services = Services(Layout(new))
+    # no start, stop or restart may run meanwhile: .env and the engine change together, or neither does
+    with services.locked():
+        # what a start would refuse (a folder or cached repo that cannot load here) before .env names it
+        services.engine.refuse_broken_model()
+        _write_env(settings, model, served_name, changes, forwarded, new)
+        os.environ.update(forwarded)  # engine_ctl forwards the variables set here to every rank (--env)
+        return restart_with(new, services)
+
+
+def _write_env(settings: Settings, model: str, served_name: str, changes: dict[str, str | None],
+               forwarded: dict[str, str], new: Settings) -> None:
     env_file = Path(os.environ.get("ENV_FILE") or REPO_ROOT / ".env")
     try:
         envfile.update(env_file, changes)
@@ -48,13 +60,11 @@ def switch(settings: Settings, model: str, served_name: str) -> int:
         if key in os.environ and os.environ[key] != forwarded[key]:
             say(f"note: {key}={os.environ[key]} is set in the environment, which wins over .env: unset it, or the "
                 "next ./launch.sh start serves that again")
-    os.environ.update(forwarded)  # engine_ctl forwards the variables set here to every rank (--env)
-    return restart_with(new)
 
 
-def restart_with(new: Settings) -> int:
-    """The engine restarted on the new settings (as restart-engine); the API, untouched, learns the new name."""
-    services = Services(Layout(new))
+def restart_with(new: Settings, services: Services) -> int:
+    """The engine restarted on the new settings (as restart-engine, under the caller's launch lock); the API,
+    untouched, learns the new name."""
     api_pid = services.api.pids.running()
     if services.engine.pids.running() is None and api_pid is None:
         say(f"nothing runs: ./launch.sh start serves {new.MODEL}")
@@ -62,7 +72,7 @@ def restart_with(new: Settings) -> int:
     new.run_dir.mkdir(parents=True, exist_ok=True)
     new.switch_file.write_text(json.dumps({"model": new.model_name}))
     try:
-        code = services.restart_engine()
+        code = services.restart_engine(locked=True)
     finally:
         new.switch_file.unlink(missing_ok=True)
     if code != 0:

@@ -24,6 +24,7 @@ import json
 import re
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ class HubStub:
         self.served = Served()
         self.rate = rate  # bytes per second per response; 0: as fast as the socket goes
         self.hold_at: int | None = None  # every response stops at this offset of its file until release()
+        # a broken or hostile mirror: a file path no repo knows is answered with this file's bytes
+        self.answer_any: StubFile | None = None
+        self.cut_at: int | None = None  # the next response to reach this offset of its file is reset there (once)
         self._released = threading.Event()
         self._cond = threading.Condition()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
@@ -196,6 +200,8 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                     self._api(m, parse_qs(url.query), entry)
                 elif m := _RESOLVE.match(path):
                     self._resolve(m, head, entry)
+                elif hub.answer_any is not None:
+                    self._answer(hub.answer_any, head, entry)
                 else:
                     self._error(entry, 404, "EntryNotFound", "no such endpoint")
             except (BrokenPipeError, ConnectionResetError):
@@ -241,12 +247,15 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
             if found is None:
                 return
             stub, commit = found
-            f = stub.files.get(m.group(3))
+            f = stub.files.get(m.group(3), hub.answer_any)
             if f is None:
                 self._error(entry, 404, "EntryNotFound", f"{m.group(3)} does not exist", commit)
                 return
+            self._answer(f, head, entry, {"X-Repo-Commit": commit})
+
+        def _answer(self, f: StubFile, head: bool, entry: dict, more: dict[str, str] | None = None) -> None:
             etag = f.sha256 if f.lfs else f.oid
-            headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
+            headers = {**(more or {}), "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                        "Content-Type": "application/octet-stream"}
             if f.lfs:
                 headers |= {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(f.api_size)}
@@ -281,7 +290,10 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                         hub._released.wait()
                         if _peer_gone(self.connection):
                             return  # its client was killed while held: what it never got must not count
-                    n = min(CHUNK, stop - pos, (hold - pos) if hold is not None and pos < hold else CHUNK)
+                    if self._cut(pos):
+                        return
+                    n = min(CHUNK, stop - pos, (hold - pos) if hold is not None and pos < hold else CHUNK,
+                            (hub.cut_at - pos) if hub.cut_at is not None and pos < hub.cut_at else CHUNK)
                     block = src.read(n)
                     self.wfile.write(block)
                     self.wfile.flush()
@@ -292,6 +304,17 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                         ahead = sent / hub.rate - (time.monotonic() - began)
                         if ahead > 0:
                             time.sleep(ahead)
+
+        def _cut(self, pos: int) -> bool:
+            """At the cut offset: reset the connection (RST, as a dropped link or a NAT timeout does), once."""
+            with hub._cond:
+                if hub.cut_at is None or pos < hub.cut_at:
+                    return False
+                hub.cut_at = None
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+            return True
 
         def _error(self, entry: dict, status: int, code: str | None, message: str, commit: str | None = None) -> None:
             headers = {"Content-Type": "application/json", "X-Error-Message": message}

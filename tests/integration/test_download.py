@@ -3,6 +3,7 @@ command in a subprocess, a zoo model as the repo, the stub's own counts as the m
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -226,3 +227,66 @@ def test_a_new_commit_moves_only_the_files_that_changed(hub, zoo_folder, tmp_pat
     assert hub.served.bytes == {"config.json": (newer / "config.json").stat().st_size}
     _assert_whole(tmp_path / "hub", "org/tiny", newer)
     assert read_manifest(tmp_path / "hub", "org/tiny", old_commit) is not None  # the old snapshot stays
+
+
+@pytest.mark.parametrize("lie", ["path", "blob id", "sha256", "commit"])
+def test_a_hostile_hub_never_makes_the_download_write_outside_the_cache(hub, zoo_folder, tmp_path, lie) -> None:
+    """A hub or mirror (HF_ENDPOINT) names the files, their blobs and the commit: names that climb out of the
+    cache ("../..") are refused in one sentence before any byte moves, and nothing lands outside the cache."""
+    stub = hub.add("org/evil", zoo_folder)
+    climb = "../../../../escaped"
+    weights, config = stub.files["model.safetensors"], stub.files["config.json"]
+    if lie == "path":
+        stub.files[climb] = dataclasses.replace(config, path=climb)
+        hub.answer_any = config  # the URL of "../.." names no file the stub knows: a hostile mirror answers anyway
+    elif lie == "blob id":
+        stub.files["config.json"] = dataclasses.replace(config, oid=climb)
+    elif lie == "sha256":
+        stub.files["model.safetensors"] = dataclasses.replace(weights, sha256=climb)
+    else:
+        stub.refs["main"] = stub.commit = "../../../../escaped"
+        hub.answer_any = config
+    work = tmp_path / "work"
+    work.mkdir()
+    sentence = _one_sentence(download(work, hub.url, "org/evil"))
+    assert "org/evil" in sentence and "refused, nothing fetched" in sentence and "HF_ENDPOINT" in sentence, sentence
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    assert not [p for p in work.rglob("*escaped*")]
+    assert not [q for q in hub.served.requests if q["method"] == "GET" and "/resolve/" in q["path"]]
+
+
+def test_a_second_download_while_one_runs_is_refused_and_the_first_finishes_whole(hub, zoo_folder, tmp_path) -> None:
+    """Two terminals, one model: both appending to the same partial file would corrupt it (and two progress
+    files in one run dir would overwrite each other), so the second says who runs and leaves."""
+    weights = (zoo_folder / "model.safetensors").stat().st_size
+    hub.hold(weights // 2)
+    first = subprocess.Popen([str(REPO / "launch.sh"), "download", "org/tiny"], cwd=REPO, env=_env(tmp_path, hub.url),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        hub.wait_served(weights // 2, path="model.safetensors", timeout=TIMEOUT)
+        second = subprocess.run([str(REPO / "launch.sh"), "download", "org/tiny"], cwd=REPO,
+                                env=_env(tmp_path, hub.url), capture_output=True, text=True, timeout=30)
+        sentence = _one_sentence(second)
+        assert "another download" in sentence and f"pid {first.pid}" in sentence, sentence
+    finally:
+        hub.release()
+        _, err = first.communicate(timeout=TIMEOUT)
+    assert first.returncode == 0, err
+    assert hub.served.bytes["model.safetensors"] == weights
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
+
+
+def test_a_connection_reset_mid_file_resumes_from_what_arrived(hub, zoo_folder, tmp_path) -> None:
+    """A link that drops mid-file (a reset, a stalled read that times out) is picked up where it stopped:
+    the download ends whole, asking only for the bytes it lacked."""
+    weights = (zoo_folder / "model.safetensors").stat().st_size
+    hub.cut_at = weights // 2
+    r = download(tmp_path, hub.url, "org/tiny")
+    assert r.returncode == 0, r.stderr
+    gets = [q for q in hub.served.requests if q["path"].endswith("/model.safetensors") and q["method"] == "GET"]
+    assert [q["range"] for q in gets][0] is None and len(gets) == 2
+    # a reset drops what sat unread in the receiver's buffers: the rerun starts where the disk stopped
+    resumed = int(gets[1]["range"].removeprefix("bytes=").removesuffix("-"))
+    assert 0 < resumed <= weights // 2
+    assert hub.served.bytes["model.safetensors"] == weights + weights // 2 - resumed
+    _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)

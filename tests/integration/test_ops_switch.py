@@ -17,6 +17,7 @@ import pytest
 
 from config.hub_cache import Manifest, ManifestFile, sha256_file, snapshot_folder, write_manifest
 from ipc.lifecycle import ExitCause
+from ops.pidfile import Lock
 from tests.harness import MODEL_CACHE, REPO, short_dir
 from tests.launch_stack import Launch, wait_for
 
@@ -134,3 +135,42 @@ def test_a_rank_never_downloads_a_repo_id_its_cache_lacks_or_holds_incomplete(tm
     assert not (launch.root / "run" / "engine.pid").exists()
     shutil.rmtree(launch.root, ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)
+
+
+def test_a_switch_while_another_launch_sh_changes_the_services_changes_nothing():
+    """A start, stop or restart under way holds the launch lock: a switch meanwhile would write .env (the next
+    start then serves what the one under way did not) and say "nothing runs"; it is refused like them."""
+    launch = Launch(MODEL="demo-tiny")
+    (launch.root / "run").mkdir(mode=0o700)
+    lock = Lock(launch.root / "run" / "launch.lock")
+    lock.acquire()  # as a ./launch.sh start would, while it starts the engine
+    try:
+        r = launch.run("switch", "zoo-qwen3")
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"another ./launch.sh (pid {os.getpid()}) is changing the services" in r.stderr, r.stderr
+        assert (launch.root / "empty.env").read_text() == ""
+        lock.release()
+        r = launch.run("switch", "zoo-qwen3")
+        assert r.returncode == 0 and "nothing runs" in r.stderr, r.stderr
+        assert "MODEL=zoo-qwen3" in (launch.root / "empty.env").read_text()
+    finally:
+        lock.release()
+        shutil.rmtree(launch.root, ignore_errors=True)
+
+
+def test_a_switch_to_a_cached_repo_that_is_no_model_is_refused_before_env_changes(tmp_path):
+    """A repo downloaded whole that holds no model (a typo'd name: only a README) passes the every-rank check;
+    what a start would refuse is refused before .env is written, so .env never names what cannot load."""
+    hub = tmp_path / "hub"
+    readme = tmp_path / "src" / "README.md"
+    readme.parent.mkdir()
+    readme.write_text("# not a model\n")
+    lay_out_repo(hub, readme.parent)
+    launch = Launch(MODEL="demo-tiny", HUB_CACHE=str(hub))
+    try:
+        r = launch.run("switch", REPO_ID)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "has no config.json" in r.stderr, r.stderr
+        assert (launch.root / "empty.env").read_text() == ""
+    finally:
+        shutil.rmtree(launch.root, ignore_errors=True)

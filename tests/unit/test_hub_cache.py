@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,22 @@ def test_a_model_from_another_tool_without_a_manifest_is_listed_by_what_is_there
 def test_a_broken_or_escaping_manifest_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         Manifest.from_json(text)
+
+
+@pytest.mark.parametrize("field, value", [("commit", "../../x"), ("commit", "main"), ("path", "/etc/x"),
+                                          ("path", "a//b"), ("path", "a/./b"), ("sha256", "../../../x"),
+                                          ("sha256", "A" * 64)])
+def test_a_manifest_whose_names_would_climb_out_of_the_cache_is_refused(field: str, value: str) -> None:
+    """A spread's ranks make folders and files of the commit, the paths and the sha256s a manifest names."""
+    doc = {"repo": "a/b", "revision": "main", "commit": "c" * 40,
+           "files": [{"path": "config.json", "size": 2, "sha256": "0" * 64}]}
+    Manifest.from_json(json.dumps(doc))
+    if field == "commit":
+        doc["commit"] = value
+    else:
+        doc["files"][0][field] = value
+    with pytest.raises(ValueError):
+        Manifest.from_json(json.dumps(doc))
 
 
 def test_repo_ids_are_org_slash_name_only() -> None:

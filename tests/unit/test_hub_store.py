@@ -67,6 +67,25 @@ def test_survey_and_verify_name_what_is_missing_or_damaged(tmp_path: Path) -> No
     assert not blob.exists()  # removed, so a copy replaces it
 
 
+def test_verify_never_deletes_a_file_outside_the_cache_that_a_snapshot_links_to(tmp_path: Path) -> None:
+    """A snapshot file may be a link to anywhere (made by hand, or by another tool): wrong bytes there drop the
+    link, so a copy replaces it, and leave the linked file alone."""
+    m = manifest(("w.bin", DATA))
+    cache, mine = tmp_path / "cache", tmp_path / "elsewhere" / "w.bin"
+    mine.parent.mkdir()
+    mine.write_bytes(b"m" * len(DATA))  # the right size, other bytes
+    link = snapshot_folder(cache, "org/x", m.commit) / "w.bin"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(mine)
+    assert verify(cache, m, write=False) == {"bad": ["w.bin"]}
+    assert mine.read_bytes() == b"m" * len(DATA)
+    assert not link.is_symlink()
+    [item] = items(m)
+    store = RankStore(cache, m)
+    assert receive(store, item, DATA).close() and link.read_bytes() == DATA
+    assert mine.read_bytes() == b"m" * len(DATA)
+
+
 def test_the_plan_refuses_a_rank_without_room_naming_host_and_bytes() -> None:
     m = manifest(("w.bin", DATA))
     table = [[0, 0, 0, COMPLETE], [500, len(DATA), 0, 0]]

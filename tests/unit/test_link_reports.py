@@ -87,7 +87,8 @@ def test_models_file_read_as_written_and_broken_files_become_a_note(tmp_path):
     assert [h["host"] for h in got["hosts"]] == ["mac-a", "mac-b"] and got["hosts"][1]["models"] == []
     half = got["hosts"][0]["models"][1]
     assert (half["repo"], half["complete"], half["missing"], half["size"]) == ("org/half", False, 1, 10)
-    for broken in ("{not json", json.dumps([1, 2]), json.dumps({"hosts": "x"}), "x" * (MAX_BYTES + 1)):
+    nested = "[" * 100_000 + "]" * 100_000  # small enough to be read, too deep for json's recursion
+    for broken in ("{not json", json.dumps([1, 2]), json.dumps({"hosts": "x"}), "x" * (MAX_BYTES + 1), nested):
         (tmp_path / "models.json").write_text(broken)
         got = read_models(tmp_path)
         assert not got["available"] and got["note"].endswith("run ./launch.sh models"), got

@@ -157,6 +157,9 @@ def test_switch_refuses_an_unknown_demo_name_and_a_folder_without_a_model(cluste
 def test_switch_with_nothing_running_only_rewrites_env(cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = load_settings({**{k: v for k, v in cluster.as_env().items() if k in type(cluster).__struct_fields__},
                              "PARALLEL": "pipeline", "PIPELINE_LAYERS": "1,1"}, env_file="/nonexistent")
+    # as ./launch.sh runs it: the settings come from the environment, which the switch reads again
+    for key in ("HOSTS", "HUB_CACHE_PER_RANK", "RUN_DIR", "SOCKET_PATH", "MODEL_CACHE_DIR"):
+        monkeypatch.setenv(key, cluster.as_env()[key])
     assert switch(cluster, "org/whole", "tiny") == 0
     env = Path(cluster.hub_cache(0)).parent / "cluster.env"
     assert env.read_text() == "# kept\nMODEL=org/whole\nSERVED_MODEL_NAME=tiny\n"
