@@ -6,8 +6,8 @@ then sends each the same workloads, taking turns (round i starts with the i-th m
 - copy: an agent-like answer that copies from its prompt. A random-weight demo model does not copy a file it is
   shown, but a short block of random tokens repeated many times (`--block` tokens, `--reps` times, as token ids
   through /v1/completions) makes its greedy continuation repeat stretches of it and of itself; the acceptance
-  column says how much it copied. One stream at a time.
-- chat: bench.run's short chat prompts, ordinary text. One stream at a time.
+  column says how much it copied. `--requests` streams, one at a time.
+- chat: bench.run's short chat prompts, ordinary text. `--requests` streams, one at a time.
 - copy x8: `--concurrency` copy streams at once (aggregate tok/s).
 
 Every request is greedy, asks for `--max-tokens` and suppresses the model's EOS ids. Per server and workload:
@@ -66,12 +66,27 @@ class Cell:
         return 1000.0 * self.cpu_s / self.tokens if self.tokens else float("nan")
 
 
-def copy_prompt(i: int, block: int, reps: int, vocab: int) -> list[int]:
-    """The i-th copy prompt: `block` random token ids (seeded by i) repeated `reps` times, then the block's first
-    eight again, so the continuation starts mid-copy."""
+def copy_prompt(i: int, block: int, reps: int, vocab: list[int]) -> list[int]:
+    """The i-th copy prompt: `block` random token ids of `vocab` (seeded by i) repeated `reps` times, then the
+    block's first eight again, so the continuation starts mid-copy."""
     rng = random.Random(1000 + i)
-    tokens = [rng.randrange(10, vocab) for _ in range(block)]
+    tokens = [rng.choice(vocab) for _ in range(block)]
     return tokens * reps + tokens[:8]
+
+
+def plain_tokens(model_path: Path) -> list[int]:
+    """Token ids that decode alone to printable ASCII: a copy of them streams as it is decoded (a byte token
+    would hold the text back until its character completes, and one stream's decode rate could not be timed)."""
+    from mlx_lm.utils import load_tokenizer
+
+    tok = load_tokenizer(model_path)
+    vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
+    out = []
+    for t in range(vocab):
+        text = tok.decode([t])
+        if text.strip() and text.isascii() and text.isprintable():
+            out.append(t)
+    return out
 
 
 def draft_model_for(model_name: str, model_path: Path, wanted: str, cache_dir: Path) -> tuple[str, str]:
@@ -128,7 +143,7 @@ def same_greedy_answer(sides: dict[str, servers.Server], tokens: list[int], max_
     return {mode: texts[mode] == texts["off"] for mode in sides}
 
 
-def run_ranks(args, ranks: int, modes: dict[str, dict[str, str]], model_name: str, vocab: int,
+def run_ranks(args, ranks: int, modes: dict[str, dict[str, str]], model_name: str, vocab: list[int],
               bias: dict[int, float], work: servers.Workdir) -> dict:
     sides: dict[str, servers.Server] = {}
     cells = {w: {m: Cell() for m in modes} for w in WORKLOADS}
@@ -143,8 +158,10 @@ def run_ranks(args, ranks: int, modes: dict[str, dict[str, str]], model_name: st
         n = 0
         for i in range(args.rounds):
             workloads = {
-                "copy": ([copy_prompt(10 + i, args.block, args.reps, vocab)], 1, True),
-                "chat": ([prompt(500_000 + 100 * ranks + i)], 1, False),
+                "copy": ([copy_prompt(10 + args.requests * i + j, args.block, args.reps, vocab)
+                          for j in range(args.requests)], 1, True),
+                "chat": ([prompt(500_000 + 100 * ranks + args.requests * i + j) for j in range(args.requests)], 1,
+                         False),
                 "copy x8": ([copy_prompt(100 + args.concurrency * i + k, args.block, args.reps, vocab)
                              for k in range(args.concurrency)], args.concurrency, True),
             }
@@ -201,7 +218,9 @@ def main() -> int:
     parser.add_argument("--modes", default="off,ngram,draft", help="SPECULATIVE modes to compare (off is always in)")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=3,
+                        help="requests one after another per round for copy and chat (their median rate counts)")
+    parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--block", type=int, default=8, help="tokens of the copy prompt's repeated block")
@@ -214,10 +233,10 @@ def main() -> int:
     args = parser.parse_args()
     mode_names = ["off"] + [m for m in args.modes.split(",") if m and m != "off"]
     rank_counts = [int(r) for r in args.ranks.split(",") if r]
-    if args.rounds < 1 or args.concurrency < 1 or not rank_counts or min(rank_counts) < 1:
-        parser.error("--rounds, --concurrency and every --ranks must be at least 1")
+    if args.rounds < 1 or args.requests < 1 or args.concurrency < 1 or not rank_counts or min(rank_counts) < 1:
+        parser.error("--rounds, --requests, --concurrency and every --ranks must be at least 1")
     model_path, model_name = resolve_model(args.model, args.cache_dir)
-    vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
+    vocab = plain_tokens(model_path)
     bias = {t: -100.0 for t in eos_token_ids(model_path)}
     modes: dict[str, dict[str, str]] = {}
     draft_note = ""
@@ -233,6 +252,8 @@ def main() -> int:
     try:
         for ranks in rank_counts:
             results[ranks] = run_ranks(args, ranks, modes, model_name, vocab, bias, work)
+            # a failed request keeps every server's log (an engine that ended mid-run says why there)
+            failed = failed or any(c.errors for cs in results[ranks]["cells"].values() for c in cs.values())
     except BaseException:
         failed = True
         raise
