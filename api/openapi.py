@@ -73,6 +73,8 @@ _TOKEN_ERRORS = {status: text for status, text in _GENERATION_ERRORS.items() if 
     "400": "invalid request: a bad parameter (named in error.param), or a token id outside the vocabulary",
     "500": "the engine failed to answer",
 }
+# model listings before the engine has said which model it serves
+_UNAVAILABLE = {"503": "the engine is unavailable and its model is not known yet"}
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}}
 _REQUEST_ID = {"x-request-id": {"description": "the request's id (a generation's completion id), also in api.log",
                                 "required": True, "schema": {"type": "string"}}}
@@ -202,11 +204,10 @@ def _ollama_paths(settings: Settings, auth: bool, components: dict[str, Any]) ->
     for name in ("ChatRequest", "GenerateRequest"):
         components[OLLAMA + name]["properties"]["model"] = {"type": "string", "enum": names}
     error = OLLAMA + "Error"
-    unavailable = {"503": "the engine is unavailable and its model is not known yet"}
     body_errors = {k: v for k, v in _GENERATION_ERRORS.items() if k in ("400", "408", "413", "415")}
     show = _get("Describe the served model (capabilities, context length in model_info)", {
         "description": "the model", "content": _json(OLLAMA + "ShowResponse")},
-        {**body_errors, "404": "model not found", **unavailable}, auth, error)
+        {**body_errors, "404": "model not found", **_UNAVAILABLE}, auth, error)
     show["requestBody"] = {"required": True, "content": {"application/json": {
         "schema": {"$ref": REF.format(name=OLLAMA + "ShowRequest")}, "example": {"model": settings.model_name}}}}
     return {
@@ -215,9 +216,9 @@ def _ollama_paths(settings: Settings, auth: bool, components: dict[str, Any]) ->
         "/api/version": {"get": _get(f"The Ollama version this server speaks ({OLLAMA_VERSION})", {
             "description": "the version", "content": _json(OLLAMA + "Version")}, {}, auth, error)},
         "/api/tags": {"get": _get("List the served model", {
-            "description": "the model list", "content": _json(OLLAMA + "ModelList")}, unavailable, auth, error)},
+            "description": "the model list", "content": _json(OLLAMA + "ModelList")}, _UNAVAILABLE, auth, error)},
         "/api/ps": {"get": _get("The loaded model (always the served one)", {
-            "description": "the running model", "content": _json(OLLAMA + "RunningModels")}, unavailable, auth,
+            "description": "the running model", "content": _json(OLLAMA + "RunningModels")}, _UNAVAILABLE, auth,
             error)},
         "/api/show": {"post": show},
         "/api/chat": {"post": _ollama_generation(
@@ -231,32 +232,55 @@ def _ollama_paths(settings: Settings, auth: bool, components: dict[str, Any]) ->
     }
 
 
+# every body /v1 and the token routes decode or encode, and the error envelopes they answer with
+_STRUCTS = [
+    protocol.ChatCompletionRequest,
+    protocol.CompletionRequest,
+    protocol.ChatCompletion,
+    protocol.ChatCompletionChunk,
+    protocol.Completion,
+    protocol.ModelList,
+    protocol.Model,
+    responses_protocol.ResponsesRequest,
+    responses_protocol.Response,
+    tokens.TokenizeCompletionRequest,
+    tokens.TokenizeChatRequest,
+    tokens.TokenizeResponse,
+    tokens.DetokenizeRequest,
+    tokens.DetokenizeResponse,
+    ErrorResponse,
+    anthropic.MessagesRequest,
+    anthropic.Message,
+    anthropic.CountTokensRequest,
+    anthropic.TokenCount,
+    AnthropicErrorResponse,
+]
+_DESCRIPTION = ("OpenAI-compatible API (chat, completions, Responses) in front of a distributed "
+                "MLX engine; Anthropic's Messages API and Ollama's /api over the same engine. Ollama's model management (/api/pull, "
+                "/push, /create, /copy, /delete, /blobs) and embeddings (/api/embed, /embeddings) "
+                "answer 501 with {\"error\": message}.")
+
+
 def openapi_document(settings: Settings) -> dict[str, Any]:
     """The OpenAPI document of an API started with settings."""
-    structs = [
-        protocol.ChatCompletionRequest,
-        protocol.CompletionRequest,
-        protocol.ChatCompletion,
-        protocol.ChatCompletionChunk,
-        protocol.Completion,
-        protocol.ModelList,
-        protocol.Model,
-        responses_protocol.ResponsesRequest,
-        responses_protocol.Response,
-        tokens.TokenizeCompletionRequest,
-        tokens.TokenizeChatRequest,
-        tokens.TokenizeResponse,
-        tokens.DetokenizeRequest,
-        tokens.DetokenizeResponse,
-        ErrorResponse,
-        anthropic.MessagesRequest,
-        anthropic.Message,
-        anthropic.CountTokensRequest,
-        anthropic.TokenCount,
-        AnthropicErrorResponse,
-    ]
-    _, components = msgspec.json.schema_components(structs, ref_template=REF)
-    # `model` accepts exactly these values; anything else is a 404.
+    components = _components(settings)
+    auth = bool(api_keys(settings))
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "mlx-cluster-serve", "version": "1", "description": _DESCRIPTION},
+        "paths": {**_generation_paths(settings, auth), **_model_paths(auth), **_token_paths(settings, auth),
+                  "/health": _health_path()},
+        "components": {"schemas": components},
+    }
+    doc["paths"].update(_ollama_paths(settings, auth, components))
+    _annotate(doc, auth)
+    return doc
+
+
+def _components(settings: Settings) -> dict[str, Any]:
+    """The schemas of _STRUCTS and /health's body; `model` accepts exactly the served name and the alias
+    (anything else is a 404)."""
+    _, components = msgspec.json.schema_components(_STRUCTS, ref_template=REF)
     models = sorted({settings.model_name, MODEL_ALIAS})
     for name in ("ChatCompletionRequest", "CompletionRequest", "ResponsesRequest", "MessagesRequest",
                  "CountTokensRequest"):
@@ -270,61 +294,68 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                        "engine": {"type": "string"}},
         "required": ["status"],
     }
-    auth = bool(api_keys(settings))
-    unavailable = {"503": "the engine is unavailable and its model is not known yet"}
-    doc: dict[str, Any] = {
-        "openapi": "3.1.0",
-        "info": {"title": "mlx-cluster-serve", "version": "1",
-                 "description": "OpenAI-compatible API (chat, completions, Responses) in front of a distributed "
-                                "MLX engine; Anthropic's Messages API and Ollama's /api over the same engine. Ollama's model management (/api/pull, "
-                                "/push, /create, /copy, /delete, /blobs) and embeddings (/api/embed, /embeddings) "
-                                "answer 501 with {\"error\": message}."},
-        "paths": {
-            "/v1/chat/completions": {"post": _generation(
-                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion", _openai_events("ChatCompletionChunk"), auth,
-                {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})},
-            "/v1/completions": {"post": _generation(
-                "Create a completion", "CompletionRequest", "Completion", _openai_events("Completion"), auth,
-                {"model": settings.model_name, "prompt": "Once upon a time", "max_tokens": 8, "stream": True})},
-            "/v1/responses": {"post": _generation(
-                "Create a model response (OpenAI's Responses API; nothing is stored)", "ResponsesRequest",
-                "Response", _RESPONSE_EVENTS, auth,
-                {"model": settings.model_name, "instructions": "Be brief.", "input": "hello", "max_output_tokens": 16})},
-            "/v1/messages": {"post": _generation(
-                "Create a message (Anthropic Messages API; x-api-key works like a bearer key)", "MessagesRequest",
-                "Message", _NAMED_EVENTS, auth,
-                {"model": settings.model_name, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]},
-                envelope="AnthropicErrorResponse")},
-            "/v1/messages/count_tokens": {"post": _generation(
-                "Count a message's prompt tokens (Anthropic Messages API)", "CountTokensRequest", "TokenCount", None,
-                auth, {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}]},
-                envelope="AnthropicErrorResponse")},
-            "/v1/models": {"get": _get("List the served model", {"description": "the model list",
-                                                                 "content": _json("ModelList")}, unavailable, auth)},
-            "/v1/models/{model_id}": {"get": {
-                **_get("Describe the served model", {"description": "the model", "content": _json("Model")},
-                       {"404": "model not found", **unavailable}, auth),
-                "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-            }},
-            "/tokenize": {"post": _post(
-                "Tokenize a prompt, or a chat as /v1/chat/completions renders it (vLLM's endpoint)",
-                {"anyOf": [{"$ref": REF.format(name="TokenizeCompletionRequest")},
-                           {"$ref": REF.format(name="TokenizeChatRequest")}]},
-                "TokenizeResponse", _TOKEN_ERRORS, auth,
-                {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}]})},
-            "/detokenize": {"post": _post(
-                "Turn token ids back into text (vLLM's endpoint)", {"$ref": REF.format(name="DetokenizeRequest")},
-                "DetokenizeResponse", _TOKEN_ERRORS, auth, {"model": settings.model_name, "tokens": [1, 2, 3]})},
-            "/health": {"get": _get("Engine and API health (never needs a key)", {
-                "description": "the engine answers and makes progress", "content": _json("Health")},
-                {"503": "the engine is unreachable or stalled"})},
-        },
-        "components": {"schemas": components},
+    return components
+
+
+def _generation_paths(settings: Settings, auth: bool) -> dict[str, Any]:
+    """The routes that generate: OpenAI's chat, completions and Responses, and Anthropic's Messages."""
+    return {
+        "/v1/chat/completions": {"post": _generation(
+            "Create a chat completion", "ChatCompletionRequest", "ChatCompletion", _openai_events("ChatCompletionChunk"), auth,
+            {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})},
+        "/v1/completions": {"post": _generation(
+            "Create a completion", "CompletionRequest", "Completion", _openai_events("Completion"), auth,
+            {"model": settings.model_name, "prompt": "Once upon a time", "max_tokens": 8, "stream": True})},
+        "/v1/responses": {"post": _generation(
+            "Create a model response (OpenAI's Responses API; nothing is stored)", "ResponsesRequest",
+            "Response", _RESPONSE_EVENTS, auth,
+            {"model": settings.model_name, "instructions": "Be brief.", "input": "hello", "max_output_tokens": 16})},
+        "/v1/messages": {"post": _generation(
+            "Create a message (Anthropic Messages API; x-api-key works like a bearer key)", "MessagesRequest",
+            "Message", _NAMED_EVENTS, auth,
+            {"model": settings.model_name, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]},
+            envelope="AnthropicErrorResponse")},
+        "/v1/messages/count_tokens": {"post": _generation(
+            "Count a message's prompt tokens (Anthropic Messages API)", "CountTokensRequest", "TokenCount", None,
+            auth, {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}]},
+            envelope="AnthropicErrorResponse")},
     }
-    doc["paths"]["/health"]["get"]["responses"]["503"]["content"] = _json("Health")
-    doc["paths"].update(_ollama_paths(settings, auth, components))
-    _annotate(doc, auth)
-    return doc
+
+
+def _model_paths(auth: bool) -> dict[str, Any]:
+    return {
+        "/v1/models": {"get": _get("List the served model", {"description": "the model list",
+                                                             "content": _json("ModelList")}, _UNAVAILABLE, auth)},
+        "/v1/models/{model_id}": {"get": {
+            **_get("Describe the served model", {"description": "the model", "content": _json("Model")},
+                   {"404": "model not found", **_UNAVAILABLE}, auth),
+            "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+        }},
+    }
+
+
+def _token_paths(settings: Settings, auth: bool) -> dict[str, Any]:
+    """vLLM's token routes."""
+    return {
+        "/tokenize": {"post": _post(
+            "Tokenize a prompt, or a chat as /v1/chat/completions renders it (vLLM's endpoint)",
+            {"anyOf": [{"$ref": REF.format(name="TokenizeCompletionRequest")},
+                       {"$ref": REF.format(name="TokenizeChatRequest")}]},
+            "TokenizeResponse", _TOKEN_ERRORS, auth,
+            {"model": settings.model_name, "messages": [{"role": "user", "content": "hello"}]})},
+        "/detokenize": {"post": _post(
+            "Turn token ids back into text (vLLM's endpoint)", {"$ref": REF.format(name="DetokenizeRequest")},
+            "DetokenizeResponse", _TOKEN_ERRORS, auth, {"model": settings.model_name, "tokens": [1, 2, 3]})},
+    }
+
+
+def _health_path() -> dict[str, Any]:
+    """/health never needs a key; its 503 carries the same body as its 200."""
+    health = {"get": _get("Engine and API health (never needs a key)", {
+        "description": "the engine answers and makes progress", "content": _json("Health")},
+        {"503": "the engine is unreachable or stalled"})}
+    health["get"]["responses"]["503"]["content"] = _json("Health")
+    return health
 
 
 def _annotate(doc: dict[str, Any], auth: bool) -> None:
