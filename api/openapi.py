@@ -21,7 +21,7 @@ from api.ollama import protocol as ollama
 from api.ollama.models import OLLAMA_VERSION
 from api.ollama.render import NDJSON
 from api.ollama.serving import LATEST
-from api.openai.serving import MODEL_ALIAS
+from api.request_checks import MODEL_ALIAS
 from api.served import Served
 from config import Settings
 from config.keys import api_keys

@@ -11,11 +11,10 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from api.openai.protocol import Seed, TopK
+from api.request_fields import MaxTokens, Seed, TopK, TopP
 
+# Anthropic's temperature goes to 1, where OpenAI's goes to 2
 Temperature = Annotated[float, Meta(ge=0, le=1)]
-TopP = Annotated[float, Meta(gt=0, le=1)]
-MaxTokens = Annotated[int, Meta(ge=1)]
 StopSequence = Annotated[str, Meta(min_length=1)]
 
 

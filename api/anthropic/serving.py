@@ -15,7 +15,7 @@ from msgspec import UNSET
 import ipc
 from api.anthropic.protocol import ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, Tool, ToolChoice
 from api.errors import InvalidRequest
-from api.openai.serving import check_depth, check_model, max_tokens_within
+from api.request_checks import check_depth, check_model, max_tokens_within
 from api.schemas import closed
 from config import Settings
 

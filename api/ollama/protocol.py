@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from api.openai.protocol import Penalty, Seed, TopK, TopLogprobs, TopP
-from api.openai.protocol import Tool as Tool  # Ollama's tools are OpenAI's function tools
+from api.request_fields import Penalty, Seed, TopK, TopLogprobs, TopP
+from api.request_fields import Tool as Tool  # Ollama's tools are OpenAI's function tools
 
 Think = bool | Literal["low", "medium", "high", "max"]
 # "json", or a JSON schema; "" is no format

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -18,7 +17,7 @@ import msgspec
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
 from api.ollama.protocol import ChatRequest, Format, GenerateRequest, Message, Options, Think
-from api.openai.serving import MODEL_ALIAS, check_depth, max_tokens_within, server_max_tokens
+from api.request_checks import MODEL_ALIAS, Refusal, check_depth, max_tokens_within, server_max_tokens
 from api.schemas import closed
 from config import Settings
 
@@ -26,7 +25,7 @@ from config import Settings
 LATEST = ":latest"
 
 # option -> (is the value harmless?, what we accept); sampling this server's sampler cannot do
-REFUSED_OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
+REFUSED_OPTIONS: dict[str, Refusal] = {
     "mirostat": (lambda v: v in (None, 0), "only 0: mirostat sampling is not available"),
     "typical_p": (lambda v: v in (None, 1), "only 1.0: typical sampling is not available"),
     "tfs_z": (lambda v: v in (None, 1), "only 1.0: tail-free sampling is not available"),

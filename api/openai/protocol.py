@@ -12,24 +12,13 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from api.bodies import ParamError
+from api.request_fields import MaxTokens, Penalty, Seed, Temperature, TokenId, Tool, TopK, TopLogprobs, TopP
 
 
-Temperature = Annotated[float, Meta(ge=0, le=2)]
-TopP = Annotated[float, Meta(gt=0, le=1)]
-Penalty = Annotated[float, Meta(ge=-2, le=2)]
-MaxTokens = Annotated[int, Meta(ge=1)]
 Stop = str | Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length=4)]
-# Integers reach the engine as msgpack, which holds at most 64 bits; these bounds say so by name.
-# OpenAI documents seed as a signed 64-bit integer.
-Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-# No vocabulary comes near 2**31 tokens; the engine checks the model's own size.
-TOKEN_ID_MAX = 2**31 - 1
-TokenId = Annotated[int, Meta(ge=0, le=TOKEN_ID_MAX)]
 # JSON object keys are token ids as strings ("50256"); msgspec turns them into ints.
 LogitBias = dict[TokenId, Annotated[float, Meta(ge=-100, le=100)]]
-TopK = Annotated[int, Meta(ge=-1, le=TOKEN_ID_MAX)]
 N = Annotated[int, Meta(ge=1, le=128)]
-TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 
 
 # ---------------------------------------------------------------- requests
@@ -76,19 +65,6 @@ class ChatMessage(Struct, kw_only=True):
             raise ParamError(f"content is required for a message with role {self.role!r}", "content")
         if self.role == "tool" and self.tool_call_id is UNSET:
             raise ParamError("a message with role 'tool' needs the tool_call_id it answers", "tool_call_id")
-
-
-class FunctionDefinition(Struct, kw_only=True):
-    # absent fields stay absent: chat templates render the tools as JSON
-    name: Annotated[str, Meta(min_length=1, max_length=64)]
-    description: str | None | UnsetType = UNSET
-    parameters: dict[str, Any] | None | UnsetType = UNSET
-    strict: bool | None | UnsetType = UNSET
-
-
-class Tool(Struct, kw_only=True):
-    type: Literal["function"]
-    function: FunctionDefinition
 
 
 class NamedFunction(Struct, kw_only=True):

@@ -18,7 +18,8 @@ from api.errors import APIError, EngineUnavailable, ModelNotFound
 from api.generation import Renderer, respond
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from api.openai.render import ChatRenderer, CompletionRenderer
-from api.openai.serving import MODEL_ALIAS, chat_generate, completion_generate, new_request_id
+from api.openai.serving import chat_generate, completion_generate, new_request_id
+from api.request_checks import MODEL_ALIAS
 from api.served import Served
 from config import Settings
 

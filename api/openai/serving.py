@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -15,18 +14,12 @@ from msgspec import UNSET
 
 import ipc
 from ipc.messages import REASONING_EFFORTS
-from api.errors import InvalidRequest, ModelNotFound
-from api.openai.protocol import (TOKEN_ID_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat,
-                                 Tool)
+from api.errors import InvalidRequest
+from api.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
+from api.request_checks import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
+from api.request_fields import TOKEN_ID_MAX, Tool
 from api.schemas import closed
 from config import Settings
-
-MODEL_ALIAS = "default"
-# Free-form JSON (tool schemas, response_format schemas, tool-call arguments) may nest this deep.
-MAX_JSON_DEPTH = 64
-
-# name -> (is the value harmless?, what we accept). Absent parameters are never checked.
-Refusal = tuple[Callable[[Any], bool], str]
 
 REFUSED_CHAT: dict[str, Refusal] = {
     "functions": (lambda v: v in (None, []), "deprecated by OpenAI; send tools instead"),
@@ -42,29 +35,6 @@ REFUSED_COMPLETION: dict[str, Refusal] = {
     "best_of": (lambda v: v in (None, 1), "only best_of=1 (or equal to n)"),
     "suffix": (lambda v: v in (None, ""), "not available"),
 }
-
-def refuse_unsupported(req: msgspec.Struct, refused: dict[str, Refusal]) -> None:
-    """Raise InvalidRequest naming the first parameter present with a value we cannot honour."""
-    for name, (harmless, accepted) in refused.items():
-        value = getattr(req, name)
-        if value is not UNSET and not harmless(value):
-            shown = json.dumps(value)
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise InvalidRequest(
-                f"Unsupported parameter: '{name}' = {shown} is not supported by this server ({accepted}).",
-                param=name,
-                code="unsupported_parameter",
-            )
-
-
-def check_model(model: str, settings: Settings) -> None:
-    """Accept the served model's name and the alias "default"; anything else is a 404."""
-    if model not in (settings.model_name, MODEL_ALIAS):
-        raise ModelNotFound(
-            f"The model '{model}' does not exist. This server serves '{settings.model_name}' "
-            f"(also reachable as '{MODEL_ALIAS}').",
-            param="model",
-        )
 
 
 def new_request_id(kind: str) -> str:
@@ -124,19 +94,6 @@ def completion_generate(req: CompletionRequest, request_id: str, settings: Setti
     )
 
 
-def check_depth(value: Any, param: str) -> None:
-    """Refuse free-form JSON (schemas, tool-call arguments) nested deeper than MAX_JSON_DEPTH: the engine
-    turns it into grammars and templates, each of which recurses once per level."""
-    level = [value]
-    for _ in range(MAX_JSON_DEPTH):
-        level = [v for item in level for v in (item.values() if isinstance(item, dict) else
-                                                 item if isinstance(item, list) else ())]
-        if not level:
-            return
-    raise InvalidRequest(f"Invalid value for '{param}': JSON nested deeper than {MAX_JSON_DEPTH} levels; "
-                         "flatten it.", param=param)
-
-
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
     """The wire's tool_choice; forcing a call needs tools, and a named one must be among them."""
     if choice is None:
@@ -165,25 +122,6 @@ def _json_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     schema = fmt.json_schema.schema or {}
     check_depth(schema, "response_format.json_schema.schema")
     return closed(schema) if fmt.json_schema.strict else schema
-
-
-def max_tokens_within(value: int | None, param: str, settings: Settings) -> int:
-    """The client's limit, refused past MAX_TOKENS_LIMIT; with none, the server's own (server_max_tokens)."""
-    if value is None:
-        return server_max_tokens(settings)
-    if value > settings.MAX_TOKENS_LIMIT:
-        raise InvalidRequest(
-            f"Invalid value for '{param}': {value} exceeds this server's limit of {settings.MAX_TOKENS_LIMIT}.",
-            param=param,
-        )
-    return value
-
-
-def server_max_tokens(settings: Settings) -> int:
-    """What a request that sets no limit may generate, as OpenAI's endpoints have it: until the model stops or the
-    context ends (MAX_TOKENS_LIMIT, or MAX_TOKENS_DEFAULT when the operator set one); the engine lowers it to
-    what the KV budget holds (SamplingParams.max_tokens_default)."""
-    return settings.MAX_TOKENS_DEFAULT or settings.MAX_TOKENS_LIMIT
 
 
 def _sampling(req: ChatCompletionRequest | CompletionRequest, limit: int | None, param: str, settings: Settings, *,

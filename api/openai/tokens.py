@@ -20,8 +20,10 @@ from api.bodies import ParamError, check_message_count, decode, json_response, r
 from api.engine_client import EngineClient
 from api.errors import InvalidRequest
 from api.generation import CLIENT_CLOSED, until_disconnect
-from api.openai.protocol import ChatMessage, TokenId, Tool
-from api.openai.serving import Refusal, check_model, engine_message, engine_tools, refuse_unsupported
+from api.openai.protocol import ChatMessage
+from api.openai.serving import engine_message, engine_tools
+from api.request_checks import Refusal, check_model, refuse_unsupported
+from api.request_fields import TokenId, Tool
 from api.served import Served
 from config import Settings
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from api.bodies import ParamError
-from api.openai.protocol import MaxTokens, Seed, Temperature, TopLogprobs, TopP
+from api.request_fields import MaxTokens, Seed, Temperature, TopLogprobs, TopP
 
 ToolName = Annotated[str, Meta(min_length=1, max_length=128)]
 

@@ -19,7 +19,7 @@ import ipc
 from ipc.messages import REASONING_EFFORTS
 from api.access import escape
 from api.errors import InvalidRequest
-from api.openai.serving import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
+from api.request_checks import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
 from api.responses.protocol import InputContent, InputItem, ResponsesRequest, ResponseTool, TextConfig, ToolChoice
 from api.schemas import closed
 from config import Settings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -95,3 +96,36 @@ def test_engine_logic_imports_no_mlx(module: str) -> None:
 def test_the_unit_tests_import_no_mlx() -> None:
     bad = sorted(m for m in _loaded(IMPORT_UNIT_TESTS) for p in HEAVY if _matches(m, p))
     assert not bad, f"tests/unit loaded {bad}: unit tests run without MLX"
+
+
+# The API's dialects: each stands on the floor under api/ (request_fields, request_checks), never on another.
+DIALECTS = ["anthropic", "ollama", "openai", "responses"]
+FLOOR = ["api/request_fields.py", "api/request_checks.py"]
+
+
+def _imported(path: Path) -> set[str]:
+    """The modules a file imports (`from api import openai` counts as api.openai)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_dialect_imports_no_other_dialect(dialect: str) -> None:
+    others = [f"api.{d}" for d in DIALECTS if d != dialect]
+    files = sorted((REPO_ROOT / "api" / dialect).glob("*.py"))
+    assert files
+    bad = sorted(f"{path.relative_to(REPO_ROOT)}: {name}" for path in files for name in _imported(path)
+                 for other in others if _matches(name, other))
+    assert not bad, f"api/{dialect}/ imports another dialect (move what they share to the floor, {FLOOR}): {bad}"
+
+
+def test_the_floor_imports_no_dialect() -> None:
+    bad = sorted(f"{path}: {name}" for path in FLOOR for name in _imported(REPO_ROOT / path)
+                 for d in DIALECTS if _matches(name, f"api.{d}"))
+    assert not bad, f"the dialects' floor imports a dialect: {bad}"
