@@ -13,13 +13,13 @@ import msgspec
 
 from api.engine_client import EngineClient
 from api.errors import APIError, EngineUnavailable
+from api.request_checks import MODEL_ALIAS
 from config import Settings
 
 REFRESH_TIMEOUT = 1.0  # seconds a request waits for a fresh Info before it goes on with the last one
 # A request naming another model asks the engine again at most this often (a switch may have just ended);
 # more often would let a client that sends wrong names put an Info request on the engine for each.
 MISMATCH_REFRESH_EVERY = 1.0
-ALIAS = "default"
 LATEST = ":latest"
 KEPT_NAMES = 8
 
@@ -73,7 +73,17 @@ class Served:
             raise EngineUnavailable(f"the engine is switching to the model {model}: {exc.message}") from None
 
 
+class DialectRoutes:
+    """What a dialect's endpoints share: the served settings, the settings that do not follow the engine's model
+    (limits, timeouts), and the engine client."""
+
+    def __init__(self, served: Served, engine: EngineClient) -> None:
+        self.served = served
+        self.settings = served.base
+        self.engine = engine
+
+
 def names(wanted: str, served: str) -> bool:
     """Whether a request's model names the served one: its name or "default", with or without Ollama's tag."""
-    accepted = {served, served.removesuffix(LATEST), ALIAS}
+    accepted = {served, served.removesuffix(LATEST), MODEL_ALIAS}
     return wanted in accepted or wanted.removesuffix(LATEST) in accepted

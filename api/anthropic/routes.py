@@ -16,9 +16,8 @@ from api.anthropic.render import MessageRenderer
 from api.anthropic.serving import count_generate, messages_generate, new_message_id
 from api.anthropic.streaming import message_stream
 from api.bodies import check_message_count, json_response, read_request
-from api.engine_client import EngineClient
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
-from api.served import Served
+from api.served import DialectRoutes
 
 logger = logging.getLogger(__name__)
 
@@ -26,13 +25,8 @@ _messages_decoder = msgspec.json.Decoder(MessagesRequest)
 _count_decoder = msgspec.json.Decoder(CountTokensRequest)
 
 
-class AnthropicRoutes:
-    """Holds the settings and the engine client the endpoints share."""
-
-    def __init__(self, served: Served, engine: EngineClient) -> None:
-        self.served = served
-        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
-        self.engine = engine
+class AnthropicRoutes(DialectRoutes):
+    """Anthropic's /v1/messages and /v1/messages/count_tokens."""
 
     async def _read(self, request: Request, decoder: msgspec.json.Decoder[Any]) -> Any:
         req = await read_request(request, decoder, self.settings.MAX_REQUEST_BYTES, self.settings.BODY_READ_TIMEOUT)

@@ -14,7 +14,6 @@ from starlette.routing import Route
 import ipc
 from api.access import access_record, escape
 from api.bodies import check_message_count, decode, json_response, read_body, require_json_from_browsers
-from api.engine_client import EngineClient
 from api.errors import APIError, EngineUnavailable, InvalidRequest, NotSupported
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
 from api.ollama import models
@@ -22,7 +21,7 @@ from api.ollama.protocol import (ChatRequest, GenerateRequest, ModelList, Option
                                  Version)
 from api.ollama.render import NDJSON, OllamaRenderer, collect, ndjson_stream
 from api.ollama.serving import chat_generate, check_model, generate_generate, new_request_id
-from api.served import Served
+from api.served import DialectRoutes
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +41,8 @@ class _OptionKeys(msgspec.Struct):
 _option_keys_decoder = msgspec.json.Decoder(_OptionKeys)
 
 
-class OllamaRoutes:
-    """Holds the settings and the engine client the endpoints share."""
-
-    def __init__(self, served: Served, engine: EngineClient) -> None:
-        self.served = served
-        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
-        self.engine = engine
+class OllamaRoutes(DialectRoutes):
+    """Ollama's /api."""
 
     def routes(self) -> list[Route]:
         """The /api routes (to mount at /api), the refused ones included."""

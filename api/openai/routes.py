@@ -13,14 +13,13 @@ from starlette.responses import Response
 import ipc
 from api.access import access_record
 from api.bodies import check_message_count, json_response, read_request
-from api.engine_client import EngineClient
 from api.errors import APIError, EngineUnavailable, ModelNotFound
 from api.generation import Renderer, respond
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from api.openai.render import ChatRenderer, CompletionRenderer
 from api.openai.serving import chat_generate, completion_generate, new_request_id
 from api.request_checks import MODEL_ALIAS
-from api.served import Served
+from api.served import DialectRoutes
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -32,13 +31,8 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-class OpenAIRoutes:
-    """Holds the settings and the engine client the endpoints share."""
-
-    def __init__(self, served: Served, engine: EngineClient) -> None:
-        self.served = served
-        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
-        self.engine = engine
+class OpenAIRoutes(DialectRoutes):
+    """OpenAI's /v1/chat/completions, /v1/completions and /v1/models, and /health."""
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, "chat", _chat_decoder, chat_generate, ChatRenderer)

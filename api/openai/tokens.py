@@ -17,14 +17,13 @@ from starlette.responses import Response
 import ipc
 from api.access import access_record
 from api.bodies import ParamError, check_message_count, decode, json_response, read_body, read_request, require_json
-from api.engine_client import EngineClient
 from api.errors import InvalidRequest
 from api.generation import CLIENT_CLOSED, until_disconnect
 from api.openai.protocol import ChatMessage
 from api.openai.serving import engine_message, engine_tools
 from api.request_checks import Refusal, check_model, refuse_unsupported
 from api.request_fields import TokenId, Tool
-from api.served import Served
+from api.served import DialectRoutes
 from config import Settings
 
 # What chat_template_kwargs may hold: the switches the chat endpoint itself can set.
@@ -157,13 +156,8 @@ async def read_tokenize_request(request: Request, settings: Settings) -> Tokeniz
 # ---------------------------------------------------------------- endpoints
 
 
-class TokenRoutes:
-    """POST /tokenize and /detokenize; the settings and the engine client they share."""
-
-    def __init__(self, served: Served, engine: EngineClient) -> None:
-        self.served = served
-        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
-        self.engine = engine
+class TokenRoutes(DialectRoutes):
+    """POST /tokenize and /detokenize."""
 
     async def tokenize(self, request: Request) -> Response:
         req = await read_tokenize_request(request, self.settings)

@@ -10,26 +10,20 @@ from starlette.responses import Response
 
 from api.access import access_record
 from api.bodies import check_message_count, json_response, read_request
-from api.engine_client import EngineClient
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
 from api.responses.protocol import ResponsesRequest
 from api.responses.render import ResponseRenderer
 from api.responses.serving import new_response_id, responses_generate
 from api.responses.streaming import collect_response, response_stream
-from api.served import Served
+from api.served import DialectRoutes
 
 logger = logging.getLogger(__name__)
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
 
 
-class ResponsesRoutes:
-    """Holds the settings and the engine client the endpoint uses."""
-
-    def __init__(self, served: Served, engine: EngineClient) -> None:
-        self.served = served
-        self.settings = served.base  # what does not follow the engine's model (limits, timeouts)
-        self.engine = engine
+class ResponsesRoutes(DialectRoutes):
+    """OpenAI's /v1/responses."""
 
     async def create(self, request: Request) -> Response:
         record = access_record(request)
