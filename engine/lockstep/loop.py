@@ -6,7 +6,7 @@ out; the other ranks then sleep on the doorbell (engine/lockstep/doorbell.py) an
 inbound queue, and rank 0 rings them right before its next plan (work arrived, or shutdown).
 Meanwhile the once-a-second rank reports travel over the doorbell's connections too. A single
 rank meets no one. Rank 0 waits up to a second at a time, then looks at deadlines and reports, and
-about once a minute wakes the ranks for a link probe (engine/rank0/links.py) carried by an idle plan.
+about once a minute wakes the ranks for a link probe (engine/lockstep/link_probe.py) carried by an idle plan.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ class StepLoop:
     def _probe(self, plan: Plan) -> None:
         """Every rank: measure the links this plan asks for; rank 0 keeps every rank's figures."""
         self.watchdog.beat(f"probing the links between ranks at step {plan.step}")
-        row = probe(self.links, plan.probe, self.rank, self.channel.group, self.channel.stream)
+        row = probe(self.links.pairs, plan.probe, self.rank, self.channel.group, self.channel.stream)
         rows = self.channel.gather(row)
         if self.rank == 0:
             self.links.record(rows, plan.probe)
