@@ -33,15 +33,15 @@ SIZES = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
 def worker(rounds: int, backend: str) -> int:
     import mlx.core as mx
 
+    from engine.lockstep.link_pairs import LATENCY_BUDGET, LATENCY_ROUNDS, ROW_PER_PAIR, link_pairs
     from engine.lockstep.link_probe import probe
-    from engine.rank0.links import LATENCY_BUDGET, LATENCY_ROUNDS, ROW_PER_PAIR, LinkProbes
 
     group = mx.distributed.init(strict=True, backend=backend)
     rank, size = group.rank(), group.size()
     stream = mx.new_stream(mx.default_device())
-    links = LinkProbes(size, backend, [""] * size)
+    pairs = link_pairs(size, backend)
     if rank == 0:
-        print(f"{size} ranks over {backend}, pairs {links.pairs}, {rounds} rounds per size "
+        print(f"{size} ranks over {backend}, pairs {pairs}, {rounds} rounds per size "
               f"(up to {LATENCY_ROUNDS} one-byte round trips within {LATENCY_BUDGET * 1e3:.0f} ms + 1 warm-up, "
               "per pair and round)")
         print(f"{'probe bytes':>12} {'latency':>10} {'bandwidth':>12} {'cost':>9} {'cost p90':>9} {'bytes sent':>11}")
@@ -49,7 +49,7 @@ def worker(rounds: int, backend: str) -> int:
         figures = []
         for _ in range(rounds):
             t0 = time.perf_counter()
-            row = probe(links, nbytes, rank, group, stream)
+            row = probe(pairs, nbytes, rank, group, stream)
             wall = time.perf_counter() - t0
             table = mx.zeros((size, len(row)), dtype=mx.int32)
             table[rank] = mx.array(row, dtype=mx.int32)

@@ -181,7 +181,7 @@ def _build(settings, joined: Joined, watchdog):
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
     proposer = _speculation(settings, joined, channel, watchdog)
     if joined.rank != 0:
-        return StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, links=links), None
+        return StepLoop(batch, channel, watchdog, doorbell, links.pairs), None
     return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
                   proposer)
 
@@ -226,7 +226,7 @@ def _can_speculate(settings, joined: Joined, channel) -> bool:
 def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows,
            links, proposer):
     """Rank 0's scheduler, admission and socket server around the step loop."""
-    from engine.lockstep.loop import LoopStats, StepLoop
+    from engine.leader import Leader, LoopStats
     from engine.rank0.admission import Prompter
     from engine.rank0.logprobs import extract
     from engine.rank0.prefix_index import PrefixIndex, prefix_info, prompt_cache_budget
@@ -279,8 +279,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
     if joined.size > 1:
         server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
-    loop = StepLoop(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
-                    stats, links, proposer, settings.NUM_DRAFT_TOKENS)
+    loop = Leader(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
+                  stats, links, proposer, settings.NUM_DRAFT_TOKENS)
     return loop, server
 
 

@@ -19,7 +19,7 @@ from engine import mlx_compat
 log = logging.getLogger(__name__)
 
 # Plans a state is held once taken: the prompt's last token is fed one step later and the first token comes back
-# the step after, and with several ranks rank 0 makes its plans one step ahead (engine/lockstep/loop.py), so its
+# the step after, and with several ranks rank 0 makes its plans one step ahead (engine/leader.py), so its
 # store comes in the fourth plan at the latest; two more for margin. The engine going idle lets go of the rest.
 PLANS_HELD = 6
 

@@ -1,6 +1,6 @@
 """Measure the links between ranks with send/recv: what every rank runs after a plan that asks for a probe.
 
-Pairs go one after another in one order on every rank (engine/rank0/links.py: link_pairs); a rank runs
+Pairs go one after another in one order on every rank (engine/lockstep/link_pairs.py); a rank runs
 only its own pairs. The lower rank of a pair measures: one-byte round trips (one to warm up, then up to
 LATENCY_ROUNDS while they fit in LATENCY_BUDGET; half the median is the latency), then one send of `nbytes`
 answered by one byte (the bandwidth). The measuring rank decides when the round trips end and says so in the
@@ -16,7 +16,7 @@ import time
 
 import mlx.core as mx
 
-from engine.rank0.links import LATENCY_BUDGET, LATENCY_ROUNDS, LinkProbes, encode
+from engine.lockstep.link_pairs import LATENCY_BUDGET, LATENCY_ROUNDS, encode, link_row
 
 _MORE, _LAST = mx.array([0], dtype=mx.uint8), mx.array([1], dtype=mx.uint8)
 
@@ -67,12 +67,12 @@ def _measure(a_side: bool, peer: int, nbytes: int, group, stream) -> list[int] |
     return encode(statistics.median(trips) / 2, nbytes / max(took - min(trips), took / 2, 1e-9), end - t0)
 
 
-def probe(links: LinkProbes, nbytes: int, rank: int, group, stream) -> list[int]:
-    """Run this rank's pairs; its gather row (engine/rank0/links.py: LinkProbes.row)."""
+def probe(pairs: list[tuple[int, int]], nbytes: int, rank: int, group, stream) -> list[int]:
+    """Run this rank's pairs (link_pairs' order); its gather row (link_row)."""
     figures = {}
-    for index, (a, b) in enumerate(links.pairs):
+    for index, (a, b) in enumerate(pairs):
         if rank in (a, b):
             got = _measure(rank == a, b if rank == a else a, nbytes, group, stream)
             if got is not None:
                 figures[index] = got
-    return links.row(rank, figures)
+    return link_row(pairs, figures)

@@ -4,9 +4,8 @@ A probe is a decision like any other: rank 0 puts its size in an idle plan (Plan
 runs it right after applying that plan (engine/lockstep/link_probe.py). Rank 0 decides one only while
 nothing runs or waits, at most every PROBE_EVERY seconds, so a probe never delays a request: one arriving
 meanwhile waits for that one probe, which its byte cap and its size (from the last measurement) keep short.
-
-The ring backend sends only between ring neighbours, so there the pairs are the ring's neighbours;
-JACCL connects every pair (a full mesh), so there every pair is probed. No MLX here.
+Which pairs get measured, and the row their figures travel in, every rank agrees on
+(engine/lockstep/link_pairs.py). No MLX here.
 """
 
 from __future__ import annotations
@@ -16,13 +15,12 @@ import time
 
 import msgspec
 
+from engine.lockstep.link_pairs import ROW_PER_PAIR, link_pairs, link_row
 from engine.lockstep.plan import Plan
 from ipc.messages import LinkState
 
 PROBE_EVERY = 60.0  # seconds between probes of an idle engine
 FIRST_AFTER = 2.0  # seconds after start: the first idle moment after that probes
-LATENCY_ROUNDS = 5  # one-byte round trips per pair at most; the median counts
-LATENCY_BUDGET = 0.01  # seconds: no further round trip starts after this (a busy host's trips are slow)
 # The bandwidth probe aims at TARGET_SECONDS on the slowest pair last measured, within these bytes; the first
 # one (nothing measured yet) sends FIRST_BYTES: 8 ms on a 1 Gb/s link, and several round trips' worth on a fast one,
 # so that latency does not swamp it.
@@ -30,17 +28,6 @@ TARGET_SECONDS = 0.02
 MIN_BYTES = 256 * 1024
 FIRST_BYTES = 1024 * 1024
 MAX_BYTES = 4 * 1024 * 1024
-ROW_PER_PAIR = 3  # latency in ns, bandwidth in KiB/s, the probe's cost in µs (int32 each)
-_INT32 = 2**31 - 1
-
-
-def link_pairs(size: int, backend: str) -> list[tuple[int, int]]:
-    """The rank pairs a probe measures, (a, b) with a < b, in the order every rank runs them."""
-    if size < 2:
-        return []
-    if backend == "ring":
-        return sorted({(min(r, (r + 1) % size), max(r, (r + 1) % size)) for r in range(size)})
-    return [(a, b) for a in range(size) for b in range(a + 1, size)]
 
 
 def busy(scheduler, inbound: queue.SimpleQueue) -> bool:
@@ -49,13 +36,8 @@ def busy(scheduler, inbound: queue.SimpleQueue) -> bool:
     return scheduler.has_work() or scheduler.counters.waiting > 0 or not inbound.empty()
 
 
-def encode(latency: float, bandwidth: float, cost: float) -> list[int]:
-    """One pair's figures as the measuring rank contributes them to the gather."""
-    return [min(_INT32, round(latency * 1e9)), min(_INT32, round(bandwidth / 1024)), min(_INT32, round(cost * 1e6))]
-
-
 class LinkProbes:
-    """Rank 0's schedule of probes and its view of the links (every rank holds one for the pairs)."""
+    """Rank 0's schedule of probes and its view of the links."""
 
     def __init__(self, size: int, backend: str, hosts: list[str], start: float | None = None):
         self.pairs = link_pairs(size, backend)
@@ -91,11 +73,8 @@ class LinkProbes:
         return int(max(MIN_BYTES, min(MAX_BYTES, min(measured) * TARGET_SECONDS)))
 
     def row(self, rank: int, figures: dict[int, list[int]]) -> list[int]:
-        """This rank's gather row: its figures for the pairs it measured (by pair index), zeros elsewhere."""
-        row = [0] * (ROW_PER_PAIR * len(self.pairs))
-        for index, values in figures.items():
-            row[ROW_PER_PAIR * index: ROW_PER_PAIR * (index + 1)] = values
-        return row
+        """A rank's gather row, as engine/lockstep/link_probe.py builds it (figures by pair index)."""
+        return link_row(self.pairs, figures)
 
     def record(self, rows: list[list[int]], nbytes: int, now: float | None = None) -> None:
         """Rank 0: every rank's row from the gather after a probe of nbytes."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from engine.lockstep.loop import MAX_PLANS_AHEAD, StepLoop
+from engine.leader import MAX_PLANS_AHEAD, Leader
 from engine.lockstep.plan import Insert, Plan
 from engine.speculative.ngram import NgramProposer
 
@@ -22,8 +22,8 @@ class FakeBatch:
 def loop(histories, proposer=None):
     channel = SimpleNamespace(rank=0, size=2)
     watchdog = SimpleNamespace(beat=lambda what: None)
-    return StepLoop(FakeBatch(histories), channel, watchdog, 1.0, proposer=proposer or NgramProposer(),
-                    draft_tokens=3)
+    return Leader(FakeBatch(histories), channel, watchdog, 1.0, proposer=proposer or NgramProposer(),
+                  draft_tokens=3)
 
 
 def plan(**kw) -> Plan:

@@ -5,22 +5,22 @@ from __future__ import annotations
 from bench import stacks
 
 RUNPY = "thread (100): MainThread;_run_module_as_main (<frozen runpy>:198);<module> (engine/__main__.py:263)"
-LOOP = RUNPY + ";StepLoop.run (engine/lockstep/loop.py:77);StepLoop._lead (engine/lockstep/loop.py:132)"
+LOOP = RUNPY + ";Leader.run (engine/leader.py:86);Leader._lead (engine/leader.py:111)"
 RAW = "\n".join([
     # the forward step, however deep in mlx-lm the sample landed
-    LOOP + ";StepLoop._step (engine/lockstep/loop.py:168);LockstepBatch.step (engine/lockstep/batch.py:237);"
+    LOOP + ";Leader._step (engine/leader.py:258);LockstepBatch.step (engine/lockstep/batch.py:237);"
            "BatchGenerator.next (mlx_lm/generate.py:1899);BatchGenerator._next (mlx_lm/generate.py:1819);"
            "GenerationBatch._step (mlx_lm/generate.py:1434) 60",
     # the step's own bookkeeping, outside BatchGenerator.next
-    LOOP + ";StepLoop._step (engine/lockstep/loop.py:168);LockstepBatch.step (engine/lockstep/batch.py:250) 5",
-    LOOP + ";StepLoop._step (engine/lockstep/loop.py:169);Scheduler.absorb (engine/rank0/scheduler.py:280);"
+    LOOP + ";Leader._step (engine/leader.py:258);LockstepBatch.step (engine/lockstep/batch.py:250) 5",
+    LOOP + ";Leader._step (engine/leader.py:263);Scheduler.absorb (engine/rank0/scheduler.py:280);"
            "Detokenizer.add (engine/rank0/output.py:40) 10",
-    LOOP + ";StepLoop._broadcast (engine/lockstep/loop.py:160);"
+    LOOP + ";Leader._broadcast (engine/leader.py:236);"
            "PlanChannel.broadcast (engine/lockstep/channel.py:52);send (engine/lockstep/plan.py:116);"
            "PlanChannel.all_sum (engine/lockstep/channel.py:30) 8",
     LOOP + ";EngineServer.post (engine/rank0/server.py:86) 2",
     LOOP + ";Doorbell.ring (engine/lockstep/doorbell.py:82) 2",
-    LOOP + ";StepLoop._drain_inbound (engine/lockstep/loop.py:181) 15",
+    LOOP + ";Leader._drain_inbound (engine/leader.py:288) 15",
     # a truncated stack (py-spy read it while it changed): still somewhere
     "thread (100): MainThread;socket.__repr__ (socket.py:271) 1",
     "thread (107): engine-socket;Thread._bootstrap (threading.py:1002);"
@@ -57,7 +57,7 @@ def test_the_engine_main_thread_splits_into_the_loop_s_parts():
         "plan broadcast / meeting (PlanChannel, all_sum, doorbell)": 10,  # waking the followers included
         "scheduler output work (Scheduler.absorb and below)": 10,
         "writing events to client sockets (EngineServer.post)": 2,
-        "waiting for requests (StepLoop._drain_inbound)": 15,
+        "waiting for requests (Leader._drain_inbound)": 15,
         "step bookkeeping (LockstepBatch.step outside BatchGenerator.next)": 5,
         "other": 1,
     }
@@ -74,7 +74,7 @@ def test_leaves_leave_out_waiting_and_name_their_thread():
                       ("Detokenizer.add (engine/rank0/output.py)", "MainThread", 10),
                       ("PlanChannel.all_sum (engine/lockstep/channel.py)", "MainThread", 8)]
     everything = stacks.top_leaves(stacks.parse_raw(RAW), stacks.engine_rules, 100)
-    assert not any(leaf.startswith(("StepLoop._drain_inbound", "EpollSelector", "Condition.wait"))
+    assert not any(leaf.startswith(("Leader._drain_inbound", "EpollSelector", "Condition.wait"))
                    for leaf, _, _ in everything)
 
 

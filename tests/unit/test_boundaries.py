@@ -1,4 +1,5 @@
-"""The import boundaries, enforced: api/, ipc/, config/ and ops/ never pull in MLX or the engine."""
+"""The import boundaries, enforced: api/, ipc/, config/ and ops/ never pull in MLX or the engine, and engine/lockstep/
+never imports rank 0."""
 
 from __future__ import annotations
 
@@ -58,9 +59,10 @@ def test_package_imports_nothing_forbidden(package: str) -> None:
     assert not bad, f"importing {package} loaded modules it must never import: {bad}"
 
 
-# The engine's logic that unit tests drive without MLX: the plan and its chunking, scheduling, admission.
-MLX_FREE_ENGINE = ["engine.lockstep.plan", "engine.lockstep.results", "engine.rank0.errors", "engine.rank0.lanes",
-                   "engine.rank0.piece", "engine.rank0.scheduler", "engine.rank0.validate", "engine.parallel"]
+# The engine's logic that unit tests drive without MLX: the plan and its chunking, scheduling, admission, link pairs.
+MLX_FREE_ENGINE = ["engine.lockstep.link_pairs", "engine.lockstep.plan", "engine.lockstep.results", "engine.rank0.errors",
+                   "engine.rank0.lanes", "engine.rank0.links", "engine.rank0.piece", "engine.rank0.scheduler",
+                   "engine.rank0.validate", "engine.parallel"]
 
 IMPORT_ONE = """
 import importlib, json, sys
@@ -104,14 +106,20 @@ FLOOR = ["api/request_fields.py", "api/request_checks.py"]
 
 
 def _imported(path: Path) -> set[str]:
-    """The modules a file imports (`from api import openai` counts as api.openai)."""
+    """Every module a source file imports, at its top or inside a function, relative imports resolved
+    (`from api import openai` counts as api.openai)."""
+    package = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts[:-1])
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from engine import rank0`
     return names
 
 
@@ -129,3 +137,12 @@ def test_the_floor_imports_no_dialect() -> None:
     bad = sorted(f"{path}: {name}" for path in FLOOR for name in _imported(REPO_ROOT / path)
                  for d in DIALECTS if _matches(name, f"api.{d}"))
     assert not bad, f"the dialects' floor imports a dialect: {bad}"
+
+
+def test_lockstep_never_imports_rank0() -> None:
+    # lockstep/ is what every rank runs; rank 0's loop around it (engine/leader.py) is one floor up.
+    files = sorted((REPO_ROOT / "engine" / "lockstep").rglob("*.py"))
+    assert files
+    bad = sorted(f"{path.relative_to(REPO_ROOT)}: {name}" for path in files for name in _imported(path)
+                 if _matches(name, "engine.rank0"))
+    assert not bad, f"engine/lockstep imports rank 0's modules: {bad}"

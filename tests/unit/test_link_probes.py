@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import queue
 
+from engine.lockstep.link_pairs import encode, link_pairs
 from engine.lockstep.results import StepResults
-from engine.rank0.links import (FIRST_AFTER, FIRST_BYTES, MAX_BYTES, MIN_BYTES, PROBE_EVERY, LinkProbes, busy,
-                                encode, link_pairs)
+from engine.rank0.links import FIRST_AFTER, FIRST_BYTES, MAX_BYTES, MIN_BYTES, PROBE_EVERY, LinkProbes, busy
 from tests.unit.test_scheduler import admit, make, plan, request
 
 HOSTS = ["mac-a", "mac-b"]
