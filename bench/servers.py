@@ -25,7 +25,7 @@ PYTHON = sys.executable
 MLX_LAUNCH = str(Path(PYTHON).parent / "mlx.launch")
 # Every rank points its fd 0 at /dev/null before running the command: with the launcher's
 # stdin an open, silent pipe, one byte then makes each forwarding thread hit EPIPE and stop
-# spinning (the workaround described in README.md).
+# spinning (the workaround described in docs/operations.md).
 DETACH_STDIN = ["bash", "-c", 'exec 0</dev/null; exec "$@"', "detach"]
 # A process group of one server under test: stop() ends all of it.
 Proc = Group
