@@ -25,7 +25,7 @@ PYTHON = sys.executable
 MLX_LAUNCH = str(Path(PYTHON).parent / "mlx.launch")
 # Every rank points its fd 0 at /dev/null before running the command: with the launcher's
 # stdin an open, silent pipe, one byte then makes each forwarding thread hit EPIPE and stop
-# spinning (the workaround described in README.md).
+# spinning (the workaround described in docs/operations.md).
 DETACH_STDIN = ["bash", "-c", 'exec 0</dev/null; exec "$@"', "detach"]
 # A process group of one server under test: stop() ends all of it.
 Proc = Group
@@ -202,6 +202,20 @@ def start_mlx_lm(work: Workdir, model_path: Path, ranks: int, *, stdin_fix: bool
     return server
 
 
+def wait_done(proc, name: str, timeout: float) -> None:
+    """Wait for a measurement script to exit; one still running after `timeout` is an error with its log."""
+    try:
+        proc.popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{name} did not finish within {timeout:.0f} s:\n{proc.log_tail()}") from None
+
+
+def bench_results(log) -> list[dict]:
+    """The JSON a measurement script printed after `BENCH-RESULT `, one result a line (any rank's)."""
+    return [json.loads(line.split("BENCH-RESULT ", 1)[1])
+            for line in log.read_text(errors="replace").splitlines() if "BENCH-RESULT " in line]
+
+
 def run_launched(work: Workdir, name: str, ranks: int, command: list[str], timeout: float,
                  env_extra: dict | None = None) -> list[dict]:
     """Run a short measurement script under mlx.launch (stdin workaround applied) and collect the
@@ -213,14 +227,10 @@ def run_launched(work: Workdir, name: str, ranks: int, command: list[str], timeo
     try:
         wait_log_lines(proc, r"BENCH-DETACHED", ranks, min(timeout, 120.0))
         proc.release_stdin()
-        try:
-            proc.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{name} did not finish within {timeout:.0f} s:\n{proc.log_tail()}") from None
+        wait_done(proc, name, timeout)
     finally:
         proc.stop()
-    results = [json.loads(line.split("BENCH-RESULT ", 1)[1])
-               for line in log.read_text(errors="replace").splitlines() if "BENCH-RESULT " in line]
+    results = bench_results(log)
     if not results:
         raise RuntimeError(f"{name} printed no result:\n{proc.log_tail()}")
     return results
@@ -231,13 +241,10 @@ def run_local(work: Workdir, name: str, command: list[str], timeout: float) -> l
     log = work.log(name)
     proc = spawn(name, command, log, dict(os.environ))
     try:
-        proc.popen.wait(timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{name} did not finish within {timeout:.0f} s:\n{proc.log_tail()}") from None
+        wait_done(proc, name, timeout)
     finally:
         proc.stop()
-    results = [json.loads(line.split("BENCH-RESULT ", 1)[1])
-               for line in log.read_text(errors="replace").splitlines() if "BENCH-RESULT " in line]
+    results = bench_results(log)
     if not results or proc.popen.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {proc.popen.returncode}):\n{proc.log_tail()}")
     return results

@@ -305,7 +305,7 @@ def _check(s: Settings) -> None:
     if s.HOSTFILE and not _resolve(s.HOSTFILE).is_file():
         raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} does not exist: give the path of an mlx.launch hostfile (JSON)")
     if s.BACKEND == "jaccl" and not s.HOSTFILE:
-        raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see README)")
+        raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see docs/cluster.md)")
     _check_pipeline_layers(s)
     _check_hub_caches(s)
     _check_speculative(s)

@@ -8,14 +8,10 @@ engine applies when it loads.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from config import REPO_ROOT, Settings
+from config import Settings
+from ops.verdict import child_refusal
 
 VERDICT_TIMEOUT = 120  # seconds: importing mlx-lm and building the model's class without weights
-REFUSED = 3  # engine.sharding.VERDICT_REFUSED
 
 
 def parallel_refusal(settings: Settings, ranks: int) -> str | None:
@@ -23,12 +19,6 @@ def parallel_refusal(settings: Settings, ranks: int) -> str | None:
     this host cannot tell (the model is not here: `check` reports that per host, the engine at load)."""
     if ranks <= 1:
         return None
-    cmd = [sys.executable, "-m", "engine.sharding", "--ranks", str(ranks)]
-    try:
-        r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=VERDICT_TIMEOUT,
-                           stdin=subprocess.DEVNULL)
-        answer = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-    return answer.get("text") if r.returncode == REFUSED and answer.get("verdict") == REFUSED else None
+    args = ["-m", "engine.sharding", "--ranks", str(ranks)]
+    return child_refusal(args, VERDICT_TIMEOUT)
 

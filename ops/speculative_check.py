@@ -7,14 +7,10 @@ child process (ops never imports MLX), with the engine's own sentences.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from config import REPO_ROOT, Settings
+from config import Settings
+from ops.verdict import child_refusal
 
 VERDICT_TIMEOUT = 120  # seconds: importing mlx-lm and reading two tokenizers
-REFUSED = 3  # engine.speculative.preflight.VERDICT_REFUSED
 
 
 def speculative_refusal(settings: Settings) -> str | None:
@@ -22,11 +18,5 @@ def speculative_refusal(settings: Settings) -> str | None:
     tell (the model is not here: `check` reports that per host, the engine at load)."""
     if settings.SPECULATIVE in ("off", "ngram"):
         return None  # nothing of the model is needed: no child process
-    cmd = [sys.executable, "-m", "engine.speculative.preflight"]
-    try:
-        r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=VERDICT_TIMEOUT,
-                           stdin=subprocess.DEVNULL)
-        answer = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-    return answer.get("text") if r.returncode == REFUSED and answer.get("verdict") == REFUSED else None
+    args = ["-m", "engine.speculative.preflight"]
+    return child_refusal(args, VERDICT_TIMEOUT)

@@ -124,7 +124,7 @@ class Supervisor:
         self.state.engine_pid, self.state.ranks = 0, []
         self.write_state("starting")
         # stdin: an open pipe that goes silent; one byte once rank 0 serves stops mlx.launch's
-        # forwarding loop from spinning (see README, "The mlx.launch CPU-spin workaround").
+        # forwarding loop from spinning (see docs/operations.md, "The mlx.launch CPU-spin workaround").
         # Rank 0 stops the engine if we die: no engine runs on unsupervised (engine/watchdog.py).
         env = {**os.environ, SUPERVISOR_ENV: f"{socket.gethostname()} {os.getpid()}"}
         self.child = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

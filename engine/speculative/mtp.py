@@ -46,29 +46,18 @@ ALTERNATIVE = "use SPECULATIVE=ngram, or SPECULATIVE=draft with a small DRAFT_MO
 
 def mtp_support(loaded: LoadedModel, name: str = "") -> str | None:
     """None when SPECULATIVE=mtp can run on this model; else one sentence saying why not and what to use."""
-    import mlx_lm
-
     family = _family(loaded.model)
     heads = shipped_heads(Path(loaded.path))
     model = f"MODEL={name or loaded.path} ({family})"
     if family in RUNNABLE and heads and _kept_heads(loaded.model):
         return None
-    if not heads:
-        return (f"SPECULATIVE=mtp cannot run on {model}: its checkpoint ships no multi-token-prediction heads "
-                f"(config.json declares none); {ALTERNATIVE}")
-    if family in DROPPED_HEADS:
-        return (f"SPECULATIVE=mtp cannot run on {model}: mlx-lm {mlx_lm.__version__} drops the checkpoint's "
-                f"{heads} multi-token-prediction layer(s) (its sanitize() drops {DROPPED_HEADS[family]} at load and "
-                f"at mlx_lm.convert) and runs them for no architecture; {ALTERNATIVE}")
-    return (f"SPECULATIVE=mtp cannot run on {model}: mlx-lm {mlx_lm.__version__} has no multi-token-prediction "
-            f"module for this architecture; {ALTERNATIVE}")
+    how = f" (its sanitize() drops {DROPPED_HEADS.get(family)} at load and at mlx_lm.convert)"
+    return _why_not(model, family, heads, how)
 
 
 def mtp_refusal(folder: Path) -> str | None:
     """The same verdict from the model's files alone (`launch.sh check` and start, before any weight loads): its
     config.json's model_type stands for mlx-lm's module; None when SPECULATIVE=mtp can run."""
-    import mlx_lm
-
     try:
         family = str(json.loads((Path(folder) / "config.json").read_text()).get("model_type", ""))
     except (OSError, ValueError, AttributeError):
@@ -77,12 +66,20 @@ def mtp_refusal(folder: Path) -> str | None:
     model = f"MODEL={folder} ({family or 'unknown architecture'})"
     if family in RUNNABLE and heads:
         return None
+    return _why_not(model, family, heads, " at load")
+
+
+def _why_not(model: str, family: str, heads: int, how: str) -> str:
+    """The sentence refusing SPECULATIVE=mtp on `model` (of mlx-lm's `family`), whose checkpoint ships `heads`
+    MTP layers; `how` says how mlx-lm drops them: in more detail where the loaded model shows it."""
+    import mlx_lm
+
     if not heads:
         return (f"SPECULATIVE=mtp cannot run on {model}: its checkpoint ships no multi-token-prediction heads "
                 f"(config.json declares none); {ALTERNATIVE}")
     if family in DROPPED_HEADS:
         return (f"SPECULATIVE=mtp cannot run on {model}: mlx-lm {mlx_lm.__version__} drops the checkpoint's "
-                f"{heads} multi-token-prediction layer(s) at load and runs them for no architecture; {ALTERNATIVE}")
+                f"{heads} multi-token-prediction layer(s){how} and runs them for no architecture; {ALTERNATIVE}")
     return (f"SPECULATIVE=mtp cannot run on {model}: mlx-lm {mlx_lm.__version__} has no multi-token-prediction "
             f"module for this architecture; {ALTERNATIVE}")
 

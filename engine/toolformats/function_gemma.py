@@ -6,13 +6,12 @@ can be enforced; a parameter of another kind is refused with 400, naming the fun
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from engine.decoding.grammar_error import GrammarError
-from engine.toolformats.listed import cut_braced, separated
+from engine.toolformats.listed import braced_calls, cut_braced
 from engine.toolformats.mlx_parsed import MlxParsed
-from engine.toolformats.tools import allowed, parameters, raw_string
+from engine.toolformats.tools import raw_string
 
 ESCAPE = "<escape>"
 _SCALARS = ("integer", "number", "boolean", "null")
@@ -20,23 +19,16 @@ _SCALARS = ("integer", "number", "boolean", "null")
 
 class FunctionGemma(MlxParsed):
     def grammar(self, parts: Any, tools: list[dict[str, Any]], named: str | None, parallel: bool) -> str:
-        bodies = []
-        for tool in allowed(tools, named):
-            items = []
-            for key, schema, required in parameters(tool):
-                if raw_string(schema):
-                    value = f"{parts.literal(ESCAPE)} {parts.text(ESCAPE, schema, ('}', self.end), blame=tool.blame)}"
-                elif _flat(schema):
-                    value = parts.json(schema, tool.blame)
-                else:
-                    raise GrammarError(
-                        f"{tool.blame[0]}: parameter {key!r} cannot be enforced in this model's tool-call format "
-                        "(FunctionGemma's), which holds strings, numbers, booleans and null only", tool.param)
-                items.append((f"{json.dumps(key + ':')} {value}", required))
-            args = separated(parts, items, ",")
-            bodies.append(f'{json.dumps("call:" + tool.name + "{")} {args} "}}"')
-        call = parts.rule(f'{parts.literal(self.start)} ({" | ".join(bodies)}) {parts.literal(self.end)}')
-        return f"calls: {call}+" if parallel and named is None else f"calls: {call}"
+        def value(tool: Any, key: str, schema: dict[str, Any]) -> str:
+            if raw_string(schema):
+                return f"{parts.literal(ESCAPE)} {parts.text(ESCAPE, schema, ('}', self.end), blame=tool.blame)}"
+            if _flat(schema):
+                return parts.json(schema, tool.blame)
+            raise GrammarError(
+                f"{tool.blame[0]}: parameter {key!r} cannot be enforced in this model's tool-call format "
+                "(FunctionGemma's), which holds strings, numbers, booleans and null only", tool.param)
+
+        return braced_calls(self, parts, tools, named, parallel, value)
 
     def partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, str]:
         return cut_braced(text, ESCAPE)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 from engine.toolformats.cut import held, open_string, pair
+from engine.toolformats.tools import allowed, parameters
 
 
 def separated(parts: Any, items: list[tuple[str, bool]], separator: str) -> str:
@@ -25,6 +26,19 @@ def separated(parts: Any, items: list[tuple[str, bool]], separator: str) -> str:
         first = parts.rule(f"{item} {rest}" if required else f"{item} {rest} | {first}")
         rest = new_rest
     return first
+
+
+def braced_calls(fmt: Any, parts: Any, tools: list[dict[str, Any]], named: str | None, parallel: bool,
+                 value: Callable[[Any, str, dict[str, Any]], str]) -> str:
+    """The grammar of Gemma's calls, `START call:NAME{key:VALUE,...} END` (one, or several when parallel and not
+    named), for fmt's markers; value(tool, key, schema) writes one parameter's VALUE in the family's own way."""
+    bodies = []
+    for tool in allowed(tools, named):
+        items = [(f"{json.dumps(key + ':')} {value(tool, key, schema)}", required)
+                 for key, schema, required in parameters(tool)]
+        bodies.append(f'{json.dumps("call:" + tool.name + "{")} {separated(parts, items, ",")} "}}"')
+    call = parts.rule(f'{parts.literal(fmt.start)} ({" | ".join(bodies)}) {parts.literal(fmt.end)}')
+    return f"calls: {call}+" if parallel and named is None else f"calls: {call}"
 
 
 def cut_items(text: str, assign: str, quote: str = "") -> tuple[str, bool]:

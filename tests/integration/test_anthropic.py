@@ -14,16 +14,9 @@ import jsonschema
 import pydantic
 import pytest
 
+from tests.schemas import WEATHER
+
 MESSAGES = [{"role": "user", "content": "hello"}]
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 # this SDK's create() no longer names temperature; the API still takes it
 GREEDY = {"temperature": 0}
 TOOLS = [{"name": "get_weather", "description": "Forecast", "input_schema": WEATHER}]

@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+from contextlib import contextmanager
 
 import httpx
 import openai
 from tests.harness import Stack, wait_for
 
+# the demo model's EOS ids banned: a stream that runs to its max_tokens
+ENDLESS = {"model": "default", "prompt": "hi", "stream": True, "logit_bias": {"0": -100, "2": -100}}
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from the warm roof".split()
 
 
 def prompt(i: int) -> str:
     return " ".join(WORDS[(i * 3 + k) % len(WORDS)] for k in range(3 + 2 * i))
+
+
+@contextmanager
+def serving(**extra: str):
+    """An engine and API of the test's own with these settings, both stopped when it ends."""
+    s = Stack(extra=extra)
+    engine, api = s.start_engine(), s.start_api()
+    try:
+        yield s
+    finally:
+        api.stop()
+        engine.stop()
 
 
 def test_sixteen_concurrent_greedy_requests_equal_their_sequential_outputs(client):
@@ -54,11 +69,8 @@ def test_dropping_half_of_twenty_streams_leaves_the_rest_intact(client, stack):
 
 
 def test_full_queue_answers_429_with_retry_after_and_the_engine_keeps_serving():
-    s = Stack(extra={"MAX_BATCH": "1", "MAX_QUEUE": "1"})
-    engine, api = s.start_engine(), s.start_api()
-    long = {"model": "default", "prompt": "hi", "max_tokens": 3000, "stream": True,
-            "logit_bias": {"0": -100, "2": -100}}
-    try:
+    long = {**ENDLESS, "max_tokens": 3000}
+    with serving(MAX_BATCH="1", MAX_QUEUE="1") as s:
         with httpx.Client(timeout=30) as http, http.stream("POST", s.base_url + "/v1/completions", json=long) as a:
             # Keep the line iterators referenced: a collected iterator closes its response.
             lines_a = a.iter_lines()
@@ -77,17 +89,11 @@ def test_full_queue_answers_429_with_retry_after_and_the_engine_keeps_serving():
         wait_for(lambda: s.probe()["active"] == 0 and s.probe()["queued"] == 0, 10, "the engine to drain")
         with openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0) as client:
             assert client.completions.create(model="default", prompt="hi", max_tokens=3).usage.completion_tokens
-    finally:
-        api.stop()
-        engine.stop()
 
 
 def test_cancel_while_queued_never_runs():
-    s = Stack(extra={"MAX_BATCH": "1"})
-    engine, api = s.start_engine(), s.start_api()
-    long = {"model": "default", "prompt": "hi", "max_tokens": 3000, "stream": True,
-            "logit_bias": {"0": -100, "2": -100}}
-    try:
+    long = {**ENDLESS, "max_tokens": 3000}
+    with serving(MAX_BATCH="1") as s:
         with httpx.Client(timeout=30) as http, http.stream("POST", s.base_url + "/v1/completions", json=long) as a:
             lines_a = a.iter_lines()
             next(lines_a)
@@ -97,23 +103,14 @@ def test_cancel_while_queued_never_runs():
             wait_for(lambda: s.probe()["queued"] == 0, 10, "the queued request to be withdrawn")
             assert s.probe()["active"] == 1
             del lines_a
-    finally:
-        api.stop()
-        engine.stop()
 
 
 def test_request_past_request_timeout_ends_with_an_error_and_frees_its_slot():
-    s = Stack(extra={"REQUEST_TIMEOUT": "1.5"})
-    engine, api = s.start_engine(), s.start_api()
-    body = {"model": "default", "prompt": "hi", "max_tokens": 4000, "stream": True,
-            "logit_bias": {"0": -100, "2": -100}}
-    try:
+    body = {**ENDLESS, "max_tokens": 4000}
+    with serving(REQUEST_TIMEOUT="1.5") as s:
         with httpx.Client(timeout=30) as http, http.stream("POST", s.base_url + "/v1/completions", json=body) as r:
             assert r.status_code == 200
             lines = [line for line in r.iter_lines() if line]
         assert lines[-1] == "data: [DONE]"
         assert "timeout" in lines[-2] and '"error"' in lines[-2]
         wait_for(lambda: s.probe()["active"] == 0, 10, "the timed-out request to leave the batch")
-    finally:
-        api.stop()
-        engine.stop()

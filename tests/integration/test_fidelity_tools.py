@@ -12,17 +12,10 @@ import jsonschema
 import openai
 import pytest
 
+from tests.schemas import UNIT, weather_schema
+
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
+WEATHER = weather_schema(unit=UNIT)
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "get_time", "parameters": {

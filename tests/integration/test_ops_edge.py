@@ -22,6 +22,23 @@ KEPT_ALIVE_CLIENTS = 12
 LONG = {"max_tokens": 4000, "logit_bias": {"0": -100, "2": -100}}  # no EOS: runs to max_tokens (~20 s here)
 
 
+@contextlib.contextmanager
+def running(**settings: str):
+    """launch.sh start with these settings; launch.sh stop when the test ends, whatever it asserted."""
+    launch = Launch(**settings)
+    launch.start()
+    try:
+        yield launch
+    finally:
+        launch.stop()
+
+
+def assert_old_api_serves(launch: Launch, old_api: int) -> None:
+    """A restart-api that could not hand over left the old API in place, answering."""
+    assert launch.group("api") == old_api and not gone([old_api])
+    assert http_status(launch.url + "/health") == 200
+
+
 def engine_active(launch: Launch) -> int:
     r = launch.run("status", timeout=60)
     for line in r.stdout.splitlines():
@@ -43,9 +60,7 @@ def one_stream(launch: Launch):
 
 
 def test_restart_api_hands_over_without_cutting_open_streams():
-    launch = Launch(API_DRAIN_TIMEOUT="300")
-    launch.start()
-    try:
+    with running(API_DRAIN_TIMEOUT="300") as launch:
         old_api = launch.group("api")
         with one_stream(launch) as lines:
             r = launch.run("restart-api", timeout=120)
@@ -75,8 +90,6 @@ def test_restart_api_hands_over_without_cutting_open_streams():
         launch.groups.add(newest)
         wait_for(lambda: gone([previous]), 15, "an idle replaced API to exit")
         assert http_status(launch.url + "/health") == 200
-    finally:
-        launch.stop()
 
 
 def _kept_alive_client(url: str, i: int, stop: threading.Event, outcomes: list) -> None:
@@ -127,9 +140,7 @@ def test_restart_api_answers_every_request_that_arrives_on_a_kept_alive_connecti
 
 
 def test_restart_api_ends_streams_past_the_drain_timeout_with_an_error_event_then_done():
-    launch = Launch(API_DRAIN_TIMEOUT="2")
-    launch.start()
-    try:
+    with running(API_DRAIN_TIMEOUT="2") as launch:
         old_api = launch.group("api")
         with one_stream(launch) as lines:
             r = launch.run("restart-api", timeout=120)
@@ -143,14 +154,10 @@ def test_restart_api_ends_streams_past_the_drain_timeout_with_an_error_event_the
         # The engine freed the ended stream's sequence; the new API serves.
         wait_for(lambda: engine_active(launch) == 0, 15, "the engine to free the ended stream")
         assert http_status(launch.url + "/health") == 200
-    finally:
-        launch.stop()
 
 
 def test_a_killed_supervisor_is_noticed_and_start_brings_the_engine_back_under_the_running_api():
-    launch = Launch(ENGINE_RESTART="always", DRAIN_TIMEOUT="2")
-    launch.start()
-    try:
+    with running(ENGINE_RESTART="always", DRAIN_TIMEOUT="2") as launch:
         supervisor, api = launch.group("engine"), launch.group("api")
         ranks = set(launch.rank_pids().values())
         os.kill(supervisor, signal.SIGKILL)
@@ -181,29 +188,20 @@ def test_a_killed_supervisor_is_noticed_and_start_brings_the_engine_back_under_t
         r = launch.run("start", timeout=60)  # everything up: refused, nothing changed
         assert r.returncode == 1 and "already running" in r.stderr
         assert launch.run("status", timeout=60).returncode == 0
-    finally:
-        launch.stop()
 
 
 def test_restart_api_with_a_setting_the_api_refuses_keeps_the_old_api_serving():
-    launch = Launch()
-    launch.start()
-    try:
+    with running() as launch:
         old_api = launch.group("api")
         r = launch.run("restart-api", timeout=120, API_KEYS_FILE="/nonexistent/keys")
         assert r.returncode == 2, r.stdout + r.stderr
         assert "API_KEYS_FILE" in r.stderr and f"(process group {old_api}) keeps serving" in r.stderr
-        assert launch.group("api") == old_api and not gone([old_api])
-        assert http_status(launch.url + "/health") == 200
+        assert_old_api_serves(launch, old_api)
         assert launch.run("status", timeout=60).returncode == 0
-    finally:
-        launch.stop()
 
 
 def test_restart_api_to_a_port_another_program_holds_keeps_the_old_api_serving():
-    launch = Launch()
-    launch.start()
-    try:
+    with running() as launch:
         old_api = launch.group("api")
         with socket.socket() as holder:  # another program on the new API_PORT: "Address already in use"
             holder.bind(("127.0.0.1", 0))
@@ -211,17 +209,12 @@ def test_restart_api_to_a_port_another_program_holds_keeps_the_old_api_serving()
             r = launch.run("restart-api", timeout=120, API_PORT=str(holder.getsockname()[1]))
         assert r.returncode == 1, r.stdout + r.stderr
         assert "Address already in use" in r.stderr and "keeps serving" in r.stderr
-        assert launch.group("api") == old_api and not gone([old_api])
-        assert http_status(launch.url + "/health") == 200
+        assert_old_api_serves(launch, old_api)
         assert not list((launch.root / "run").glob("api.draining.*"))
-    finally:
-        launch.stop()
 
 
 def test_a_frozen_replaced_api_is_killed_without_waiting_for_its_deadline():
-    launch = Launch(API_DRAIN_TIMEOUT="1")
-    launch.start()
-    try:
+    with running(API_DRAIN_TIMEOUT="1") as launch:
         old_api = launch.group("api")
         os.killpg(old_api, signal.SIGSTOP)  # frozen: it could never act on the TERM of the hand-over
         r = launch.run("restart-api", timeout=120)
@@ -234,8 +227,6 @@ def test_a_frozen_replaced_api_is_killed_without_waiting_for_its_deadline():
         r = launch.run("status", timeout=60)
         assert r.returncode == 0 and "previous API" not in r.stdout, r.stdout
         assert http_status(launch.url + "/health") == 200
-    finally:
-        launch.stop()
 
 
 def test_pid_files_and_a_lock_naming_unrelated_processes_are_stale_and_never_signalled():

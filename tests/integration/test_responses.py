@@ -12,15 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
+from tests.schemas import WEATHER
+
 TOOL = {"type": "function", "name": "get_weather", "description": "Forecast", "parameters": WEATHER, "strict": True}
 # what Codex sends: its MCP tools in a namespace, next to a hosted tool the model cannot run here
 CALENDAR = {"type": "namespace", "name": "mcp__calendar", "description": "Plan events", "tools": [

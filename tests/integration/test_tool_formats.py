@@ -21,18 +21,9 @@ from engine.rank0.output import OutputRules, TextSplitter
 from engine.zoo import ensure_zoo_model
 from engine.zoo.names import TOOL_FORMATS
 from tests.harness import MODEL_CACHE
+from tests.schemas import UNIT, weather_schema
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "note": {"type": "string", "maxLength": 6},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
+WEATHER = weather_schema(unit=UNIT, note={"type": "string", "maxLength": 6})
 # $defs and $ref, anyOf with null, an array of objects
 ROUTE = {
     "type": "object",

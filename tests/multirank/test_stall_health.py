@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -19,13 +20,33 @@ STALL_SECONDS = 3.0
 SLACK = 3.0
 
 
-def test_sigstop_rank1_turns_health_503_and_sigcont_recovers():
+@contextmanager
+def two_ranks(stall: str):
+    """Two ranks and an API whose /health calls a rank silent after `stall` seconds; a high watchdog, so the
+    engine outlives a freeze instead of ending itself. Yields the stack and the engine; both stopped after."""
     s = Stack()
-    # a high watchdog, so the engine outlives the freeze instead of ending itself
-    engine = s.start_engine(ranks=2, WATCHDOG_TIMEOUT="300", HEALTH_STALL_SECONDS=str(STALL_SECONDS))
-    api = s.start_api(HEALTH_STALL_SECONDS=str(STALL_SECONDS))
-    stopped: int | None = None
+    engine = s.start_engine(ranks=2, WATCHDOG_TIMEOUT="300", HEALTH_STALL_SECONDS=stall)
+    api = s.start_api(HEALTH_STALL_SECONDS=stall)
     try:
+        yield s, engine
+    finally:
+        api.stop()
+        engine.stop()
+
+
+@contextmanager
+def frozen(pid: int):
+    """The process stopped (SIGSTOP) for the block, which gets the moment it froze; SIGCONT after, whatever
+    the block asserted: a test never leaves a stopped process behind."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield time.monotonic()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_sigstop_rank1_turns_health_503_and_sigcont_recovers():
+    with two_ranks(stall=str(STALL_SECONDS)) as (s, engine):
         get = lambda path: httpx.get(s.base_url + path, timeout=15)  # noqa: E731
         wait_for(lambda: len(get("/health").json().get("rank_states") or []) >= 2, 30, "both ranks' first reports")
         r = get("/health")
@@ -33,29 +54,20 @@ def test_sigstop_rank1_turns_health_503_and_sigcont_recovers():
         rank1 = next(rank for rank in r.json()["rank_states"] if rank["rank"] == 1)
         assert rank1["pid"] != r.json()["engine_pid"]
 
-        os.kill(rank1["pid"], signal.SIGSTOP)
-        stopped = frozen_at = time.monotonic()
-        r = wait_for(lambda: (lambda r: r if r.status_code != 200 else None)(get("/health")), STALL_SECONDS + SLACK,
-                     "/health to stop answering 200 once rank 1 is frozen")
-        took = time.monotonic() - frozen_at
-        assert r.status_code == 503, (took, r.text)
-        body = r.json()
-        assert body["status"] == "unavailable" and body["api"] == "ok"
-        assert body["engine"].startswith("stalled: "), body
-        # the rest of the API still answers: the model list comes from the engine's socket thread or the cache
-        assert get("/v1/models").status_code == 200
-
-        os.kill(rank1["pid"], signal.SIGCONT)
-        stopped = None
+        with frozen(rank1["pid"]) as frozen_at:
+            r = wait_for(lambda: (lambda r: r if r.status_code != 200 else None)(get("/health")),
+                         STALL_SECONDS + SLACK, "/health to stop answering 200 once rank 1 is frozen")
+            took = time.monotonic() - frozen_at
+            assert r.status_code == 503, (took, r.text)
+            body = r.json()
+            assert body["status"] == "unavailable" and body["api"] == "ok"
+            assert body["engine"].startswith("stalled: "), body
+            # the rest of the API still answers: the model list comes from the engine's socket thread or the cache
+            assert get("/v1/models").status_code == 200
         r = wait_for(lambda: (lambda r: r if r.status_code == 200 else None)(get("/health")), 15,
                      "/health to answer 200 again once rank 1 runs")
         assert r.json()["engine"] == "ok"
         assert engine.alive()
-    finally:
-        if stopped is not None:
-            os.kill(rank1["pid"], signal.SIGCONT)  # never leave a stopped process behind
-        api.stop()
-        engine.stop()
 
 
 # What a person watching /health or the dashboard may wait. A rank is named once it has not answered for
@@ -67,36 +79,23 @@ STALL = "5"
 
 
 def test_a_frozen_idle_rank_is_named_by_rank_and_host_in_health_and_the_dashboard_within_15_s():
-    s = Stack()
-    engine = s.start_engine(ranks=2, WATCHDOG_TIMEOUT="300", HEALTH_STALL_SECONDS=STALL)
-    api = s.start_api(HEALTH_STALL_SECONDS=STALL)
-    stopped: int | None = None
-    try:
+    with two_ranks(stall=STALL) as (s, engine):
         get = lambda path: httpx.get(s.base_url + path, timeout=15)  # noqa: E731
         wait_for(lambda: len(get("/health").json().get("rank_states") or []) >= 2, 30, "both ranks' first reports")
         rank1 = next(rank for rank in get("/health").json()["rank_states"] if rank["rank"] == 1)
         assert rank1["host"] and rank1["unanswered"] == 0
 
-        os.kill(rank1["pid"], signal.SIGSTOP)
-        stopped = frozen_at = time.monotonic()
-        named = f"rank 1 ({rank1['host']}, pid {rank1['pid']}) not answering"
-        body = wait_for(lambda: (lambda b: b if named in b.get("engine", "") else None)(get("/health").json()),
-                        NAMED_WITHIN, f"/health to name the frozen rank ({named!r})")
-        assert time.monotonic() - frozen_at <= NAMED_WITHIN
-        assert body["status"] == "unavailable"
-        silent = next(rank for rank in body["rank_states"] if rank["rank"] == 1)
-        assert silent["unanswered"] >= body["stall_deadline"], silent
-        assert next(rank for rank in body["rank_states"] if rank["rank"] == 0)["unanswered"] == 0
-        state = get("/dashboard/state").json()  # what the dashboard's page renders: the same verdict and rank
-        assert named in state["health"]["engine"]
-        assert next(r for r in state["health"]["rank_states"] if r["rank"] == 1)["unanswered"] > 0
-
-        os.kill(rank1["pid"], signal.SIGCONT)
-        stopped = None
+        with frozen(rank1["pid"]) as frozen_at:
+            named = f"rank 1 ({rank1['host']}, pid {rank1['pid']}) not answering"
+            body = wait_for(lambda: (lambda b: b if named in b.get("engine", "") else None)(get("/health").json()),
+                            NAMED_WITHIN, f"/health to name the frozen rank ({named!r})")
+            assert time.monotonic() - frozen_at <= NAMED_WITHIN
+            assert body["status"] == "unavailable"
+            silent = next(rank for rank in body["rank_states"] if rank["rank"] == 1)
+            assert silent["unanswered"] >= body["stall_deadline"], silent
+            assert next(rank for rank in body["rank_states"] if rank["rank"] == 0)["unanswered"] == 0
+            state = get("/dashboard/state").json()  # what the dashboard's page renders: the same verdict and rank
+            assert named in state["health"]["engine"]
+            assert next(r for r in state["health"]["rank_states"] if r["rank"] == 1)["unanswered"] > 0
         wait_for(lambda: get("/health").status_code == 200, 15, "/health to answer 200 again once rank 1 runs")
         assert engine.alive()
-    finally:
-        if stopped is not None:
-            os.kill(rank1["pid"], signal.SIGCONT)  # never leave a stopped process behind
-        api.stop()
-        engine.stop()

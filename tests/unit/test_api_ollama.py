@@ -12,6 +12,7 @@ import ipc
 from ipc.messages import ModelFacts, RankState, TokenLogprob, ToolCall, TopLogprob
 from api.errors import ContextLengthExceeded, EngineUnavailable, Overloaded
 from api.ollama.models import human_number
+from tests.unit.named_events import play
 
 pytestmark = pytest.mark.anyio
 
@@ -25,15 +26,6 @@ FACTS = ModelFacts(architecture="qwen3", parameters=7_615_616_512, weight_bytes=
                    chat_template="{{ messages }}", thinking=True, tool_calling=True)
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 DURATIONS = ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
-
-
-def play(engine, *events: ipc.Delta | ipc.Finish) -> None:
-    async def script(conn: ipc.FramedStream, msg: ipc.Generate) -> None:
-        await conn.send(ipc.Started(request_id=msg.request_id, prompt_tokens=7))
-        for ev in events:
-            await conn.send(msgspec.structs.replace(ev, request_id=msg.request_id))
-
-    engine.script = script
 
 
 def lines_of(r) -> list[dict]:

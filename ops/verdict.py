@@ -1,0 +1,26 @@
+"""A verdict asked of a child process: ops never imports MLX, so what only mlx-lm can tell (can the ranks run
+this model, can this speculation run) comes from `python -m <module>`, which prints its verdict as the last line
+of JSON and exits with REFUSED when the answer is no.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from config import REPO_ROOT
+
+REFUSED = 3  # engine.sharding.VERDICT_REFUSED and engine.speculative.preflight.VERDICT_REFUSED
+
+
+def child_refusal(args: list[str], timeout: float) -> str | None:
+    """The sentence `python <args>` refuses with; None when it accepts, or when it cannot tell (it failed, ran
+    past `timeout`, or printed no verdict): the engine's own load then says what is wrong."""
+    try:
+        r = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+        answer = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    return answer.get("text") if r.returncode == REFUSED and answer.get("verdict") == REFUSED else None
