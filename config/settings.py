@@ -262,8 +262,14 @@ def load_settings(
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(_explain(exc, raw)) from None
-    _check(settings)
+    _check(settings, launched_rank(environ))
     return settings
+
+
+def launched_rank(environ: Mapping[str, str]) -> int:
+    """The engine rank mlx.launch started this process as (MLX_RANK); 0 for rank 0 and for anything else."""
+    value = environ.get("MLX_RANK", "").strip()
+    return int(value) if value.isdigit() else 0
 
 
 def _check_env_lines(env_file: Path) -> None:
@@ -293,7 +299,7 @@ def _explain(exc: msgspec.ValidationError, raw: Mapping[str, str]) -> str:
     return f"{name}={raw.get(name, '')!r} is not valid: expected {accepted}"
 
 
-def _check(s: Settings) -> None:
+def _check(s: Settings, rank: int = 0) -> None:
     if not s.MODEL:
         raise ConfigError("MODEL is empty: set it to demo-tiny, demo-small, a zoo model (python -m engine.zoo --list), "
                           "a local model folder or a Hugging Face repo id")
@@ -302,7 +308,8 @@ def _check(s: Settings) -> None:
     for host in s.hosts:
         if not _HOST_RE.match(host):
             raise ConfigError(f"HOSTS={s.HOSTS!r} is not valid: {host!r} is not a host name or IP address")
-    if s.HOSTFILE and not _resolve(s.HOSTFILE).is_file():
+    # only rank 0's mlx.launch reads the hostfile: the other ranks get HOSTFILE forwarded but need no copy of it
+    if s.HOSTFILE and rank == 0 and not _resolve(s.HOSTFILE).is_file():
         raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} does not exist: give the path of an mlx.launch hostfile (JSON)")
     if s.BACKEND == "jaccl" and not s.HOSTFILE:
         raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see docs/cluster.md)")

@@ -158,6 +158,15 @@ def test_cross_field_checks(env: dict[str, str], fragment: str) -> None:
         _settings(env)
 
 
+def test_only_rank_0_needs_the_hostfile() -> None:
+    # mlx.launch on rank 0 reads HOSTFILE; a remote rank gets the setting forwarded but holds no copy of the file
+    env = {"HOSTFILE": "/nonexistent/hosts.json", "BACKEND": "jaccl"}
+    assert _settings({**env, "MLX_RANK": "1"}).HOSTFILE == "/nonexistent/hosts.json"
+    for rank0 in ({}, {"MLX_RANK": "0"}):
+        with pytest.raises(ConfigError, match="HOSTFILE='/nonexistent/hosts.json' does not exist"):
+            _settings({**env, **rank0})
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "mac-studio.local", "my_host", ""])
 def test_api_host_takes_addresses_and_names(host: str) -> None:
     assert _settings({"API_HOST": host}).API_HOST == host
