@@ -71,6 +71,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     HOSTFILE: str = ""
     BACKEND: Literal["ring", "jaccl", "mpi"] = "ring"
     RING_PORT: Port = 32323
+    # jaccl: seconds between an engine stop and the next start, for the RDMA driver to release the old ranks'
+    # queue pairs and memory (EBUSY otherwise)
+    JACCL_COOLDOWN: Annotated[float, Meta(ge=0)] = 10.0
     # how several ranks share the model: tensor (every rank a slice of every layer) or pipeline (whole layers)
     PARALLEL: Literal["tensor", "pipeline"] = "tensor"
     # pipeline: layers per rank in rank order (e.g. 20,12); empty: in proportion to each host's memory
@@ -183,6 +186,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 HINTS = {
     "API_PORT": "an integer from 1 to 65535",
     "RING_PORT": "an integer from 1 to 65535",
+    "JACCL_COOLDOWN": "a number of seconds >= 0 (raise it when a jaccl start after a stop fails with EBUSY)",
     "LOG_LEVEL": "one of DEBUG, INFO, WARNING, ERROR",
     "BACKEND": "one of ring, jaccl, mpi",
     "PARALLEL": "one of tensor, pipeline",

@@ -23,9 +23,6 @@ from ops.state import read_state, state_path
 
 PROBE_TIMEOUT = 2.0  # seconds per readiness probe of engine rank 0
 PROGRESS_EVERY = 15.0  # seconds between "still loading" lines
-# jaccl: seconds between an engine stop and the next start. The RDMA driver releases the old ranks'
-# queue pairs and registered memory only after they exit; new ranks must not open the devices sooner.
-JACCL_COOLDOWN = 10
 LOCAL = ("127.0.0.1", "localhost", "::1")
 
 
@@ -160,6 +157,8 @@ class EngineCtl:
         failure = state.last_failure if state is not None else None
         if failure is not None:
             say(f"the engine did not start: {failure.summary}" + (f": {failure.detail}" if failure.detail else ""))
+            if failure.hint:
+                say(failure.hint)
 
     def stop(self, quiet: bool = False) -> None:
         was_running = self.pids.running() is not None
@@ -186,13 +185,16 @@ class EngineCtl:
                          "launch.sh); stop it or set SOCKET_PATH")
 
     def cooldown(self) -> None:
+        """jaccl: the RDMA driver releases the old ranks' queue pairs and registered memory only after they exit;
+        new ranks must not open the devices sooner (JACCL_COOLDOWN seconds after the last stop)."""
         if self.settings.BACKEND != "jaccl":
             return
         try:
             at = int(self.stopped_at.read_text().strip())
         except (OSError, ValueError):
             return
-        wait = at + JACCL_COOLDOWN - int(time.time())
+        wait = at + self.settings.JACCL_COOLDOWN - time.time()
         if wait > 0:
-            say(f"jaccl: waiting {wait}s for the RDMA devices of the stopped ranks to be released (JACCL_COOLDOWN)")
+            say(f"jaccl: waiting {wait:.0f}s for the RDMA devices of the stopped ranks to be released (JACCL_COOLDOWN="
+                f"{self.settings.JACCL_COOLDOWN:g})")
             time.sleep(wait)
