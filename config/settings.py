@@ -144,6 +144,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return [c.strip() for c in self.HUB_CACHE_PER_RANK.split(",") if c.strip()]
 
     @property
+    def doorbell_port(self) -> int:
+        """Where rank 0's doorbell listens (engine/lockstep/doorbell.py): just below the ring's ports, so one
+        firewall rule from RING_PORT-1 up covers the doorbell, the ring (or jaccl's coordinator) and a spread."""
+        return self.RING_PORT - 1
+
+    @property
     def hosts(self) -> list[str]:
         return [h.strip() for h in self.HOSTS.split(",") if h.strip()]
 
@@ -185,7 +191,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 HINTS = {
     "API_PORT": "an integer from 1 to 65535",
-    "RING_PORT": "an integer from 1 to 65535",
+    "RING_PORT": "an integer from 2 to 65535 (the doorbell listens on RING_PORT-1)",
     "JACCL_COOLDOWN": "a number of seconds >= 0 (raise it when a jaccl start after a stop fails with EBUSY)",
     "LOG_LEVEL": "one of DEBUG, INFO, WARNING, ERROR",
     "BACKEND": "one of ring, jaccl, mpi",
@@ -323,6 +329,9 @@ def _check(s: Settings, rank: int = 0) -> None:
     if not _listen_host(s.API_HOST):
         raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
                           "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
+    if s.RING_PORT < 2:
+        raise ConfigError(f"RING_PORT={s.RING_PORT} leaves no port for the doorbell, which listens on RING_PORT-1: "
+                          "give a port from 2 to 65535 (the default is 32323)")
     if s.BACKEND == "ring" and s.RING_PORT + max(s.ranks, 1) - 1 > 65535:
         raise ConfigError(f"RING_PORT={s.RING_PORT} is too high for {s.ranks} ranks: the ring uses ports "
                           f"RING_PORT to RING_PORT+{s.ranks - 1}, which must stay within 65535")

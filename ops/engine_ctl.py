@@ -26,6 +26,17 @@ PROGRESS_EVERY = 15.0  # seconds between "still loading" lines
 LOCAL = ("127.0.0.1", "localhost", "::1")
 
 
+def _taken(host: str, port: int) -> str | None:
+    """Why port cannot be listened on here (None: it can)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed run's TIME_WAIT is fine
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 class EngineCtl:
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -96,20 +107,20 @@ class EngineCtl:
         return False
 
     def refuse_taken_ring_ports(self) -> None:
-        """Local ranks on the ring listen on RING_PORT, RING_PORT+1, ...: a port in use would fail the start
-        after a timeout with "[ring] connection to a peer was lost", which names no port."""
+        """Local ranks on the ring listen on RING_PORT, RING_PORT+1, ..., and rank 0's doorbell on RING_PORT-1:
+        a port in use would fail the start after a timeout with "[ring] connection to a peer was lost", which
+        names no port."""
         s = self.settings
         if s.BACKEND != "ring" or s.HOSTFILE or s.ranks < 2 or not all(h in LOCAL for h in s.hosts):
             return
         for port in range(s.RING_PORT, s.RING_PORT + s.ranks):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed run's TIME_WAIT is fine
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError as exc:
-                    raise Die(1, f"port {port} is in use on this host ({exc.strerror or exc}), and the ring's "
-                                 f"{s.ranks} local ranks need ports {s.RING_PORT} to {s.RING_PORT + s.ranks - 1}: "
-                                 "set RING_PORT to a free range, or stop what uses it") from None
+            if (why := _taken("127.0.0.1", port)) is not None:
+                raise Die(1, f"port {port} is in use on this host ({why}), and the ring's {s.ranks} local ranks "
+                             f"need ports {s.RING_PORT} to {s.RING_PORT + s.ranks - 1}: set RING_PORT to a free "
+                             "range, or stop what uses it")
+        if (why := _taken("", s.doorbell_port)) is not None:
+            raise Die(1, f"port {s.doorbell_port} is in use on this host ({why}), and rank 0's doorbell listens on "
+                         "it (RING_PORT-1): set RING_PORT to a free range, or stop what uses it")
 
     def launch(self) -> int | None:
         """Start the engine and wait for rank 0; on failure show the log, stop it and return None."""

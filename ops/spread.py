@@ -82,8 +82,11 @@ def engine_ports(settings: Settings, hosts: list[str]) -> int:
 
 
 def spread_port(settings: Settings, n: int) -> int:
-    """The first of the n ports the spread takes: just above the engine's, or below RING_PORT when those run out."""
-    return settings.RING_PORT + n if settings.RING_PORT + 2 * n - 1 <= 65535 else settings.RING_PORT - n
+    """The first of the n ports the spread takes: just above the engine's, or when those run out below the
+    doorbell's (RING_PORT-1, Settings.doorbell_port)."""
+    if settings.RING_PORT + 2 * n - 1 <= 65535:
+        return settings.RING_PORT + n
+    return settings.doorbell_port - n
 
 
 def _ports_free(first: int, n: int) -> bool:

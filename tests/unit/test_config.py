@@ -149,6 +149,7 @@ def test_run_dir_too_long_for_the_default_socket() -> None:
         ({"API_HOST": "bad host"}, "API_HOST"),
         ({"API_HOST": "[::1]"}, "API_HOST"),
         ({"RING_PORT": "65535", "HOSTS": "127.0.0.1,127.0.0.1"}, "RING_PORT=65535 is too high for 2 ranks"),
+        ({"RING_PORT": "1"}, "RING_PORT=1 leaves no port for the doorbell, which listens on RING_PORT-1"),
         ({"SPECULATIVE": "draft"}, "SPECULATIVE=draft needs DRAFT_MODEL"),
         ({"SPECULATIVE": "draft", "DRAFT_MODEL": "  "}, "SPECULATIVE=draft needs DRAFT_MODEL"),
     ],
