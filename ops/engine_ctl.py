@@ -18,6 +18,7 @@ from ops.parallel_check import parallel_refusal
 from ops.speculative_check import speculative_refusal
 from ops.pidfile import PidFile, stop_recorded
 from ops.probe import drop_stale_socket, engine_info
+from ops.rank_env import env_args
 from ops.procs import group_alive, poll, process_alive, spawn_group
 from ops.state import read_state, state_path
 
@@ -61,12 +62,8 @@ class EngineCtl:
         cmd = [str(Path(py).parent / "mlx.launch"), "--backend", s.BACKEND, "--starting-port", str(s.RING_PORT),
                "--cwd", str(REPO_ROOT)]
         cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", s.HOSTS]
-        # Remote ranks do not inherit our environment: forward the variables set in it (as the user
-        # wrote them, before resolution) so every rank resolves the same settings as rank 0.
-        for key in type(s).__struct_fields__:
-            if key != "API_KEY" and key in os.environ:
-                cmd += ["--env", f"{key}={os.environ[key]}"]
-        return [*cmd, "--", py, "-m", "engine"]
+        # remote ranks do not inherit our environment: settings, HF_* and MLX_* set in it go with them
+        return [*cmd, *env_args(s), "--", py, "-m", "engine"]
 
     def start(self) -> int:
         s = self.settings

@@ -35,6 +35,7 @@ from ipc.lifecycle import VICTIM_CAUSES
 from ipc.spread import JOINED, PARENT_ENV, TEST_HOOKS, decode_result
 from ops.failures import describe_exit
 from ops.procs import poll
+from ops.rank_env import env_args
 
 CHUNK_BYTES = 64 << 20  # per transfer: large enough for the link's full rate, small enough to resume often
 LOCAL = {"127.0.0.1", "localhost", "::1"}
@@ -124,9 +125,7 @@ class ClusterSpread:
                "--cwd", str(REPO_ROOT)]
         cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", ",".join(self.hosts)]
         # remote ranks do not inherit our environment: forward what was set in it, as the engine's start does
-        for key in (*type(s).__struct_fields__, *TEST_HOOKS):
-            if key != "API_KEY" and key in os.environ:
-                cmd += ["--env", f"{key}={os.environ[key]}"]
+        cmd += env_args(s, extra=TEST_HOOKS)
         cmd += ["--env", f"{PARENT_ENV}={socket.gethostname()} {os.getpid()}"]
         return [*cmd, "--", py, "-m", "engine.spread", "--manifest", str(manifest_path), "--result",
                 str(self.result_path), "--chunk-bytes", str(self.chunk_bytes), "--via", self.via,
