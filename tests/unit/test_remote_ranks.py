@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlx._distributed_utils.launch import RemoteProcess
-
 from config import REPO_ROOT, load_settings
 from ops.engine_ctl import EngineCtl
 from ops.layout import Layout
@@ -22,6 +20,8 @@ PRINT_ENV = [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.en
 
 def remote_environment(cmd: list[str]) -> dict[str, str]:
     """The environment a remote rank of `cmd` (an mlx.launch command line) starts with."""
+    from mlx._distributed_utils.launch import RemoteProcess  # inside: unit tests import no MLX
+
     env = [cmd[i + 1] for i, arg in enumerate(cmd[:cmd.index("--")]) if arg == "--env"]
     script = RemoteProcess.make_launch_script(1, None, "/", {}, env, PRINT_ENV, True)
     out = subprocess.run(["env", "-i", "/bin/bash", "-c", script], capture_output=True, text=True, timeout=30)
