@@ -1,11 +1,11 @@
 """Which rank of a failed engine is to blame, from what the supervisor observed.
 
 The ranks announce themselves through rank 0 (`Info.rank_states`) and exit with an `ExitCause`.
-Only two things are read from the output the supervisor relays: mlx.launch's own line for each
-rank that exited (the launcher offers nothing else), and a rank's last CRITICAL line, which is
-shown to the user as that rank's last words; a rank that could not load the model (`ExitCause.MODEL`)
-says why in its ERROR line, which takes their place. JACCL's EBUSY, in any line, adds a hint: what it means
-and what to do.
+Only three things are read from the output the supervisor relays: mlx.launch's own line for each
+rank that exited (the launcher offers nothing else); a rank's last CRITICAL line, which is
+shown to the user as that rank's last words (a rank that could not load the model, `ExitCause.MODEL`,
+says why in its ERROR line, which takes their place); and EBUSY in any line (JACCL's tracebacks carry no rank),
+which adds a hint: what it means and what to do.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class Observed:
     def read(self, line: str) -> None:
         """One line of the engine's output."""
         if _EBUSY.search(line):
-            self.busy = True
+            with self.lock:
+                self.busy = True
         if m := _NODE_EXIT.search(line):
             with self.lock:
                 self.exits.append((int(m.group(1)), None if m.group(2) else int(m.group(3))))
