@@ -35,6 +35,7 @@ from ipc.lifecycle import VICTIM_CAUSES
 from ipc.spread import JOINED, PARENT_ENV, TEST_HOOKS, decode_result
 from ops.failures import describe_exit
 from ops.procs import poll
+from ops.rank_env import env_args
 
 CHUNK_BYTES = 64 << 20  # per transfer: large enough for the link's full rate, small enough to resume often
 LOCAL = {"127.0.0.1", "localhost", "::1"}
@@ -82,8 +83,11 @@ def engine_ports(settings: Settings, hosts: list[str]) -> int:
 
 
 def spread_port(settings: Settings, n: int) -> int:
-    """The first of the n ports the spread takes: just above the engine's, or below RING_PORT when those run out."""
-    return settings.RING_PORT + n if settings.RING_PORT + 2 * n - 1 <= 65535 else settings.RING_PORT - n
+    """The first of the n ports the spread takes: just above the engine's, or when those run out below the
+    doorbell's (RING_PORT-1, Settings.doorbell_port)."""
+    if settings.RING_PORT + 2 * n - 1 <= 65535:
+        return settings.RING_PORT + n
+    return settings.doorbell_port - n
 
 
 def _ports_free(first: int, n: int) -> bool:
@@ -121,9 +125,7 @@ class ClusterSpread:
                "--cwd", str(REPO_ROOT)]
         cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", ",".join(self.hosts)]
         # remote ranks do not inherit our environment: forward what was set in it, as the engine's start does
-        for key in (*type(s).__struct_fields__, *TEST_HOOKS):
-            if key != "API_KEY" and key in os.environ:
-                cmd += ["--env", f"{key}={os.environ[key]}"]
+        cmd += env_args(s, extra=TEST_HOOKS)
         cmd += ["--env", f"{PARENT_ENV}={socket.gethostname()} {os.getpid()}"]
         return [*cmd, "--", py, "-m", "engine.spread", "--manifest", str(manifest_path), "--result",
                 str(self.result_path), "--chunk-bytes", str(self.chunk_bytes), "--via", self.via,
