@@ -162,6 +162,11 @@ def write_manifest(cache: Path, manifest: Manifest) -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    try:
+        if path.read_text() == text:
+            return  # a re-run of a whole download touches nothing
+    except (OSError, UnicodeDecodeError):
+        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
