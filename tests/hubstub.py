@@ -154,7 +154,8 @@ class HubStub:
 
     def start(self) -> HubStub:
         for name, server in (("hubstub", self._server), ("hubstub-cdn", self._cdn)):
-            thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+            # a short poll: stop() waits one poll per server, at every test's teardown
+            thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
