@@ -131,7 +131,7 @@ def hub_download(settings: Settings, repo: str, revision: str) -> Manifest:
     if bad:
         names = ", ".join(b.files[0].path for b in bad)
         more = (" (it sent more bytes than it announced; nothing past the announced size was kept)"
-                if any(over for _, over in bad.items()) else "")
+                if any(bad.values()) else "")
         raise Die(1, f"{names} of {repo} from {hub_fetch.endpoint()} still differ from the hub's hashes after a "
                      f"second fetch{more}: a broken mirror (check HF_ENDPOINT), or the disk under {cache} corrupts "
                      "data; check it, then run the download again")
