@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.spread.wire import Wire
 
     mx.set_default_device(mx.cpu)
-    wire = Wire(mx.distributed.init(strict=True))
+    # the backend the engine runs (JACCL's RDMA on Macs), never "any": MLX would pick whatever it finds first
+    wire = Wire(mx.distributed.init(strict=True, backend=settings.BACKEND))
     rank = deadline.rank = wire.rank
     try:
         spread(wire, settings, args, deadline)
