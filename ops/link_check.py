@@ -4,7 +4,7 @@ starts), meet over the plan channel as the engine does, probe every link, and pr
 No model is loaded, so it runs in seconds and says what an engine start would meet first: a rank that cannot
 join, a collective that cannot run where the engine puts it, a link that is slow. The ranks are
 engine/link_check.py; what they report comes back in rank 0's result file (ipc/link_check.py). A serving JACCL
-engine holds the RDMA devices, so with JACCL the check refuses while one runs (ops/spread.py says why).
+engine holds the RDMA devices, so with JACCL the check refuses while one runs.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from config import Settings
 from ipc.link_check import JOINED, TEST_EXIT, LinkCheckResult, decode_result
 from ipc.spread import PARENT_ENV
 from ops.download import rank_hosts
-from ops.rank_job import JobFailed, RankJob
-from ops.spread import jaccl_taken
+from ops.rank_job import JobFailed, RankJob, engine_holds_rdma
 
 RESULT_FILE = "links-result.json"
 
@@ -30,8 +29,9 @@ def link_check(settings: Settings) -> int:
     hosts = rank_hosts(settings)
     if len(hosts) < 2:
         return _fail(f"one rank ({hosts[0]}) has no links to check: set HOSTS or HOSTFILE to two or more ranks")
-    if (why := jaccl_taken(settings)) is not None:
-        return _fail(why.replace("a JACCL spread", "the link check"))
+    if engine_holds_rdma(settings):
+        return _fail("the serving engine holds the Thunderbolt RDMA devices that the check's own JACCL group needs: "
+                     "stop it first (./launch.sh stop); while it serves, /health shows the links it probes itself")
     job = RankJob(settings, hosts, "links", "engine.link_check", [], settings.run_dir / RESULT_FILE, JOINED,
                   forward=(TEST_EXIT,), what="link check", env={PARENT_ENV: f"{socket.gethostname()} {os.getpid()}"})
     try:

@@ -24,6 +24,8 @@ from pathlib import Path
 from config import REPO_ROOT, Settings
 from ipc.lifecycle import VICTIM_CAUSES
 from ops.failures import describe_exit
+from ops.layout import Layout
+from ops.pidfile import PidFile
 from ops.procs import poll
 
 LOCAL = {"127.0.0.1", "localhost", "::1"}
@@ -34,6 +36,11 @@ _NODE_EXIT = re.compile(r"Node with rank (\d+) (?:was (killed)|exited with code 
 
 class JobFailed(Exception):
     """The job ended without rank 0's result; the message is the sentence for the operator."""
+
+
+def engine_holds_rdma(settings: Settings) -> bool:
+    """A serving JACCL engine holds the RDMA devices: a second group opened beside it meets EBUSY."""
+    return settings.BACKEND == "jaccl" and PidFile(Layout(settings).engine_pid).running() is not None
 
 
 def engine_ports(settings: Settings, hosts: list[str]) -> int:

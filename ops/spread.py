@@ -24,9 +24,7 @@ import msgspec
 from config import ConfigError, Settings, load_settings
 from config.hub_cache import Manifest, read_manifest
 from ipc.spread import JOINED, PARENT_ENV, TEST_HOOKS, decode_result
-from ops.layout import Layout
-from ops.pidfile import PidFile
-from ops.rank_job import LOCAL, JobFailed, RankJob
+from ops.rank_job import LOCAL, JobFailed, RankJob, engine_holds_rdma
 
 CHUNK_BYTES = 64 << 20  # per transfer: large enough for the link's full rate, small enough to resume often
 RESULT_FILE = "spread-result.json"
@@ -52,18 +50,10 @@ def spread(settings: Settings, manifest: Manifest, hosts: list[str], *, chunk_by
         from ops.spread_rsync import rsync_spread
 
         return rsync_spread(settings, manifest, hosts, ranks)
-    if (why := jaccl_taken(settings)) is not None:
-        return _fail(why)
+    if engine_holds_rdma(settings):
+        return _fail("the serving engine holds the Thunderbolt RDMA devices that a JACCL spread needs: stop it first "
+                     "(./launch.sh stop), or set SPREAD_TRANSPORT=rsync to copy over ssh while it serves")
     return ClusterSpread(settings, manifest, hosts, chunk_bytes, via).run()
-
-
-def jaccl_taken(settings: Settings) -> str | None:
-    """Why the cluster's transport cannot be used now: a serving JACCL engine holds the RDMA devices, and a
-    second group opened beside it meets EBUSY."""
-    if settings.BACKEND != "jaccl" or PidFile(Layout(settings).engine_pid).running() is None:
-        return None
-    return ("the serving engine holds the Thunderbolt RDMA devices that a JACCL spread needs: stop it first "
-            "(./launch.sh stop), or set SPREAD_TRANSPORT=rsync to copy over ssh while it serves")
 
 
 class ClusterSpread:
