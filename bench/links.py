@@ -7,8 +7,8 @@ Run by hand (it starts two local ranks over the ring backend with mlx.launch) or
 
 Each round probes every pair the engine would (ring: neighbours) at several bandwidth-probe sizes, beside a
 model stream made as mlx-lm makes its generation stream, and gathers the figures through the plan channel;
-rank 0 prints per size the median latency and bandwidth the probe reports, and its cost: wall time on the measuring rank and bytes sent (one way, plus the
-one-byte round trips).
+rank 0 prints per size the median latency and bandwidth the probe reports, and its cost: wall time on the
+measuring rank and bytes sent (one way, plus the one-byte round trips).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The plan channel: plans from rank 0 to all ranks through mx.distributed.all_sum on fixed-size buffers.
 
 A plan can be sent ahead (`post`, later `collect`): its first buffer's all_sum is queued beside the model's
-work (engine/lockstep/beside.py: on the CPU stream the model's own all_sums take) before the next forward pass, so it is summed as soon as the pass before it ends, and the ranks
-read it while that next pass computes. Waiting for a plan after queuing a pass would otherwise make
+work (engine/lockstep/beside.py: on the CPU stream the model's own all_sums take) before the next forward
+pass, so it is summed as soon as the pass before it ends, and the ranks read it while that next pass
+computes. Waiting for a plan after queuing a pass would otherwise make
 every step wait for the previous one to finish before the next one's graph is even built.
 """
 
