@@ -22,31 +22,62 @@ die() {
     exit "$code"
 }
 
-# .venv with the project installed (editable), marked by a hash of pyproject.toml.
+# .venv with the project installed (editable), marked by a hash of pyproject.toml and what was installed:
+# everything (tests need the [test] extras) or what ranks need to run (`setup --runtime`, used by sync).
 install_marker() {
     local sum
     sum=$(cksum <pyproject.toml)
-    printf '%s/.installed-%s\n' "$VENV" "${sum%% *}"
+    printf '%s/.installed-%s%s\n' "$VENV" "${1:+$1-}" "${sum%% *}"
 }
 
+new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; }
+
+# The Python that creates .venv: PYTHON when set, else the first >= 3.10 of python3 and its versioned names,
+# on PATH and then where Homebrew and python.org put them (over ssh, PATH often finds only macOS's 3.9).
+find_python() {
+    local name dir
+    if [[ -n ${PYTHON:-} ]]; then
+        command -v "$PYTHON" >/dev/null 2>&1 ||
+            die 1 "PYTHON=$PYTHON not found: install Python >= 3.10 or set PYTHON=/path/to/python3"
+        new_enough "$PYTHON" ||
+            die 1 "PYTHON=$PYTHON is $("$PYTHON" --version 2>&1); mlx-cluster-serve needs Python >= 3.10"
+        printf '%s\n' "$PYTHON"
+        return 0
+    fi
+    for dir in "" /opt/homebrew/bin /usr/local/bin /Library/Frameworks/Python.framework/Versions/Current/bin; do
+        for name in python3 python3.14 python3.13 python3.12 python3.11 python3.10; do
+            if command -v "${dir:+$dir/}$name" >/dev/null 2>&1 && new_enough "${dir:+$dir/}$name"; then
+                printf '%s\n' "${dir:+$dir/}$name"
+                return 0
+            fi
+        done
+    done
+    die 1 "no Python >= 3.10 found (python3 is $( (command -v python3 >/dev/null && python3 --version 2>&1) || echo missing)): install one (e.g. brew install python@3.12) or set PYTHON=/path/to/python3"
+}
+
+# setup [full|runtime|any]: full installs the test extras too; runtime only what ranks need; any (every other
+# command) is content with either, and installs everything when neither is there.
 setup() {
-    local marker base
-    marker=$(install_marker)
-    if [[ -x $PY && -f $marker ]]; then
+    local want=${1:-full} base marker
+    if [[ -x $PY && -f $(install_marker) ]] || [[ $want != full && -x $PY && -f $(install_marker runtime) ]]; then
         return 0
     fi
     if [[ ! -x $PY ]]; then
-        base=${PYTHON:-python3}
-        command -v "$base" >/dev/null 2>&1 ||
-            die 1 "$base not found: install Python >= 3.10 or set PYTHON=/path/to/python3"
-        "$base" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
-            die 1 "$("$base" --version 2>&1) is too old: mlx-cluster-serve needs Python >= 3.10 (set PYTHON=/path/to/python3)"
-        log "creating $VENV with $("$base" --version 2>&1)"
+        base=$(find_python)
+        log "creating $VENV with $("$base" --version 2>&1) ($base)"
         "$base" -m venv "$VENV" || die 1 "could not create $VENV"
     fi
-    log "installing mlx-cluster-serve and its dependencies into .venv (the first time takes a few minutes)"
-    "$PY" -m pip install --quiet --disable-pip-version-check -e '.[test]' ||
-        die 1 "pip install failed (errors above); fix them and run ./launch.sh setup"
+    if [[ $want == runtime ]]; then
+        log "installing mlx-cluster-serve's runtime dependencies into .venv (no test extras)"
+        "$PY" -m pip install --quiet --disable-pip-version-check -e . ||
+            die 1 "pip install failed (errors above); fix them and run ./launch.sh setup --runtime"
+        marker=$(install_marker runtime)
+    else
+        log "installing mlx-cluster-serve and its dependencies into .venv (the first time takes a few minutes)"
+        "$PY" -m pip install --quiet --disable-pip-version-check -e '.[test]' ||
+            die 1 "pip install failed (errors above); fix them and run ./launch.sh setup"
+        marker=$(install_marker)
+    fi
     rm -f "$VENV"/.installed-*
     : >"$marker"
     log "installed; .venv is ready"
@@ -70,8 +101,15 @@ main() {
             return 2
             ;;
     esac
-    setup
-    [[ $command == setup ]] && return 0
+    if [[ $command == setup ]]; then
+        case ${2:-} in
+            "") setup full ;;
+            --runtime) setup runtime ;;
+            *) die 2 "setup takes no argument but --runtime (what the ranks need, without the test extras)" ;;
+        esac
+        return 0
+    fi
+    setup "$([[ $command == test ]] && echo full || echo any)"
     exec "$PY" -m ops "$@"
 }
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.procs import Group, free_port, free_port_run, http_status, poll
+from ops.procs import Group, free_port, free_port_run, free_ring_port, http_status, poll
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -137,7 +137,7 @@ def start_ours(work: Workdir, model: str, cache_dir: Path, ranks: int, timeout: 
                **settings: str) -> Server:
     """Our engine (1 rank directly, N ranks through mlx.launch) and our API, ready when /health is 200."""
     api_port = free_port()
-    ring_port = free_port_run(ranks)
+    ring_port = free_ring_port(ranks)
     tag = f"ours-{ranks}r-{api_port}"
     env_file = work.root / "empty.env"
     env_file.touch()

@@ -71,6 +71,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     HOSTFILE: str = ""
     BACKEND: Literal["ring", "jaccl", "mpi"] = "ring"
     RING_PORT: Port = 32323
+    # jaccl: seconds between an engine stop and the next start, for the RDMA driver to release the old ranks'
+    # queue pairs and memory (EBUSY otherwise)
+    JACCL_COOLDOWN: Annotated[float, Meta(ge=0)] = 10.0
     # how several ranks share the model: tensor (every rank a slice of every layer) or pipeline (whole layers)
     PARALLEL: Literal["tensor", "pipeline"] = "tensor"
     # pipeline: layers per rank in rank order (e.g. 20,12); empty: in proportion to each host's memory
@@ -141,6 +144,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return [c.strip() for c in self.HUB_CACHE_PER_RANK.split(",") if c.strip()]
 
     @property
+    def doorbell_port(self) -> int:
+        """Where rank 0's doorbell listens (engine/lockstep/doorbell.py): just below the ring's ports, so one
+        firewall rule from RING_PORT-1 up covers the doorbell, the ring (or jaccl's coordinator) and a spread."""
+        return self.RING_PORT - 1
+
+    @property
     def hosts(self) -> list[str]:
         return [h.strip() for h in self.HOSTS.split(",") if h.strip()]
 
@@ -182,7 +191,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 HINTS = {
     "API_PORT": "an integer from 1 to 65535",
-    "RING_PORT": "an integer from 1 to 65535",
+    "RING_PORT": "an integer from 2 to 65535 (the doorbell listens on RING_PORT-1)",
+    "JACCL_COOLDOWN": "a number of seconds >= 0 (raise it when a jaccl start after a stop fails with EBUSY)",
     "LOG_LEVEL": "one of DEBUG, INFO, WARNING, ERROR",
     "BACKEND": "one of ring, jaccl, mpi",
     "PARALLEL": "one of tensor, pipeline",
@@ -262,8 +272,14 @@ def load_settings(
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(_explain(exc, raw)) from None
-    _check(settings)
+    _check(settings, launched_rank(environ))
     return settings
+
+
+def launched_rank(environ: Mapping[str, str]) -> int:
+    """The engine rank mlx.launch started this process as (MLX_RANK); 0 for rank 0 and for anything else."""
+    value = environ.get("MLX_RANK", "").strip()
+    return int(value) if value.isdigit() else 0
 
 
 def _check_env_lines(env_file: Path) -> None:
@@ -293,7 +309,7 @@ def _explain(exc: msgspec.ValidationError, raw: Mapping[str, str]) -> str:
     return f"{name}={raw.get(name, '')!r} is not valid: expected {accepted}"
 
 
-def _check(s: Settings) -> None:
+def _check(s: Settings, rank: int = 0) -> None:
     if not s.MODEL:
         raise ConfigError("MODEL is empty: set it to demo-tiny, demo-small, a zoo model (python -m engine.zoo --list), "
                           "a local model folder or a Hugging Face repo id")
@@ -302,7 +318,8 @@ def _check(s: Settings) -> None:
     for host in s.hosts:
         if not _HOST_RE.match(host):
             raise ConfigError(f"HOSTS={s.HOSTS!r} is not valid: {host!r} is not a host name or IP address")
-    if s.HOSTFILE and not _resolve(s.HOSTFILE).is_file():
+    # only rank 0's mlx.launch reads the hostfile: the other ranks get HOSTFILE forwarded but need no copy of it
+    if s.HOSTFILE and rank == 0 and not _resolve(s.HOSTFILE).is_file():
         raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} does not exist: give the path of an mlx.launch hostfile (JSON)")
     if s.BACKEND == "jaccl" and not s.HOSTFILE:
         raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see docs/cluster.md)")
@@ -312,6 +329,9 @@ def _check(s: Settings) -> None:
     if not _listen_host(s.API_HOST):
         raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
                           "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
+    if s.RING_PORT < 2:
+        raise ConfigError(f"RING_PORT={s.RING_PORT} leaves no port for the doorbell, which listens on RING_PORT-1: "
+                          "give a port from 2 to 65535 (the default is 32323)")
     if s.BACKEND == "ring" and s.RING_PORT + max(s.ranks, 1) - 1 > 65535:
         raise ConfigError(f"RING_PORT={s.RING_PORT} is too high for {s.ranks} ranks: the ring uses ports "
                           f"RING_PORT to RING_PORT+{s.ranks - 1}, which must stay within 65535")

@@ -103,11 +103,16 @@ def main() -> int:
         return ExitCause.MODEL
     # A socket per stream; after _join, since importing mlx_lm sets the limits to 2048 (soft) and 4096 (hard).
     log.debug("open-file limit %d", raise_open_file_limit())
+    from engine.lockstep.doorbell import DoorbellError
+
     try:
         loop, server = _build(settings, joined, watchdog)
     except ModelError as exc:  # rank 0's proposer (SPECULATIVE) cannot be built: the model's answer, in a sentence
         log.error("%s", exc)
         return ExitCause.MODEL
+    except DoorbellError as exc:  # its port taken or blocked: the sentence says which and what to do
+        log.critical("%s", exc)
+        return ExitCause.FAILED
 
     def on_signal(signum, frame):  # never log in a signal handler
         loop.request_stop()
@@ -177,7 +182,7 @@ def _build(settings, joined: Joined, watchdog):
     doorbell = None
     if joined.size > 1:
         watchdog.beat("connecting the doorbell")  # idle ranks sleep on it instead of meeting in a collective
-        doorbell = open_doorbell(joined.rank, joined.size, channel.gather)
+        doorbell = open_doorbell(joined.rank, joined.size, channel.gather, port=settings.doorbell_port)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
     proposer = _speculation(settings, joined, channel, watchdog)
     if joined.rank != 0:

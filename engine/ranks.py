@@ -6,9 +6,12 @@ stalled or dead rank shows up as a stale report without any extra collective per
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import mlx.core as mx
 import msgspec
@@ -40,11 +43,30 @@ def host_memory() -> tuple[int, int]:
         return total, 0
 
 
-def local_row(step: int, prompt_cache_bytes: int = 0) -> list[int]:
+@functools.cache
+def _device_info() -> Mapping[str, Any]:
+    return mx.device_info()
+
+
+def gpu_working_set(info: Mapping[str, Any] | None = None) -> int:
+    """Bytes Metal lets this host's GPU wire (about 3/4 of RAM unless `iogpu.wired_limit_mb` is raised): a
+    Mac pages or panics past it, whatever RAM is free; 0 where the device names no such limit (a CPU)."""
+    info = _device_info() if info is None else info
+    return int(info.get("max_recommended_working_set_size") or 0)
+
+
+def model_memory(info: Mapping[str, Any] | None = None) -> int:
+    """Bytes this rank can give the model: Metal's working set on a Mac, else what the OS says is available."""
+    total, available = host_memory()
+    return gpu_working_set(info) or available or total
+
+
+def local_row(step: int, prompt_cache_bytes: int = 0, info: Mapping[str, Any] | None = None) -> list[int]:
     """This rank's state as int32s (memory in KiB so it fits)."""
     total, available = host_memory()
     return [os.getpid(), step & 0x7FFFFFFF, mx.get_active_memory() // _KIB, mx.get_cache_memory() // _KIB,
-            mx.get_peak_memory() // _KIB, total // _KIB, available // _KIB, prompt_cache_bytes // _KIB]
+            mx.get_peak_memory() // _KIB, total // _KIB, available // _KIB, prompt_cache_bytes // _KIB,
+            gpu_working_set(info) // _KIB]
 
 
 def hostname_row() -> list[int]:
@@ -69,7 +91,7 @@ class RankReports:
             RankState(rank=r, host=self.hosts[r] if r < len(self.hosts) else "", pid=row[0], step=row[1],
                       active_memory=row[2] * _KIB, cache_memory=row[3] * _KIB, peak_memory=row[4] * _KIB,
                       host_memory_total=row[5] * _KIB, host_memory_available=row[6] * _KIB,
-                      prompt_cache_bytes=row[7] * _KIB)
+                      prompt_cache_bytes=row[7] * _KIB, gpu_working_set=row[8] * _KIB)
             for r, row in enumerate(rows)
         ]
 

@@ -96,11 +96,9 @@ def _split(settings: Settings, layers: int, can: Abilities, group: mx.distribute
 
 def _gather_memory(group: mx.distributed.Group) -> tuple[list[int], list[str]]:
     """Every rank's memory for the model (MiB) and a token for its host, in rank order."""
-    from engine.ranks import host_memory
+    from engine.ranks import model_memory
 
-    info = mx.device_info()
-    # On a Mac the GPU may wire this much (about 3/4 of RAM); elsewhere what the OS says is available.
-    mine = info.get("max_recommended_working_set_size") or host_memory()[1] or host_memory()[0]
+    mine = model_memory()
     host = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
     rows = mx.distributed.all_gather(mx.array([[int(mine) // _MIB, host]], dtype=mx.int32), group=group,
                                      stream=mx.cpu)

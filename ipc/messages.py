@@ -60,6 +60,8 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True):
     report_age: float = 0.0
     # seconds rank 0 has been waiting for this rank to answer a report request (0: it answered)
     unanswered: float = 0.0
+    # bytes Metal lets this host's GPU wire (its recommended working set); 0: no such limit (not a Mac)
+    gpu_working_set: int = 0
 
 
 class LinkState(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,16 +2,19 @@
 
 check runs ops/hostprobe.py on every host (locally for 127.0.0.1/localhost, else over ssh),
 compares what each reports with rank 0's host, prints a table with a verdict per host and
-exits 1 on any fault. sync copies the project and .env to the remote hosts with rsync.
+exits 1 on any fault. sync copies the project and .env to the remote hosts with rsync, then installs there
+what the ranks need (`./launch.sh setup --runtime`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,6 +230,14 @@ def check(settings: Settings) -> int:
     return 1 if global_faults or model_faults or any(h.faults for h in hosts) or not hosts else 0
 
 
+def remote_setup(root: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The shell command that sets a synced host up: only what ranks need (no test extras), with PYTHON as set
+    here; without it launch.sh looks for a Python >= 3.10 itself (an ssh session's PATH often finds only
+    macOS's /usr/bin/python3, 3.9)."""
+    python = f"PYTHON={shlex.quote(environ['PYTHON'])} " if environ.get("PYTHON") else ""
+    return f"cd {shlex.quote(root)} && {python}./launch.sh setup --runtime"
+
+
 def sync(settings: Settings) -> int:
     hosts, faults = cluster_hosts(settings)
     remote = [h for h in hosts if not h.local]
@@ -249,7 +260,7 @@ def sync(settings: Settings) -> int:
             ["rsync", "-az", "--delete", *excludes, "-e", shlex.join(["ssh", *SSH_OPTIONS]), f"{root}/",
              f"{h.name}:{root}/"],
             # the ranks run .venv/bin/python there: install or update it when pyproject.toml changed
-            ["ssh", *SSH_OPTIONS, h.name, f"cd {shlex.quote(root)} && ./launch.sh setup"],
+            ["ssh", *SSH_OPTIONS, h.name, remote_setup(root)],
         ]
         for cmd in steps:
             if subprocess.run(cmd).returncode != 0:

@@ -18,15 +18,24 @@ from ops.parallel_check import parallel_refusal
 from ops.speculative_check import speculative_refusal
 from ops.pidfile import PidFile, stop_recorded
 from ops.probe import drop_stale_socket, engine_info
+from ops.rank_env import env_args
 from ops.procs import group_alive, poll, process_alive, spawn_group
 from ops.state import read_state, state_path
 
 PROBE_TIMEOUT = 2.0  # seconds per readiness probe of engine rank 0
 PROGRESS_EVERY = 15.0  # seconds between "still loading" lines
-# jaccl: seconds between an engine stop and the next start. The RDMA driver releases the old ranks'
-# queue pairs and registered memory only after they exit; new ranks must not open the devices sooner.
-JACCL_COOLDOWN = 10
 LOCAL = ("127.0.0.1", "localhost", "::1")
+
+
+def _taken(host: str, port: int) -> str | None:
+    """Why port cannot be listened on here (None: it can)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed run's TIME_WAIT is fine
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 class EngineCtl:
@@ -53,12 +62,8 @@ class EngineCtl:
         cmd = [str(Path(py).parent / "mlx.launch"), "--backend", s.BACKEND, "--starting-port", str(s.RING_PORT),
                "--cwd", str(REPO_ROOT)]
         cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", s.HOSTS]
-        # Remote ranks do not inherit our environment: forward the variables set in it (as the user
-        # wrote them, before resolution) so every rank resolves the same settings as rank 0.
-        for key in type(s).__struct_fields__:
-            if key != "API_KEY" and key in os.environ:
-                cmd += ["--env", f"{key}={os.environ[key]}"]
-        return [*cmd, "--", py, "-m", "engine"]
+        # remote ranks do not inherit our environment: settings, HF_* and MLX_* set in it go with them
+        return [*cmd, *env_args(s), "--", py, "-m", "engine"]
 
     def start(self) -> int:
         s = self.settings
@@ -99,20 +104,20 @@ class EngineCtl:
         return False
 
     def refuse_taken_ring_ports(self) -> None:
-        """Local ranks on the ring listen on RING_PORT, RING_PORT+1, ...: a port in use would fail the start
-        after a timeout with "[ring] connection to a peer was lost", which names no port."""
+        """Local ranks on the ring listen on RING_PORT, RING_PORT+1, ..., and rank 0's doorbell on RING_PORT-1:
+        a port in use would fail the start after a timeout with "[ring] connection to a peer was lost", which
+        names no port."""
         s = self.settings
         if s.BACKEND != "ring" or s.HOSTFILE or s.ranks < 2 or not all(h in LOCAL for h in s.hosts):
             return
         for port in range(s.RING_PORT, s.RING_PORT + s.ranks):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed run's TIME_WAIT is fine
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError as exc:
-                    raise Die(1, f"port {port} is in use on this host ({exc.strerror or exc}), and the ring's "
-                                 f"{s.ranks} local ranks need ports {s.RING_PORT} to {s.RING_PORT + s.ranks - 1}: "
-                                 "set RING_PORT to a free range, or stop what uses it") from None
+            if (why := _taken("127.0.0.1", port)) is not None:
+                raise Die(1, f"port {port} is in use on this host ({why}), and the ring's {s.ranks} local ranks "
+                             f"need ports {s.RING_PORT} to {s.RING_PORT + s.ranks - 1}: set RING_PORT to a free "
+                             "range, or stop what uses it")
+        if (why := _taken("", s.doorbell_port)) is not None:
+            raise Die(1, f"port {s.doorbell_port} is in use on this host ({why}), and rank 0's doorbell listens on "
+                         "it (RING_PORT-1): set RING_PORT to a free range, or stop what uses it")
 
     def launch(self) -> int | None:
         """Start the engine and wait for rank 0; on failure show the log, stop it and return None."""
@@ -160,6 +165,8 @@ class EngineCtl:
         failure = state.last_failure if state is not None else None
         if failure is not None:
             say(f"the engine did not start: {failure.summary}" + (f": {failure.detail}" if failure.detail else ""))
+            if failure.hint:
+                say(failure.hint)
 
     def stop(self, quiet: bool = False) -> None:
         was_running = self.pids.running() is not None
@@ -186,13 +193,16 @@ class EngineCtl:
                          "launch.sh); stop it or set SOCKET_PATH")
 
     def cooldown(self) -> None:
+        """jaccl: the RDMA driver releases the old ranks' queue pairs and registered memory only after they exit;
+        new ranks must not open the devices sooner (JACCL_COOLDOWN seconds after the last stop)."""
         if self.settings.BACKEND != "jaccl":
             return
         try:
             at = int(self.stopped_at.read_text().strip())
         except (OSError, ValueError):
             return
-        wait = at + JACCL_COOLDOWN - int(time.time())
+        wait = at + self.settings.JACCL_COOLDOWN - time.time()
         if wait > 0:
-            say(f"jaccl: waiting {wait}s for the RDMA devices of the stopped ranks to be released (JACCL_COOLDOWN)")
+            say(f"jaccl: waiting {wait:.0f}s for the RDMA devices of the stopped ranks to be released (JACCL_COOLDOWN="
+                f"{self.settings.JACCL_COOLDOWN:g})")
             time.sleep(wait)

@@ -1,10 +1,11 @@
 """Which rank of a failed engine is to blame, from what the supervisor observed.
 
 The ranks announce themselves through rank 0 (`Info.rank_states`) and exit with an `ExitCause`.
-Only two things are read from the output the supervisor relays: mlx.launch's own line for each
-rank that exited (the launcher offers nothing else), and a rank's last CRITICAL line, which is
-shown to the user as that rank's last words; a rank that could not load the model (`ExitCause.MODEL`)
-says why in its ERROR line, which takes their place.
+Only three things are read from the output the supervisor relays: mlx.launch's own line for each
+rank that exited (the launcher offers nothing else); a rank's last CRITICAL line, which is
+shown to the user as that rank's last words (a rank that could not load the model, `ExitCause.MODEL`,
+says why in its ERROR line, which takes their place); and EBUSY in any line (JACCL's tracebacks carry no rank),
+which adds a hint: what it means and what to do.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ops.state import RankSeen
 _NODE_EXIT = re.compile(r"Node with rank (\d+) (?:was (killed)|exited with code (-?\d+))")
 _CRITICAL = re.compile(r"\brank(\d+) CRITICAL \S+: (.*)")
 _ERROR = re.compile(r"\brank(\d+) ERROR \S+: (.*)")
+# JACCL names the errno as a number ("[jaccl] Changing queue pair to RTR failed with errno 16"): EBUSY on macOS
+_EBUSY = re.compile(r"\bEBUSY\b|device or resource busy|\bjaccl\b.*\berr(?:no|or)\b\D{0,3}16\b", re.IGNORECASE)
 
 Exit = tuple[int, "int | None"]  # (rank, exit code); None: killed by the launcher
 
@@ -33,6 +36,7 @@ class Failure:
     summary: str
     rank: int | None
     detail: str = ""
+    hint: str = ""  # what the failure means and what to do, when the output says (jaccl_busy)
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Observed:
     exits: list[Exit] = field(default_factory=list)
     last_words: dict[int, str] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)  # each rank's last ERROR line
+    busy: bool = False  # a rank's output showed EBUSY (the RDMA devices still held)
 
     def announce(self, states: list[RankState], size: int) -> bool:
         """Take the ranks rank 0 reports; True when that added one."""
@@ -58,6 +63,9 @@ class Observed:
 
     def read(self, line: str) -> None:
         """One line of the engine's output."""
+        if _EBUSY.search(line):
+            with self.lock:
+                self.busy = True
         if m := _NODE_EXIT.search(line):
             with self.lock:
                 self.exits.append((int(m.group(1)), None if m.group(2) else int(m.group(3))))
@@ -75,6 +83,13 @@ class Observed:
     def exited(self) -> list[Exit]:
         with self.lock:
             return list(self.exits)
+
+
+def jaccl_busy(cooldown: float) -> str:
+    """The one sentence for EBUSY from JACCL: what it means and the fix."""
+    return ("JACCL found the RDMA devices busy (EBUSY): the ranks of an engine that crashed or was just stopped "
+            f"still hold them; wait a minute and start again, raise JACCL_COOLDOWN (now {cooldown:g} s) so that "
+            "starts wait longer after a stop, or reboot the Macs if it persists")
 
 
 def describe_exit(code: int | None) -> str:

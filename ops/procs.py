@@ -84,6 +84,12 @@ def free_port_run(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports found")
 
 
+def free_ring_port(ranks: int) -> int:
+    """A RING_PORT for an engine of `ranks` local ranks that a test or benchmark may start beside others: the
+    doorbell's port below it, the ring's and a spread's above it, all free a moment ago."""
+    return free_port_run(2 * ranks + 1) + 1
+
+
 # ---- processes and groups ---------------------------------------------------------------------
 
 

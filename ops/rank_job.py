@@ -27,6 +27,7 @@ from ops.failures import describe_exit
 from ops.layout import Layout
 from ops.pidfile import PidFile
 from ops.procs import poll
+from ops.rank_env import env_args
 
 LOCAL = {"127.0.0.1", "localhost", "::1"}
 PORT_WAIT = 15.0  # seconds for the ports of a job that just ended (or was killed) to free
@@ -57,8 +58,11 @@ def engine_ports(settings: Settings, hosts: list[str]) -> int:
 
 
 def job_port(settings: Settings, n: int) -> int:
-    """The first of the n ports a job takes: just above the engine's, or below RING_PORT when those run out."""
-    return settings.RING_PORT + n if settings.RING_PORT + 2 * n - 1 <= 65535 else settings.RING_PORT - n
+    """The first of the n ports a job takes: just above the engine's, or when those run out below the
+    doorbell's (RING_PORT-1, Settings.doorbell_port)."""
+    if settings.RING_PORT + 2 * n - 1 <= 65535:
+        return settings.RING_PORT + n
+    return settings.doorbell_port - n
 
 
 def _ports_free(first: int, n: int) -> bool:
@@ -104,9 +108,7 @@ class RankJob:
                "--cwd", str(REPO_ROOT)]
         cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", ",".join(self.hosts)]
         # remote ranks do not inherit our environment: forward what was set in it, as the engine's start does
-        for key in (*type(s).__struct_fields__, *self.forward):
-            if key != "API_KEY" and key in os.environ:
-                cmd += ["--env", f"{key}={os.environ[key]}"]
+        cmd += env_args(s, extra=self.forward)
         for key, value in self.env.items():
             cmd += ["--env", f"{key}={value}"]
         return [*cmd, "--", py, "-m", self.module, *self.args, "--result", str(self.result_path)]

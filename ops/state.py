@@ -23,6 +23,7 @@ class LastFailure(msgspec.Struct, kw_only=True):
     summary: str
     rank: int | None
     detail: str = ""
+    hint: str = ""  # what it means and what to do, where the output told (ops/failures.py)
 
 
 class EngineState(msgspec.Struct, kw_only=True):

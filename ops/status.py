@@ -126,6 +126,8 @@ def describe_failures(layout: Layout, pid: int) -> str:
         out.append(f"  last failure  at {when}: {f.summary}")
     if f and f.detail:
         out.append(f"                its last words: {f.detail}")
+    if f and f.hint:
+        out.append(f"                what it means: {f.hint}")
     if s.restarts:
         out.append(f"  restarts      {s.restarts} since start (ENGINE_RESTART={s.restart})")
     return "\n".join(out)

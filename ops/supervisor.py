@@ -25,7 +25,7 @@ import msgspec
 from config import ConfigError, Settings, load_settings
 from ipc.lifecycle import SUPERVISOR_ENV, VICTIM_CAUSES
 from ipc.messages import Info
-from ops.failures import Exit, Failure, Observed, blame
+from ops.failures import Exit, Failure, Observed, blame, jaccl_busy
 from ops.probe import drop_stale_socket, engine_info
 from ops.procs import group_members, poll, stop_group
 from ops.state import EngineState, LastFailure, state_path, write_state
@@ -230,16 +230,20 @@ class Supervisor:
         return self.observed.exited()
 
     def blame(self, exits: list[Exit], why: str) -> Failure:
-        return blame(self.observed, exits, why, self.pgid)
+        failure = blame(self.observed, exits, why, self.pgid)
+        if self.observed.busy and self.settings.BACKEND == "jaccl":
+            failure.hint = jaccl_busy(self.settings.JACCL_COOLDOWN)
+        return failure
 
     # -- ending processes -------------------------------------------------------------------
     def end(self, failure: Failure) -> None:
         """End every process of the failed engine: TERM, a short grace, then KILL."""
         t0 = time.monotonic()
-        log.critical("engine failure: %s%s; ending every rank", failure.summary,
-                     f" (last words: {failure.detail})" if failure.detail else "")
+        log.critical("engine failure: %s%s; ending every rank%s", failure.summary,
+                     f" (last words: {failure.detail})" if failure.detail else "",
+                     f". {failure.hint}" if failure.hint else "")
         self.state.last_failure = LastFailure(time=time.time(), summary=failure.summary, rank=failure.rank,
-                                              detail=failure.detail)
+                                              detail=failure.detail, hint=failure.hint)
         self.end_members(END_GRACE)
         self._reap()
         # A killed rank 0 cannot unlink its socket; one that still answers belongs to another engine.

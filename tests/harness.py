@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.procs import Group, free_port, free_port_run, http_status, poll
+from ops.procs import Group, free_port, free_ring_port, http_status, poll
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -85,7 +85,7 @@ class Stack:
             MODEL_CACHE_DIR=str(MODEL_CACHE),
             API_HOST="127.0.0.1",
             API_PORT=str(self.api_port),
-            RING_PORT=str(free_port_run(8)),
+            RING_PORT=str(free_ring_port(4)),
             # the demo model rarely ends on its own: requests that give no max_tokens stop here, not at the
             # context's end (a test of that path sets it to 0, the default)
             MAX_TOKENS_DEFAULT="512",

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 from ops.pidfile import PidFile
-from ops.procs import free_port_run, processes
+from ops.procs import free_ring_port, processes
 from tests.harness import MODEL_CACHE, REPO, free_port, short_dir, wait_for
 
 
@@ -35,7 +35,7 @@ class Launch:
             "MODEL_CACHE_DIR": str(MODEL_CACHE),
             "API_HOST": "127.0.0.1",
             "API_PORT": str(self.api_port),
-            "RING_PORT": str(free_port_run(2)),
+            "RING_PORT": str(free_ring_port(2)),
             "HOSTS": "127.0.0.1",
             **settings,
         }

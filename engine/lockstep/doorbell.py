@@ -10,8 +10,9 @@ froze keeps rank 0 waiting, exactly as a stalled collective would, and one that 
 at once. Unlike a collective, the doorbell knows which ranks have not answered yet (`unanswered`),
 so /health and status can name a frozen rank.
 
-The connections are made once, at startup: rank 0 listens on a free port and passes the port and
-a random token to every rank through the plan channel's gather (`open_doorbell`); each other rank
+The connections are made once, at startup: rank 0 listens on the port it is given (the engine's is
+RING_PORT-1, Settings.doorbell_port, so a firewall rule can allow it) and passes the port and a random
+token to every rank through the plan channel's gather (`open_doorbell`); each other rank
 connects to rank 0's address (from what mlx.launch put in its environment) and presents the token
 and its rank. The listener closes when every rank is connected. Closed or broken connections
 raise DoorbellError, which ends the rank like a lost collective peer. No MLX here.
@@ -173,17 +174,29 @@ class Bell:
 
 
 def open_doorbell(rank: int, size: int, gather: Gather, host: str | None = None,
-                  timeout: float = CONNECT_SECONDS) -> Doorbell | Bell:
-    """Every rank calls this at startup (one gather): rank 0 gets its Doorbell, the others their Bell."""
+                  timeout: float = CONNECT_SECONDS, port: int = 0) -> Doorbell | Bell:
+    """Every rank calls this at startup (one gather): rank 0 gets its Doorbell, listening on port (0: any free
+    one), the others their Bell. A port rank 0 cannot listen on ends every rank with DoorbellError."""
     listener = None
     row = [0, 0, 0]
     token = 0
+    refused = ""
     if rank == 0:
-        listener = socket.create_server(("", 0), backlog=max(size, 8))
-        token = secrets.randbits(62)
-        row = [listener.getsockname()[1], token >> 31, token & 0x7FFFFFFF]
+        try:
+            listener = socket.create_server(("", port), backlog=max(size, 8))
+        except OSError as exc:  # the others still meet in the gather, and learn of it there (port 0)
+            refused = f"{exc.strerror or exc}"
+        else:
+            token = secrets.randbits(62)
+            row = [listener.getsockname()[1], token >> 31, token & 0x7FFFFFFF]
     try:
-        port, high, low = gather(row)[0]
+        port_used, high, low = gather(row)[0]
+        if not port_used:
+            if rank == 0:
+                raise DoorbellError(f"rank 0 cannot listen for the doorbell on port {port} ({refused}): free that "
+                                    "port (the engine's is RING_PORT-1) or set RING_PORT to another range")
+            raise DoorbellError(f"rank {rank}: rank 0 could not open its doorbell on port {port} (see rank 0's log)")
+        port = port_used
         if rank != 0:
             return Bell(_connect(host or rank0_host(), port, (high << 31) | low, rank, timeout), rank)
         return Doorbell(_accept(listener, token, size, timeout))
@@ -201,7 +214,8 @@ def _connect(host: str, port: int, token: int, rank: int, timeout: float) -> soc
         except OSError as exc:
             if time.monotonic() >= deadline:
                 raise DoorbellError(f"rank {rank}: cannot reach rank 0's doorbell at {host}:{port} ({exc}); "
-                                    "the ranks must reach each other over TCP") from None
+                                    "the ranks must reach each other over TCP: allow that port (RING_PORT-1) "
+                                    "in rank 0's firewall") from None
             time.sleep(0.1)
     _tune(sock)
     sock.sendall(_HELLO.pack(token, rank))

@@ -70,13 +70,21 @@ def batch_bytes(sequences: Iterable[int]) -> int:
     return len(sizes) * max(sizes) if sizes else 0
 
 
+def memory_left(ranks: Sequence[Any]) -> int | None:
+    """What the smallest rank has left after its weights (RankState: host_memory_total, active_memory), within
+    what its GPU may wire (gpu_working_set: Metal wires about 3/4 of a Mac's RAM, not all of it); None when no
+    rank reports its memory."""
+    left = [min(r.host_memory_total, r.gpu_working_set or r.host_memory_total) - r.active_memory
+            for r in ranks if r.host_memory_total]
+    return min(left) if left else None
+
+
 def memory_budget(setting: int, ranks: Sequence[Any]) -> int:
-    """KV_MEMORY_BYTES, or for -1 half of what the smallest rank has left after its weights (RankState:
-    host_memory_total, active_memory); 0 (no limit) when no rank reports its memory."""
+    """KV_MEMORY_BYTES, or for -1 half of memory_left; 0 (no limit) when no rank reports its memory."""
     if setting >= 0:
         return setting
-    left = [r.host_memory_total - r.active_memory for r in ranks if r.host_memory_total]
-    return max(1, min(left) // DEFAULT_SHARE) if left else 0
+    left = memory_left(ranks)
+    return max(1, left // DEFAULT_SHARE) if left is not None else 0
 
 
 def size(n: int) -> str:

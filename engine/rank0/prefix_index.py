@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.lockstep.cuts import CacheCuts
+from engine.rank0.kv_budget import memory_left
 
 # Shorter prefixes are neither reused nor stored. Reusing costs a copy of the tokens reused
 # (engine/lockstep/prefix.py), far less than computing them, so even a chat template's first few tokens
@@ -32,12 +33,12 @@ SHARE_MIN_TOKENS = 256
 
 
 def prompt_cache_budget(setting: int, ranks: Sequence[Any]) -> int:
-    """PROMPT_CACHE_BYTES, or for -1 a quarter of what the smallest rank has left after its weights
-    (RankState: host_memory_total, active_memory)."""
+    """PROMPT_CACHE_BYTES, or for -1 a quarter of what the smallest rank has left after its weights, within
+    what its GPU may wire (engine/rank0/kv_budget.py memory_left)."""
     if setting >= 0:
         return setting
-    left = [r.host_memory_total - r.active_memory for r in ranks if r.host_memory_total]
-    return max(0, min(left) // 4) if left else 0
+    left = memory_left(ranks)
+    return max(0, left // 4) if left is not None else 0
 
 
 def prefix_info(index: PrefixIndex) -> dict[str, int]:

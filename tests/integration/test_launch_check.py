@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine.demo import VERSION as DEMO_VERSION
+from ops.procs import free_ring_port
 from tests.harness import MODEL_CACHE, REPO, free_port, short_dir
 
 SSH_STUB = """#!/usr/bin/env bash
@@ -58,7 +59,7 @@ def env(tmp_path):
     e = dict(os.environ)
     e.update(ENV_FILE=str(root / "empty.env"), RUN_DIR=str(root / "run"), LOG_DIR=str(root / "logs"),
              MODEL_CACHE_DIR=str(MODEL_CACHE), PATH=f"{bin_dir}:{e['PATH']}", STUB_LOG=str(tmp_path / "stub.log"),
-             API_HOST="127.0.0.1", API_PORT=str(free_port()), RING_PORT=str(free_port()))
+             API_HOST="127.0.0.1", API_PORT=str(free_port()), RING_PORT=str(free_ring_port(2)))
     for key in ("HOSTS", "HOSTFILE", "BACKEND", "MODEL"):
         e.pop(key, None)
     e["_bin"], e["_root"] = str(bin_dir), str(root)
@@ -157,7 +158,7 @@ def test_sync_copies_to_remote_hosts_only(env):
     for excluded in (".venv/", ".git/", "__pycache__/"):
         assert f"--exclude={excluded}" in rsyncs[0]
     assert "--exclude=.env" not in rsyncs[0]  # .env travels with the project
-    assert any(c.startswith("ssh ") and c.endswith("./launch.sh setup") for c in calls)
+    assert any(c.startswith("ssh ") and c.endswith("./launch.sh setup --runtime") for c in calls)
 
 
 def test_start_status_logs_and_stop(env):

@@ -149,6 +149,7 @@ def test_run_dir_too_long_for_the_default_socket() -> None:
         ({"API_HOST": "bad host"}, "API_HOST"),
         ({"API_HOST": "[::1]"}, "API_HOST"),
         ({"RING_PORT": "65535", "HOSTS": "127.0.0.1,127.0.0.1"}, "RING_PORT=65535 is too high for 2 ranks"),
+        ({"RING_PORT": "1"}, "RING_PORT=1 leaves no port for the doorbell, which listens on RING_PORT-1"),
         ({"SPECULATIVE": "draft"}, "SPECULATIVE=draft needs DRAFT_MODEL"),
         ({"SPECULATIVE": "draft", "DRAFT_MODEL": "  "}, "SPECULATIVE=draft needs DRAFT_MODEL"),
     ],
@@ -156,6 +157,15 @@ def test_run_dir_too_long_for_the_default_socket() -> None:
 def test_cross_field_checks(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         _settings(env)
+
+
+def test_only_rank_0_needs_the_hostfile() -> None:
+    # mlx.launch on rank 0 reads HOSTFILE; a remote rank gets the setting forwarded but holds no copy of the file
+    env = {"HOSTFILE": "/nonexistent/hosts.json", "BACKEND": "jaccl"}
+    assert _settings({**env, "MLX_RANK": "1"}).HOSTFILE == "/nonexistent/hosts.json"
+    for rank0 in ({}, {"MLX_RANK": "0"}):
+        with pytest.raises(ConfigError, match="HOSTFILE='/nonexistent/hosts.json' does not exist"):
+            _settings({**env, **rank0})
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "mac-studio.local", "my_host", ""])

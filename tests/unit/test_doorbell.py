@@ -182,3 +182,34 @@ def test_rank_0_s_address_comes_from_what_mlx_launch_set(tmp_path):
     assert rank0_host({"MLX_JACCL_COORDINATOR": "192.168.2.1:32323"}) == "192.168.2.1"
     assert rank0_host({"MLX_HOSTFILE": str(tmp_path / "missing.json")}) == "127.0.0.1"
     assert rank0_host({}) == "127.0.0.1"
+
+
+def test_the_engine_s_doorbell_listens_just_below_ring_port_so_one_firewall_rule_covers_it():
+    from config import load_settings
+    from ops.procs import free_ring_port
+
+    ring = free_ring_port(2)
+    settings = load_settings({"RING_PORT": str(ring), "HOSTS": "127.0.0.1,127.0.0.1"}, "/nonexistent/.env")
+    assert settings.doorbell_port == ring - 1
+    fake = FakeGather(2)
+    with ThreadPoolExecutor(2) as pool:
+        ends = [pool.submit(open_doorbell, r, 2, fake.of(r), "127.0.0.1", 10.0, port=settings.doorbell_port)
+                for r in range(2)]
+        lead, bell = (f.result(timeout=20) for f in ends)
+    try:
+        assert bell.sock.getpeername()[1] == ring - 1  # rank 1 rang the door at RING_PORT-1
+    finally:
+        lead.close()
+        bell.close()
+
+
+def test_a_doorbell_port_in_use_ends_every_rank_with_the_port_and_the_fix():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        fake = FakeGather(2)
+        with ThreadPoolExecutor(2) as pool:
+            ends = [pool.submit(open_doorbell, r, 2, fake.of(r), "127.0.0.1", 10.0, port=port) for r in range(2)]
+            with pytest.raises(DoorbellError, match=f"rank 0 cannot listen for the doorbell on port {port} .*RING_PORT"):
+                ends[0].result(timeout=20)
+            with pytest.raises(DoorbellError, match=f"rank 1: rank 0 could not open its doorbell on port {port}"):
+                ends[1].result(timeout=20)

@@ -15,7 +15,7 @@ from ops.engine_ctl import EngineCtl
 from ops.hostprobe import model_facts
 from ops.layout import Die, Layout
 from ops.probe import drop_stale_socket
-from ops.procs import free_port_run
+from ops.procs import free_ring_port
 from ops.procs import free_port
 
 NO_ENV_FILE = Path("/nonexistent/.env")
@@ -71,9 +71,17 @@ def test_start_names_a_ring_port_in_use_instead_of_failing_later_without_it() ->
         settings = load_settings({"HOSTS": "127.0.0.1,127.0.0.1", "RING_PORT": str(port)}, NO_ENV_FILE)
         with pytest.raises(Die, match=f"port {port} is in use .* need ports {port} to {port + 1}"):
             EngineCtl(Layout(settings)).refuse_taken_ring_ports()
-    free = free_port_run(2)
+    free = free_ring_port(2)
     free_range = load_settings({"HOSTS": "127.0.0.1,127.0.0.1", "RING_PORT": str(free)}, NO_ENV_FILE)
     EngineCtl(Layout(free_range)).refuse_taken_ring_ports()  # nothing to say
+
+
+def test_start_names_the_doorbell_port_in_use() -> None:
+    free = free_ring_port(2)
+    settings = load_settings({"HOSTS": "127.0.0.1,127.0.0.1", "RING_PORT": str(free)}, NO_ENV_FILE)
+    with socket.create_server(("", free - 1)):
+        with pytest.raises(Die, match=f"port {free - 1} is in use .* rank 0's doorbell listens on it \\(RING_PORT-1\\)"):
+            EngineCtl(Layout(settings)).refuse_taken_ring_ports()
 
 
 def api_at(host: str, port: int, run_dir: str) -> ApiCtl:

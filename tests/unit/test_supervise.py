@@ -77,3 +77,50 @@ def test_state_file_is_written_atomically(tmp_path):
     sup.write_state("running")
     assert json.loads((tmp_path / "engine.state.json").read_text())["next_restart_at"] is None
     assert [p.name for p in tmp_path.iterdir()] == ["engine.state.json"]
+
+
+def jaccl_settings(tmp_path, **more: str):
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text("[]")
+    return load_settings({"RUN_DIR": str(tmp_path), "BACKEND": "jaccl", "HOSTFILE": str(hostfile), **more},
+                         "/nonexistent/.env")
+
+
+def test_ebusy_from_jaccl_is_explained_in_status_in_one_sentence(tmp_path):
+    from ops.layout import Layout
+    from ops.state import EngineState, LastFailure, state_path, write_state
+    from ops.status import describe_failures
+
+    sup = Supervisor(jaccl_settings(tmp_path, JACCL_COOLDOWN="30"), ["/venv/bin/mlx.launch", "--", "python"])
+    for line in ["ValueError: [jaccl] Changing queue pair to RTR failed with errno 16 on rdma_en3 towards peer "
+                 "169.254.12.2", "[WARN] Node with rank 1 exited with code 1"]:
+        sup.observed.read(line)
+    failure = sup.blame(sup._exits(), "")
+    assert failure.rank == 1 and failure.hint.count(". ") == 0
+    for words in ("EBUSY", "wait", "JACCL_COOLDOWN (now 30 s)", "reboot"):
+        assert words in failure.hint
+    # what `launch.sh status` prints from the supervisor's record
+    write_state(state_path(tmp_path), EngineState(pid=5, state="failed", last_failure=LastFailure(
+        time=1.0, summary=failure.summary, rank=1, detail=failure.detail, hint=failure.hint)))
+    assert f"what it means: {failure.hint}" in describe_failures(Layout(sup.settings), 5)
+
+
+def test_a_rank_failure_without_ebusy_gets_no_jaccl_hint(tmp_path):
+    sup = Supervisor(jaccl_settings(tmp_path), ["/venv/bin/mlx.launch", "--", "python"])
+    sup.observed.read("ValueError: [jaccl] Changing queue pair to RTR failed with errno 22")
+    sup.observed.read("[WARN] Node with rank 1 exited with code 1")
+    assert sup.blame(sup._exits(), "").hint == ""
+
+
+def test_a_jaccl_start_waits_jaccl_cooldown_after_the_last_stop(tmp_path, monkeypatch):
+    import time
+
+    from ops import engine_ctl
+    from ops.layout import Layout
+
+    ctl = engine_ctl.EngineCtl(Layout(jaccl_settings(tmp_path, JACCL_COOLDOWN="45")))
+    ctl.stopped_at.write_text(f"{int(time.time()) - 5}\n")
+    waits: list[float] = []
+    monkeypatch.setattr(engine_ctl.time, "sleep", waits.append)
+    ctl.cooldown()
+    assert len(waits) == 1 and 38 <= waits[0] <= 40
