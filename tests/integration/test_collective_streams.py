@@ -29,12 +29,13 @@ class Group:
     """A two-rank group as this rank sees it; the spy answers for the peer."""
 
     me: int
+    n: int = 2
 
     def rank(self) -> int:
         return self.me
 
     def size(self) -> int:
-        return 2
+        return self.n
 
 
 @dataclass(frozen=True)
@@ -129,3 +130,16 @@ def test_without_a_model_stream_collectives_take_the_cpus_default(monkeypatch) -
     channel = PlanChannel(Group(1), 64)
     channel.gather([1])
     assert spy.streams == [("all_sum", mx.default_stream(mx.cpu))]
+
+
+def test_every_rank_meets_after_each_pair_of_a_probe_its_own_or_not(monkeypatch) -> None:
+    """A one-byte, a large and a one-byte send/recv between two ranks, the next pair's close behind, is a pattern
+    MLX has answered with wrong data or a hang: the probe puts an all_sum on every rank between pairs."""
+    spy = Spy(monkeypatch)
+    pairs = [(0, 1), (1, 2), (0, 2)]  # JACCL's: every pair of three ranks
+    probe(pairs, 1024, 2, Group(2, 3), generation_stream)
+    names = [name for name, _ in spy.streams]
+    # rank 2 sits out (0, 1), echoes 1's pings then takes its large send, echoes 0's likewise
+    pair_12 = names[1:names.index("all_sum", 1)]
+    assert names[0] == "all_sum" and names[-1] == "all_sum" and names.count("all_sum") == 3, names
+    assert set(pair_12) == {"send", "recv_like"} and pair_12[-1] == "send", names
