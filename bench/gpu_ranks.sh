@@ -80,6 +80,8 @@ LD_LIBRARY_PATH=$(printf '%s:' "$base"/nvidia/*/lib)${LD_LIBRARY_PATH:-}  # and 
 python3 -m pip --python .venv/bin/python install -q --no-index --no-deps --no-compile "$STASH"/*.whl || exit 1
 echo "installed in $((SECONDS - began)) s"
 export LD_LIBRARY_PATH PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PY=.venv/bin/python
+# the machine's own transformers and friends are other versions than CI's: their deprecations are not this run's
+export PYTEST='.venv/bin/python -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::FutureWarning'
 : >/tmp/gpu-ranks.env  # no .env of anyone's
 
 step "the GPU is MLX's default device" pass 60 '$PY -c "
@@ -112,10 +114,10 @@ step "control: all_sum of GPU data, no stream, under the generation stream" pass
 step "control: all_sum handed the generation stream (the Mac's bug) fails here too" fail 40 \
     "bash -c '$control' 47130 gpu-stream"
 step "unit: the channel's and the probe's collectives, spied; the source rule" pass 60 \
-    '$PY -m pytest -q -p no:cacheprovider tests/integration/test_collective_streams.py tests/unit/test_collective_source.py'
+    '$PYTEST tests/integration/test_collective_streams.py tests/unit/test_collective_source.py'
 step "check --links, 2 local ranks" pass 60 'HOSTS=127.0.0.1,127.0.0.1 BACKEND=ring RING_PORT=47150 \
     ENV_FILE=/tmp/gpu-ranks.env RUN_DIR=/tmp/gpu-ranks-run $PY -m ops check --links'
 step "multirank: check --links, the link probe, the engine on two ranks" pass 150 \
-    '$PY -m pytest -q -p no:cacheprovider tests/multirank/test_check_links.py tests/multirank/test_links_two_ranks.py \
+    '$PYTEST tests/multirank/test_check_links.py tests/multirank/test_links_two_ranks.py \
     tests/multirank/test_two_ranks.py'
 summary
