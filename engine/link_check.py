@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from config import ConfigError, load_settings
 from ipc.lifecycle import ExitCause
-from ipc.link_check import JOINED, TEST_EXIT, LinkCheckResult, encode_result
+from ipc.link_check import JOINED, RESULT, TEST_EXIT, LinkCheckResult
 from ipc.spread import test_hook
 
-from engine.spread.watch import Deadline
+from engine.spread.watch import Deadline, start
 
 JOIN_SECONDS = 120.0  # for every rank to start and meet (ssh, python start-up, the ring's connections)
 STEP_SECONDS = 60.0  # for each exchange after that
@@ -28,23 +26,18 @@ PROBE_BYTES = 4 << 20  # the engine's largest probe
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # mlx.launch's forwarding loop spins on an open stdin
     p = argparse.ArgumentParser(prog="python -m engine.link_check")
     p.add_argument("--result", required=True, help="rank 0: where to write the result (JSON)")
     p.add_argument("--bytes", type=int, default=PROBE_BYTES, help="the bandwidth probe's size")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    rank = int(os.environ.get("MLX_RANK", "0"))
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        print(f"links rank {rank}: configuration error: {exc}", file=sys.stderr, flush=True)
-        return ExitCause.CONFIG
-    deadline = Deadline(rank, "links")
-    deadline.beat(f"joining the other ranks over {settings.BACKEND}", JOIN_SECONDS)
+    started = start("links", JOIN_SECONDS)
+    if isinstance(started, int):
+        return started
+    settings, deadline = started
     try:
         result = check(settings, args.bytes, deadline)
         if result is not None:
-            _write(Path(args.result), result)
+            RESULT.write(Path(args.result), result)
     except Exception as exc:  # one line naming the rank (MLX raises RuntimeError: a stream it cannot run a
         # collective on, a lost peer); mlx.launch then ends the others
         print(f"links rank {deadline.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -87,13 +80,6 @@ def check(settings, nbytes: int, deadline: Deadline) -> LinkCheckResult | None:
         return None
     links.record(rows, plan.probe)
     return LinkCheckResult(ranks=group.size(), backend=settings.BACKEND, hosts=hosts, links=links.snapshot())
-
-
-def _write(path: Path, result: LinkCheckResult) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(encode_result(result))
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

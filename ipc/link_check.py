@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from ipc.messages import LinkState
+from ipc.result_file import ResultFile
 
 # The line rank 0 prints once every rank has joined (ops then quiets mlx.launch's stdin loop).
 JOINED = "links: every rank joined"
@@ -25,15 +26,4 @@ class LinkCheckResult(msgspec.Struct, frozen=True, kw_only=True):
     links: list[LinkState]
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(LinkCheckResult)
-
-
-def encode_result(result: LinkCheckResult) -> bytes:
-    """The result as JSON."""
-    return _encoder.encode(result)
-
-
-def decode_result(data: bytes) -> LinkCheckResult:
-    """Raises msgspec.ValidationError / DecodeError when data is not a result."""
-    return _decoder.decode(data)
+RESULT = ResultFile(LinkCheckResult)

@@ -16,7 +16,7 @@ import sys
 import msgspec
 
 from config import Settings
-from ipc.link_check import JOINED, TEST_EXIT, LinkCheckResult, decode_result
+from ipc.link_check import JOINED, RESULT, TEST_EXIT, LinkCheckResult
 from ipc.spread import PARENT_ENV
 from ops.download import rank_hosts
 from ops.rank_job import JobFailed, RankJob, engine_holds_rdma
@@ -35,7 +35,7 @@ def link_check(settings: Settings) -> int:
     job = RankJob(settings, hosts, "links", "engine.link_check", [], settings.run_dir / RESULT_FILE, JOINED,
                   forward=(TEST_EXIT,), what="link check", env={PARENT_ENV: f"{socket.gethostname()} {os.getpid()}"})
     try:
-        result = decode_result(job.run())
+        result = RESULT.decode(job.run())
     except JobFailed as exc:
         return _fail(str(exc))
     except msgspec.MsgspecError:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from config import ConfigError, Settings, load_settings
 from engine.watchdog import process_gone
 from ipc.lifecycle import ExitCause
 from ipc.spread import PARENT_ENV
@@ -51,3 +52,18 @@ class Deadline:
             print(f"{self.name} rank {self.rank}: {why}; ending this rank", file=sys.stderr, flush=True)
         finally:
             os._exit(ExitCause.STALLED)
+
+
+def start(name: str, join_seconds: float) -> tuple[Settings, Deadline] | int:
+    """A rank's first steps (stdin to /dev/null, then its settings and its running deadline for joining the others);
+    an ExitCause after one line when a setting is invalid."""
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # mlx.launch's forwarding loop spins on a rank's open stdin
+    rank = int(os.environ.get("MLX_RANK", "0"))
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"{name} rank {rank}: configuration error: {exc}", file=sys.stderr, flush=True)
+        return ExitCause.CONFIG
+    deadline = Deadline(rank, name)
+    deadline.beat(f"joining the other ranks over {settings.BACKEND}", join_seconds)
+    return settings, deadline
