@@ -7,8 +7,8 @@ from pathlib import Path
 
 from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
-from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, config
-from engine.zoo.names import FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, TOOLS_PREFIX
+from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, SHAPES, config
+from engine.zoo.names import FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS, TOOLS_PREFIX
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
@@ -32,7 +32,7 @@ def _generate(name: str, out: Path) -> dict:
         model, cfg = _format_model(name, FORMAT_MODELS[name], out)
         size, eos_id = cfg["vocab_size"], cfg["eos_token_id"][0]
     else:
-        family = name.removesuffix(QUANTIZED_SUFFIX)
+        family = SHAPE_MODELS.get(name, name.removesuffix(QUANTIZED_SUFFIX))
         extra, tokenizer_options = (), {}
         if name.startswith(TOOLS_PREFIX):  # a tool-call format's model: the small Qwen3, the family's tokenizer
             from engine.zoo import tool_families
@@ -43,8 +43,8 @@ def _generate(name: str, out: Path) -> dict:
         vocab = write_tokenizer(out, VOCAB, FILLER_WORDS, CONTEXT_LENGTH, **tokenizer_options)
         eos_id = vocab[IM_END]
         size = VOCAB + len(extra)
-        model, cfg = build(config(family, size, eos_id, vocab[ENDOFTEXT]), HIDDEN,
-                           quiet_ids(vocab, tuple(text for text, _ in extra)),
+        cfg = config(family, size, eos_id, vocab[ENDOFTEXT]) | SHAPES.get(name, {})
+        model, cfg = build(cfg, SHAPES.get(name, {}).get("hidden_size", HIDDEN), quiet_ids(vocab, tuple(text for text, _ in extra)),
                            quantized=name.endswith(QUANTIZED_SUFFIX))
     tensors = dict(sorted(tree_flatten(model.parameters())))
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
