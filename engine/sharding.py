@@ -1,5 +1,5 @@
-"""Load a model over several ranks: tensor-parallel slices (mlx-lm's shard()) or pipeline stages
-(its pipeline()), as engine/parallel.py decides from what mlx-lm's class for the model can do.
+"""Load a model over several ranks: tensor-parallel slices (mlx-lm's shard()) or pipeline stages (its pipeline();
+engine/pipeline_llama.py's for llama), as engine/parallel.py decides from what the model can do on these ranks.
 
     python -m engine.sharding [--ranks N]   # launch.sh start/check: the mode MODEL would run in, or why not
 """
