@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.launch_stack import Launch
 from tests.multirank.test_pipeline import CACHE_OFF, answers, mlx_lm_pipelined
 
 pytestmark = pytest.mark.multirank
@@ -28,6 +29,14 @@ def test_two_ranks_that_cannot_split_the_heads_serve_it_pipelined_as_the_whole_m
     assert alone == reference and together == reference
     assert WHY in log
     assert info["parallel"] == "pipeline" and info["parallel_note"].startswith(WHY)  # status and /health
+
+
+def test_tensor_asked_of_heads_two_ranks_cannot_divide_is_refused_by_check():
+    check = Launch(MODEL="zoo-llama-9-heads", PARALLEL="tensor", HOSTS="127.0.0.1,127.0.0.1").run("check")
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert ("FAULT model: PARALLEL=tensor cannot run MODEL on 2 ranks: tensor parallel needs 9 attention heads "
+            "(self_attn.n_heads) and 3 KV heads (self_attn.n_kv_heads) divisible by 2 ranks; set PARALLEL=pipeline "
+            "(or auto)") in check.stdout
 
 
 @pytest.mark.parametrize("name", NINE_HEADS)
