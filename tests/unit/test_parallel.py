@@ -143,3 +143,16 @@ def test_heads_the_ranks_cannot_divide_without_a_pipeline_are_refused_in_one_sen
         assert text.startswith("MODEL's architecture gpt_oss cannot run on 3 ranks: tensor parallel needs 8 KV heads")
         assert "mlx-lm's gpt_oss model has no pipeline()" in text
         assert "serve it on a number of hosts that divides them, or on one host" in text
+
+
+def test_status_and_health_say_why_the_ranks_run_pipelined():
+    from api.health import details
+    from ipc.messages import Info
+    from ops.status import describe_info
+
+    note = NINE_HEADS + ": running it in pipeline parallel, each of the 2 ranks holding whole layers"
+    info = Info(model="m", model_path="/m", context_length=4096, ranks=2, backend="ring", created=0, engine_pid=1,
+                parallel=PIPELINE, pipeline_layers=[1, 1], parallel_note=note)
+    lines = describe_info(info).splitlines()
+    assert "(pipeline parallel: layers 1 + 1)" in lines[1] and lines[2].strip() == note
+    assert details(info)["parallel_note"] == note
