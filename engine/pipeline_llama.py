@@ -11,13 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.pipeline import PipelineMixin
 
 
 class PipelinedLlamaModel(llama.LlamaModel, PipelineMixin):
-    """llama's decoder stack, each rank running only its own layers (llama's __init__ reaches the mixin's)."""
+    """llama's decoder stack, each rank running only its own layers."""
+
+    def __init__(self, args: llama.ModelArgs):
+        super().__init__(args)
+        # the mixin's __init__ comes after nn.Module's in this order and is never reached: its state, unsplit
+        self.pipeline_rank, self.pipeline_size, self.start_idx, self.end_idx = 0, 1, 0, None
 
     def __call__(self, inputs: mx.array, cache=None, input_embeddings: mx.array | None = None) -> mx.array:
         h = input_embeddings if input_embeddings is not None else self.embed_tokens(inputs)
@@ -32,7 +38,7 @@ class PipelinedLlamaModel(llama.LlamaModel, PipelineMixin):
         window_mask = (create_attention_mask(h, cache[window], window_size=self.sliding_window)
                        if window is not None else None)
         if rank < size - 1:  # the ranks after this one hold the earlier layers
-            h = mx.distributed.recv_like(h, rank + 1)
+            h = mx.distributed.recv(h.shape, _after_layers(layers[0], h), rank + 1)
         for layer, c in zip(layers, cache):
             h = layer(h, window_mask if layer.use_sliding else full_mask, cache=c)
         if rank != 0:
@@ -42,6 +48,12 @@ class PipelinedLlamaModel(llama.LlamaModel, PipelineMixin):
         if size > 1:  # every rank gets rank 0's output, keeping the send in the graph
             h = mx.distributed.all_gather(h)[: h.shape[0]]
         return self.norm(h)
+
+
+def _after_layers(layer: nn.Module, h: mx.array) -> mx.Dtype:
+    """The dtype h has after the earlier ranks' layers, which may differ from the embedding's (a GGUF's float32
+    norms around float16 scales promote it): one of this rank's own layers, built lazily and never run, tells."""
+    return layer(h, None).dtype
 
 
 class Model(llama.Model):

@@ -22,7 +22,7 @@ VOCAB, FILLER_WORDS = 1024, 0
 def _generate(name: str, out: Path) -> dict:
     """Write every file of zoo model `name` into the existing directory `out`; return the marker."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
+    from mlx.utils import tree_flatten, tree_map_with_path
     from mlx_lm.utils import get_total_parameters, save_config
 
     from engine.zoo.weights import build
@@ -46,6 +46,9 @@ def _generate(name: str, out: Path) -> dict:
         cfg = config(family, size, eos_id, vocab[ENDOFTEXT]) | SHAPES.get(name, {})
         model, cfg = build(cfg, SHAPES.get(name, {}).get("hidden_size", HIDDEN), quiet_ids(vocab, tuple(text for text, _ in extra)),
                            quantized=name.endswith(QUANTIZED_SUFFIX))
+        if name in SHAPES:  # the checkpoint's dtypes: float16 weights around float32 norms
+            model.update(tree_map_with_path(lambda path, v: v if "norm" in path else v.astype(mx.float16),
+                                            model.parameters()))
     tensors = dict(sorted(tree_flatten(model.parameters())))
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
     save_config(cfg, out / "config.json")  # mlx-lm's own writer: sorted keys, its quantization entries
@@ -56,7 +59,7 @@ def _generate(name: str, out: Path) -> dict:
         "parameters": get_total_parameters(model),
         "vocab_size": size,
         "eos_token_id": eos_id,
-        "dtype": "float32",
+        "dtype": cfg.get("torch_dtype", "float32"),
         "quantization": cfg.get("quantization"),
     }
     # Written last: a directory without it is unfinished and never used.
