@@ -22,7 +22,7 @@ class PipelinedLlamaModel(llama.LlamaModel, PipelineMixin):
 
     def __init__(self, args: llama.ModelArgs):
         super().__init__(args)
-        # the mixin's __init__ comes after nn.Module's in this order and is never reached: its state, unsplit
+        # in this order the mixin's __init__ is never reached (nn.Module's ends the chain): one stage until pipeline()
         self.pipeline_rank, self.pipeline_size, self.start_idx, self.end_idx = 0, 1, 0, None
 
     def __call__(self, inputs: mx.array, cache=None, input_embeddings: mx.array | None = None) -> mx.array:
