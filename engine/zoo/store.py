@@ -44,7 +44,8 @@ def _generate(name: str, out: Path) -> dict:
         eos_id = vocab[IM_END]
         size = VOCAB + len(extra)
         cfg = config(family, size, eos_id, vocab[ENDOFTEXT]) | SHAPES.get(name, {})
-        model, cfg = build(cfg, SHAPES.get(name, {}).get("hidden_size", HIDDEN), quiet_ids(vocab, tuple(text for text, _ in extra)),
+        hidden = SHAPES.get(name, {}).get("hidden_size", HIDDEN)
+        model, cfg = build(cfg, hidden, quiet_ids(vocab, tuple(text for text, _ in extra)),
                            quantized=name.endswith(QUANTIZED_SUFFIX))
         if name in SHAPES:  # the checkpoint's dtypes: float16 weights around float32 norms
             model.update(tree_map_with_path(lambda path, v: v if "norm" in path else v.astype(mx.float16),
