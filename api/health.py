@@ -56,6 +56,7 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "backend": info.backend,
         "parallel": info.parallel,
         "pipeline_layers": info.pipeline_layers,
+        "parallel_note": info.parallel_note,
         "engine_pid": info.engine_pid,
         "uptime": round(info.uptime, 1),
         "step": info.step,

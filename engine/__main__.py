@@ -275,6 +275,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
                     kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured,
                     parallel=loaded.parallel, pipeline_layers=list(loaded.pipeline_split),
+                    parallel_note=loaded.parallel_note,
                     links=links.snapshot(), spec_mode=spec_mode, spec_draft_tokens=settings.NUM_DRAFT_TOKENS,
                     spec_proposed_tokens=stats.spec_proposed, spec_accepted_tokens=stats.spec_accepted,
                     spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted)

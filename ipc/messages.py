@@ -151,6 +151,8 @@ class Info(Msg):
     # layers: pipeline_layers per rank, rank 0 first), "single" (one rank; "" from an engine older than this field)
     parallel: str = ""
     pipeline_layers: list[int] = []
+    # why the ranks run in this mode rather than tensor parallel when PARALLEL=auto chose it ("": tensor, or asked)
+    parallel_note: str = ""
     # the links between ranks as last probed (empty: one rank, or no probe yet)
     links: list[LinkState] = []
     # speculative decoding (SPECULATIVE; "off" also where the model's caches cannot verify drafts), the most draft
