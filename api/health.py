@@ -99,13 +99,16 @@ async def check(engine: EngineClient, settings: Settings, api_started: float) ->
         return 503, {"status": "unavailable", "api": "ok", "engine": f"unreachable: {exc.message}", **head}
     verdict = engine_verdict(info, settings.HEALTH_STALL_SECONDS)
     ok = verdict == "ok"
-    body = {"status": "ok" if ok else "unavailable", "api": "ok", "engine": verdict, **head, **details(info)}
+    body = {"status": "ok" if ok else "unavailable", "api": "ok", "engine": verdict, **head,
+            **({"test_hooks": True} if info.test_hooks else {}), **details(info)}
     return (200 if ok else 503), body
 
 
 def summary(body: dict[str, Any]) -> dict[str, Any]:
     """What a load balancer needs and anyone may read: the verdicts without the ranks' hosts, pids or traffic."""
-    return {"status": body["status"], "api": body["api"], "engine": body["engine"].partition(":")[0]}
+    # test_hooks: an engine that reads test-only fault hooks must not pass unnoticed as a serving one
+    return {"status": body["status"], "api": body["api"], "engine": body["engine"].partition(":")[0],
+            **({"test_hooks": True} if body.get("test_hooks") else {})}
 
 
 class Health:

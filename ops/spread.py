@@ -32,7 +32,7 @@ import msgspec
 from config import REPO_ROOT, ConfigError, Settings, load_settings
 from config.hub_cache import Manifest, read_manifest
 from ipc.lifecycle import VICTIM_CAUSES
-from ipc.spread import JOINED, PARENT_ENV, TEST_HOOKS, decode_result
+from ipc.spread import JOINED, PARENT_ENV, decode_result
 from ops.failures import describe_exit
 from ops.procs import poll
 from ops.rank_env import env_args
@@ -125,7 +125,7 @@ class ClusterSpread:
                "--cwd", str(REPO_ROOT)]
         cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", ",".join(self.hosts)]
         # remote ranks do not inherit our environment: forward what was set in it, as the engine's start does
-        cmd += env_args(s, extra=TEST_HOOKS)
+        cmd += env_args(s)
         cmd += ["--env", f"{PARENT_ENV}={socket.gethostname()} {os.getpid()}"]
         return [*cmd, "--", py, "-m", "engine.spread", "--manifest", str(manifest_path), "--result",
                 str(self.result_path), "--chunk-bytes", str(self.chunk_bytes), "--via", self.via,
