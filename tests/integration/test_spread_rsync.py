@@ -53,8 +53,7 @@ def sent(proc: subprocess.CompletedProcess) -> int:
 
 HOSTS = [pytest.param("127.0.0.1,127.0.0.1", id="local-copy"),
          pytest.param("127.0.0.1,mac-2", id="rsync-over-ssh",
-                      marks=pytest.mark.skipif(shutil.which("rsync") is None,
-                                               reason="rsync is not installed (.ci/run installs Debian's)"))]
+                      marks=pytest.mark.needs_tool(shutil.which("rsync") is not None, "rsync (apt-get install rsync)"))]
 
 
 @pytest.mark.parametrize("hosts", HOSTS)
