@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from ipc.result_file import ResultFile
 from ipc.test_hooks import hook
 
 # "<host> <pid>" of the ops process that started the spread: rank 0 ends the spread when it is gone.
@@ -38,15 +39,5 @@ def test_hook(name: str, rank: int, environ: Mapping[str, str] | None = None) ->
     return None
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(SpreadResult)
-
-
-def encode_result(result: SpreadResult) -> bytes:
-    """The result as JSON."""
-    return _encoder.encode(result)
-
-
-def decode_result(data: bytes) -> SpreadResult:
-    """Raises msgspec.ValidationError / DecodeError when data is not a result."""
-    return _decoder.decode(data)
+RESULT = ResultFile(SpreadResult)
+encode_result, decode_result = RESULT.encode, RESULT.decode

@@ -3,6 +3,8 @@ says when an engine reads them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -18,7 +20,8 @@ def forwarded_env(monkeypatch, **env: str) -> list[str]:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     settings = load_settings({"HOSTS": "127.0.0.1,127.0.0.2"}, "/nonexistent/.env")
-    cmd = ClusterSpread(settings, None, ["127.0.0.1", "127.0.0.2"], 1 << 20, "sendrecv").command(5000, "/m.json")
+    spread = ClusterSpread(settings, None, ["127.0.0.1", "127.0.0.2"], 1 << 20, "sendrecv")
+    cmd = spread.job(Path("/nonexistent/manifest.json")).command(5000)
     return [value for flag, value in zip(cmd, cmd[1:]) if flag == "--env"]
 
 
