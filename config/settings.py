@@ -58,6 +58,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     API_PORT: Port = 8000
     API_KEY: str = ""
     API_KEYS_FILE: str = ""
+    ADMIN_API_KEYS_FILE: str = ""
     PROTECT_OPS_ROUTES: bool = True
     HTTP_HEADER_TIMEOUT: Seconds = 10.0
     HTTP_KEEP_ALIVE_TIMEOUT: Seconds = 5.0

@@ -165,6 +165,8 @@ class Info(Msg):
     spec_accepted_tokens: int = 0
     spec_forward_passes: int = 0
     spec_emitted_tokens: int = 0
+    # MCS_TEST_HOOKS=1 on rank 0: the test-only fault hooks (ipc/test_hooks.py) are read
+    test_hooks: bool = False
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
