@@ -42,8 +42,11 @@ def greedy_answers(ranks: int, speculative: str, max_tokens: int = 160) -> tuple
                 assert r.status_code == 200, r.text
                 texts.append(r.json()["choices"][0]["text"])
             def sampled(seed: int) -> str:
+                # two tokens of like odds: their n-grams recur, so prompt lookup proposes drafts the sampler keeps
+                # about half the time (the demo's own sampled text is too random to get any)
                 r = http.post("/v1/completions", json={"model": "default", "prompt": PROMPTS[0], "max_tokens": 60,
-                                                       "temperature": 0.8, "seed": seed})
+                                                       "temperature": 1.0, "seed": seed,
+                                                       "logit_bias": {"300": 100, "301": 100}})
                 assert r.status_code == 200, r.text
                 return r.json()["choices"][0]["text"]
 
