@@ -13,6 +13,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from engine.decoding.constrained import GrammarError, Grammars
+from engine.decoding.penalties import OutputPenalties
 from engine.lockstep.plan import Insert
 
 
@@ -77,7 +78,8 @@ def make_sampler(ins: Insert) -> SeededSampler | None:
 
 
 def make_processors(ins: Insert, grammars: Grammars | None) -> list:
-    """mlx-lm's logits processors for the request's bias and penalties, then its grammar mask.
+    """mlx-lm's logits processors for the request's bias and repetition penalty, OpenAI's presence and frequency
+    penalties over the whole output (engine/decoding/penalties.py), then its grammar mask.
 
     The mask goes last so that no bias can revive a token the grammar forbids. Raises GrammarError
     for a grammar when there are no grammars to compile it with.
@@ -85,9 +87,9 @@ def make_processors(ins: Insert, grammars: Grammars | None) -> list:
     processors = make_logits_processors(
         logit_bias=ins.logit_bias or None,
         repetition_penalty=ins.repetition_penalty,
-        presence_penalty=ins.presence_penalty,
-        frequency_penalty=ins.frequency_penalty,
     )
+    if ins.presence_penalty or ins.frequency_penalty:
+        processors.append(OutputPenalties(ins.presence_penalty or 0.0, ins.frequency_penalty or 0.0))
     if ins.grammar:
         if grammars is None:
             raise GrammarError("this batch was built without grammars")
