@@ -236,8 +236,8 @@ def _check_calls(calls: list[ipc.ToolCall], request_id: str) -> None:
         except ValueError:
             ok = False
         if not ok:
-            logger.error("%s: the engine sent a call of %r whose arguments are not a JSON object; ending the request",
-                         request_id, call.name)
+            logger.error("%s: the engine sent a call of %r whose arguments are not a JSON object; ending the "
+                         "request", request_id, call.name)
             raise GenerationFailed(f"the model called {call.name!r} with arguments that are not a JSON object")
 
 
