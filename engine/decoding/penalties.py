@@ -25,5 +25,6 @@ class OutputPenalties:
         output = tokens[self.prompt:]
         if output.size == 0:
             return logits
-        counts = mx.zeros((logits.shape[-1],), dtype=logits.dtype).at[output].add(1)
-        return logits - (counts * self.frequency + (counts > 0) * self.presence)
+        # counted in float32: bfloat16 holds whole numbers exactly only up to 256
+        counts = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[output].add(1)
+        return logits - (counts * self.frequency + (counts > 0) * self.presence).astype(logits.dtype)
