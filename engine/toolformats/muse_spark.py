@@ -71,16 +71,16 @@ def _guard(node: Any, tool: Tool) -> Any:
             out[key] = {k: _guard(v, tool) for k, v in out[key].items()}
     if "$ref" in out:  # resolves to a guarded definition
         return out
-    if "pattern" in out:
-        out["allOf"] = [*out.get("allOf", []), {"pattern": NO_END}]
-    else:
-        out["pattern"] = NO_END
     for key in ("properties", "patternProperties"):
         if isinstance(out.get(key), dict):
             out[key] = {k: _guard(v, tool) for k, v in out[key].items()}
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         if isinstance(out.get(key), list):
             out[key] = [_guard(v, tool) for v in out[key]]
+    if "pattern" in out:  # the client's pattern and ours (after the members are guarded: ours needs no guard)
+        out["allOf"] = [*out.get("allOf", []), {"pattern": NO_END}]
+    else:
+        out["pattern"] = NO_END
     out["items"] = _guard(out.get("items", True), tool)
     more = out.get("additionalProperties", True)
     if more is not False and "patternProperties" not in out:  # free keys: only those the pattern admits
