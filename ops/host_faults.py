@@ -13,7 +13,7 @@ LARGE_FRAMES_MACOS = (26, 3)  # JACCL's large frames need 26.3
 MACOS_RESERVE_MB = 8192  # what the suggested iogpu.wired_limit_mb leaves macOS
 WIRED_SHARE = 0.75  # about what Metal wires of RAM when iogpu.wired_limit_mb is 0 and MLX cannot say
 FIREWALL = "/usr/libexec/ApplicationFirewall/socketfilterfw"
-_GB = 1e9
+_GB = 1 << 30  # as Apple counts a Mac's "64 GB"
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:

@@ -164,7 +164,6 @@ def generator_version(root: Path, kind: str) -> str:
 def probe(root: Path, model: str, caches: list[Path] | None = None, reach: tuple[str, ...] = (), python: str = "",
           run: macfacts.Runner = macfacts.run_command, system: str = platform.system()) -> dict:
     venv_python = root / ".venv" / "bin" / "python"
-    home = Path.home()
     facts = {
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
@@ -173,13 +172,7 @@ def probe(root: Path, model: str, caches: list[Path] | None = None, reach: tuple
         "mlx": version("mlx"),
         "mlx_lm": version("mlx-lm"),
         "project": (root / "launch.sh").is_file(),
-        "ibv": macfacts.ibv_ports(run),
-        "system": system,
-        "home": str(home),
-        "hidden": macfacts.hidden_folder(root, home) if system == "Darwin" else None,
-        "setup_python": macfacts.setup_python(run, python),
-        "reach": {address: macfacts.reach(address) for address in reach},
-        "mac": macfacts.mac_facts(run, venv_python) if system == "Darwin" else None,
+        **system_facts(root, reach, python, run, system),
     }
     if facts["project"]:
         facts["code"] = code_hash(root)
@@ -187,6 +180,21 @@ def probe(root: Path, model: str, caches: list[Path] | None = None, reach: tuple
         facts["env"] = file_hash(env) if env.is_file() else None
         facts["model"] = model_facts(model, root, caches)
     return facts
+
+
+def system_facts(root: Path, reach: tuple[str, ...], python: str, run: macfacts.Runner, system: str,
+                 home: Path | None = None) -> dict:
+    """What the operating system says: RDMA devices, setup's Python, rank 0's ports dialled, and on a Mac the rest."""
+    home = Path.home() if home is None else home
+    darwin = system == "Darwin"
+    return {
+        "ibv": macfacts.ibv_ports(run),
+        "system": system,
+        "hidden": macfacts.hidden_folder(root, home) if darwin else None,
+        "setup_python": macfacts.setup_python(run, python),
+        "reach": {address: macfacts.reach(address) for address in reach},
+        "mac": macfacts.mac_facts(run, root / ".venv" / "bin" / "python") if darwin else None,
+    }
 
 
 def cached_models(root: Path, caches: list[Path]) -> dict:

@@ -121,7 +121,7 @@ def setup_python(run: Runner, python: str = "") -> dict:
     for name in names:
         status, out = run([name, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], 30.0)
         version = out.strip() if status == "ok" else None
-        found = {"path": shutil.which(name) or name, "version": version,
+        found = {"path": name, "version": version,
                  "ok": version is not None and tuple(map(int, version.split(".")[:2])) >= (3, 10)}
         if found["ok"]:
             return found
