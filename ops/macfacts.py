@@ -32,12 +32,21 @@ def run_command(argv: list[str], timeout: float) -> tuple[str, str]:
     if shutil.which(argv[0]) is None:
         return "missing", ""
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return "timeout", ""
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
     except OSError:
         return "missing", ""
-    return ("ok" if r.returncode == 0 else "failed"), r.stdout
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.stdout.close()
+        try:
+            proc.wait(1)  # one stuck in the RDMA driver may not even die: never wait longer for it
+        except subprocess.TimeoutExpired:
+            pass
+        return "timeout", ""
+    return ("ok" if proc.returncode == 0 else "failed"), out
 
 
 def macos_version(run: Runner) -> str | None:

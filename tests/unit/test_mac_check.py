@@ -244,3 +244,12 @@ def test_reach_names_the_errno():
         raise OSError(65 if sys.platform == "darwin" else 113, "No route to host")
     assert macfacts.reach("[fe80::1]:32323", connect=unreachable) == "EHOSTUNREACH"
     assert macfacts.reach("10.0.0.1:1", connect=lambda a, t: None) == "ok"
+
+
+def test_a_command_that_hangs_is_cut_off(tmp_path):
+    """ibv_devinfo hangs while the RDMA driver is wedged: the probe must answer anyway, saying so."""
+    hang = tmp_path / "ibv_devinfo"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    hang.chmod(0o755)
+    assert macfacts.run_command([str(hang)], 0.2) == ("timeout", "")
+    assert macfacts.run_command([str(tmp_path / "absent")], 1) == ("missing", "")
