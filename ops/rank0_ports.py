@@ -30,8 +30,7 @@ def listening(ips: list[str] | None, ports: tuple[int, ...]) -> Iterator[tuple[t
     with ExitStack() as stack:
         for port in ports:
             sock = stack.enter_context(socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
+            try:  # no SO_REUSEADDR: on macOS it would let this bind beside an engine listening on every address
                 sock.bind((ip, port))
             except OSError as exc:
                 if exc.errno == errno.EADDRNOTAVAIL:
