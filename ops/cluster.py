@@ -19,11 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from config import REPO_ROOT, Settings
+from ops import host_faults
 from ops.parallel_check import parallel_refusal
+from ops.rank0_ports import listening
 from ops.speculative_check import speculative_refusal
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 PROBE = Path(__file__).resolve().parent / "hostprobe.py"
+MACFACTS = PROBE.parent / "macfacts.py"  # shipped with it
+# what a rank resolves its Hugging Face cache from when HUB_CACHE is not set (forwarded to it by ops/rank_env.py)
+HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE")
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
 PROBE_TIMEOUT = 60  # seconds per host (ssh included)
 # Never copied by sync (and, being excluded, never deleted on the other side either).
@@ -35,6 +40,7 @@ class Host:
     name: str
     ranks: list[int] = field(default_factory=list)
     rdma: list[list] = field(default_factory=list)  # this host's hostfile rdma row(s)
+    ips: list[str] = field(default_factory=list)  # its hostfile ips (rank 0's first one: where the others dial it)
     facts: dict = field(default_factory=dict)
     faults: list[str] = field(default_factory=list)
 
@@ -48,6 +54,7 @@ def cluster_hosts(settings: Settings) -> tuple[list[Host], list[str]]:
     faults: list[str] = []
     names: list[str] = []
     rows: list = []
+    ips: list[list[str]] = []
     if settings.HOSTFILE:
         path = Path(settings.HOSTFILE).expanduser()
         path = path if path.is_absolute() else REPO_ROOT / path
@@ -56,6 +63,7 @@ def cluster_hosts(settings: Settings) -> tuple[list[Host], list[str]]:
             entries = doc["hosts"] if isinstance(doc, dict) else doc
             names = [str(h["ssh"]) for h in entries]
             rows = [h.get("rdma") for h in entries]
+            ips = [[str(ip) for ip in h.get("ips") or []] for h in entries]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return [], [f"HOSTFILE {path} is not an mlx.launch hostfile ({type(exc).__name__}: {exc})"]
         if settings.BACKEND == "jaccl":
@@ -68,6 +76,8 @@ def cluster_hosts(settings: Settings) -> tuple[list[Host], list[str]]:
         host.ranks.append(rank)
         if rows and isinstance(rows[rank], list):
             host.rdma.append(rows[rank])
+        if ips and not host.ips:
+            host.ips = ips[rank]
     return list(hosts.values()), faults
 
 
@@ -104,21 +114,43 @@ def _devices(cell: object) -> list[str]:
     return [cell] if isinstance(cell, str) else list(cell) if isinstance(cell, list) else []
 
 
-def probe_host(host: Host, settings: Settings) -> None:
+def probe_host(host: Host, settings: Settings, reach: tuple[str, ...] = (),
+               environ: Mapping[str, str] = os.environ) -> None:
     """Fill host.facts (or host.faults when the host cannot be probed)."""
-    facts, fault = run_probe(host, probe_args(host, settings))
+    facts, fault = run_probe(host, probe_args(host, settings, reach, environ))
     if facts is None:
         host.faults.append(fault)
     else:
         host.facts = facts
 
 
-def probe_args(host: Host, settings: Settings) -> list[str]:
-    """ops/hostprobe.py's arguments for host: the project, MODEL, and the cache folder of each of its ranks."""
+def probe_args(host: Host, settings: Settings, reach: tuple[str, ...] = (),
+               environ: Mapping[str, str] = os.environ) -> list[str]:
+    """ops/hostprobe.py's arguments for host: the project, MODEL, each of its ranks' cache folder as the rank
+    resolves it there (the setting as written, or the HF_* variables a rank gets forwarded), rank 0's ports to
+    dial, and PYTHON as sync forwards it."""
     args = ["--root", str(REPO_ROOT), "--model", settings.MODEL]
-    for cache in dict.fromkeys(str(settings.hub_cache(rank)) for rank in host.ranks):  # each folder once
+    per_rank = settings.hub_caches_per_rank
+    written = [per_rank[min(r, len(per_rank) - 1)] if per_rank else settings.HUB_CACHE for r in host.ranks]
+    for cache in dict.fromkeys(c for c in written if c):  # each folder once; ~ and relative paths resolve there
         args += ["--hub-cache", cache]
+    for name in HF_CACHE_VARS:
+        if environ.get(name):
+            args += ["--env", f"{name}={environ[name]}"]
+    for address in reach:
+        args += ["--reach", address]
+    if environ.get("PYTHON"):
+        args += ["--python", environ["PYTHON"]]
     return args
+
+
+def shipped_probe() -> bytes:
+    """ops/hostprobe.py with ops/macfacts.py, which it imports, as one script for `ssh HOST python -`."""
+    helper, main = MACFACTS.read_text(), PROBE.read_text()
+    return ("import sys, types\n"
+            "_m = sys.modules['macfacts'] = types.ModuleType('macfacts')\n"
+            f"exec(compile({helper!r}, 'macfacts.py', 'exec'), _m.__dict__)\n"
+            f"exec(compile({main!r}, 'hostprobe.py', 'exec'), {{'__name__': '__main__'}})\n").encode()
 
 
 def run_probe(host: Host, args: list[str]) -> tuple[dict | None, str]:
@@ -130,7 +162,7 @@ def run_probe(host: Host, args: list[str]) -> tuple[dict | None, str]:
         venv = shlex.quote(str(REPO_ROOT / ".venv" / "bin" / "python"))
         remote = f'p={venv}; [ -x "$p" ] || p=python3; exec "$p" - {shlex.join(args)}'
         cmd = ["ssh", *SSH_OPTIONS, host.name, remote]
-        stdin = PROBE.read_bytes()
+        stdin = shipped_probe()
     try:
         r = subprocess.run(cmd, input=stdin, capture_output=True, timeout=PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -147,19 +179,22 @@ def run_probe(host: Host, args: list[str]) -> tuple[dict | None, str]:
         return None, f"the probe printed something else than JSON: {r.stdout[:200]!r}"
 
 
-def judge(hosts: list[Host], settings: Settings) -> None:
-    """Add each host's faults: what it lacks, and what differs from rank 0's host."""
+def judge(hosts: list[Host], settings: Settings, environ: Mapping[str, str] = os.environ) -> None:
+    """Add each host's faults: what it lacks, what differs from rank 0's host, and what its system says."""
     root = REPO_ROOT
     ref = hosts[0].facts if hosts and hosts[0].facts else {}
     for host in hosts:
         f = host.facts
         if not f:
             continue
+        host.faults += host_faults.hidden_faults(f, str(root))
         if not f.get("project"):
             host.faults.append(f"the project is not at {root} (clone it there, or ./launch.sh sync)")
+            host.faults += host_faults.python_faults(f, environ.get("PYTHON", ""))
             continue
         if not f.get("venv"):
             host.faults.append(f"no .venv in {root} (run ./launch.sh setup there)")
+            host.faults += host_faults.python_faults(f, environ.get("PYTHON", ""))
         for key, name in (("mlx", "mlx"), ("mlx_lm", "mlx-lm")):
             if not f.get(key):
                 host.faults.append(f"{name} is not installed for {f.get('executable')}")
@@ -177,17 +212,18 @@ def judge(hosts: list[Host], settings: Settings) -> None:
             host.faults.append(".env differs from rank 0's (./launch.sh sync copies it)")
         if model.get("ok") and (ref.get("model") or {}).get("ok") and model["identity"] != ref["model"]["identity"]:
             host.faults.append(f"the model differs from rank 0's ({model['identity']} vs {ref['model']['identity']})")
-    if settings.BACKEND == "jaccl":
-        for host in hosts:
-            ports = host.facts.get("rdma") if host.facts else None
-            if ports is None:
-                continue  # no ibv_devinfo here: nothing to check
-            for row in host.rdma:
-                for cell in row:
-                    for dev in _devices(cell):
-                        state = ports.get(dev)
-                        if state != "PORT_ACTIVE":
-                            host.faults.append(f"RDMA device {dev} is {state or 'absent from ibv_devinfo'}, not PORT_ACTIVE")
+    jaccl = settings.BACKEND == "jaccl"
+    for host, share in zip(hosts, host_faults.weight_shares(hosts, settings)):
+        f = host.facts
+        if not f:
+            continue
+        darwin = f.get("system") == "Darwin"
+        host.faults += host_faults.macos_faults(f, None if host is hosts[0] else ref, jaccl)
+        if jaccl:
+            devices = list(dict.fromkeys(d for row in host.rdma for cell in row for d in _devices(cell)))
+            host.faults += host_faults.rdma_faults(f, devices, darwin)
+        host.faults += host_faults.power_faults(f) + host_faults.reach_faults(f)
+        host.faults += host_faults.memory_faults(f, host.ranks, settings, share)
 
 
 def render(hosts: list[Host], settings: Settings, global_faults: list[str],
@@ -219,11 +255,15 @@ def render(hosts: list[Host], settings: Settings, global_faults: list[str],
 
 def check(settings: Settings) -> int:
     hosts, global_faults = cluster_hosts(settings)
-    with cf.ThreadPoolExecutor(len(hosts) + 1) as pool:
+    ranks = sum(len(h.ranks) for h in hosts)
+    ports = (settings.doorbell_port, settings.RING_PORT)  # where the other ranks dial rank 0
+    with listening(hosts[0].ips if hosts and settings.HOSTFILE and ranks > 1 else None, ports) as (reach, faults), \
+            cf.ThreadPoolExecutor(len(hosts) + 1) as pool:
+        global_faults += faults
         # the ranks together: can they run MODEL at all as PARALLEL says (asked here: mlx-lm decides alike anywhere)
-        refusal = pool.submit(parallel_refusal, settings, sum(len(h.ranks) for h in hosts))
+        refusal = pool.submit(parallel_refusal, settings, ranks)
         speculation = pool.submit(speculative_refusal, settings)
-        list(pool.map(lambda h: probe_host(h, settings), hosts))
+        list(pool.map(lambda h: probe_host(h, settings, reach), hosts))
     judge(hosts, settings)
     model_faults = [why for why in (refusal.result(), speculation.result()) if why is not None]
     print(render(hosts, settings, global_faults, model_faults))

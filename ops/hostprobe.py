@@ -1,6 +1,7 @@
-"""What one host of the cluster has, as JSON on stdout: Python, mlx, mlx-lm, the project, the model.
+"""What one host of the cluster has, as JSON on stdout: Python, mlx, mlx-lm, the project, the model, and on a
+Mac what macOS says (ops/macfacts.py).
 
-Standard library only and self-contained: `./launch.sh check` pipes this file into
+Standard library only and self-contained with ops/macfacts.py: `./launch.sh check` pipes the two into
 `ssh HOST python - ARGS`, so it runs even where the project is missing or broken.
 It reports facts; ops.cluster compares them across hosts and decides what is a fault.
 """
@@ -14,13 +15,16 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import runpy
-import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+try:
+    import macfacts  # run as a script: beside this file, or registered first by the shipped bundle
+except ImportError:
+    from ops import macfacts
 
 # The files that must be identical on every host (the ranks run in lockstep).
 CODE_DIRS = ("api", "engine", "ipc", "config", "ops")
@@ -107,7 +111,9 @@ def _cached_facts(model: str, root: Path, caches: list[Path]) -> dict:
 def _folder_facts(root: Path, path: Path) -> dict:
     if problem := folder_problem(root, path):
         return {"ok": False, "problem": problem}
-    return {"ok": True, "identity": f"config.json {file_hash(path / 'config.json')}", "path": str(path)}
+    weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return {"ok": True, "identity": f"config.json {file_hash(path / 'config.json')}", "path": str(path),
+            "bytes": weights}
 
 
 def folder_problem(root: Path, path: Path) -> str | None:
@@ -155,27 +161,8 @@ def generator_version(root: Path, kind: str) -> str:
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip().isdigit() else "?"
 
 
-def rdma_ports() -> dict[str, str] | None:
-    """{device: port state} from ibv_devinfo, or None where it is not installed."""
-    if shutil.which("ibv_devinfo") is None:
-        return None
-    try:
-        out = subprocess.run(["ibv_devinfo"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    ports: dict[str, str] = {}
-    device = None
-    for line in out.splitlines():
-        if m := re.match(r"\s*hca_id:\s*(\S+)", line):
-            device = m.group(1)
-        elif (m := re.match(r"\s*state:\s*(\S+)", line)) and device is not None:
-            # a device with several ports counts as active when any port is
-            if ports.get(device) != "PORT_ACTIVE":
-                ports[device] = m.group(1)
-    return ports
-
-
-def probe(root: Path, model: str, caches: list[Path] | None = None) -> dict:
+def probe(root: Path, model: str, caches: list[Path] | None = None, reach: tuple[str, ...] = (), python: str = "",
+          run: macfacts.Runner = macfacts.run_command, system: str = platform.system()) -> dict:
     venv_python = root / ".venv" / "bin" / "python"
     facts = {
         "hostname": socket.gethostname(),
@@ -185,7 +172,7 @@ def probe(root: Path, model: str, caches: list[Path] | None = None) -> dict:
         "mlx": version("mlx"),
         "mlx_lm": version("mlx-lm"),
         "project": (root / "launch.sh").is_file(),
-        "rdma": rdma_ports(),
+        **system_facts(root, reach, python, run, system),
     }
     if facts["project"]:
         facts["code"] = code_hash(root)
@@ -193,6 +180,21 @@ def probe(root: Path, model: str, caches: list[Path] | None = None) -> dict:
         facts["env"] = file_hash(env) if env.is_file() else None
         facts["model"] = model_facts(model, root, caches)
     return facts
+
+
+def system_facts(root: Path, reach: tuple[str, ...], python: str, run: macfacts.Runner, system: str,
+                 home: Path | None = None) -> dict:
+    """What the operating system says: RDMA devices, setup's Python, rank 0's ports dialled, and on a Mac the rest."""
+    home = Path.home() if home is None else home
+    darwin = system == "Darwin"
+    return {
+        "ibv": macfacts.ibv_ports(run),
+        "system": system,
+        "hidden": macfacts.hidden_folder(root, home) if darwin else None,
+        "setup_python": macfacts.setup_python(run, python),
+        "reach": {address: macfacts.reach(address) for address in reach},
+        "mac": macfacts.mac_facts(run, root / ".venv" / "bin" / "python") if darwin else None,
+    }
 
 
 def cached_models(root: Path, caches: list[Path]) -> dict:
@@ -215,9 +217,16 @@ def main() -> int:
     parser.add_argument("--hub-cache", action="append", default=[],
                         help="the Hugging Face cache folder of one of this host's ranks (repeated; default: HF_HUB_CACHE)")
     parser.add_argument("--list-models", action="store_true", help="only list the models in those caches")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE set first, as mlx.launch sets it for a rank")
+    parser.add_argument("--reach", action="append", default=[], help="HOST:PORT to open a TCP connection to (repeated)")
+    parser.add_argument("--python", default="", help="PYTHON as sync forwards it to setup (default: setup's own search)")
     args = parser.parse_args()
-    caches = [Path(c).expanduser() for c in args.hub_cache]
-    facts = cached_models(Path(args.root), caches) if args.list_models else probe(Path(args.root), args.model, caches)
+    macfacts.apply_env(args.env)
+    root = Path(args.root)
+    # as a rank resolves its cache: ~ is this host's home, a relative folder is inside the project
+    caches = [root / Path(c).expanduser() for c in args.hub_cache]
+    facts = (cached_models(root, caches) if args.list_models
+             else probe(root, args.model, caches, tuple(args.reach), args.python))
     print(json.dumps(facts))
     return 0
 

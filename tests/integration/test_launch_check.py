@@ -259,3 +259,20 @@ def test_restarts_refuse_a_model_folder_broken_meanwhile_and_the_engine_serves_o
             assert launch(env, "status", **run).returncode == 0  # the running engine was not stopped
     finally:
         launch(env, "stop", **run)
+
+
+def test_check_says_when_rank_0s_address_is_not_this_machine():
+    """check listens where the other ranks will dial rank 0 (hosts[0].ips[0]); an address that is not this
+    machine's, no address at all, or a port an engine already holds each say so instead of failing the dial."""
+    from ops.macfacts import reach
+    from ops.rank0_ports import listening
+
+    with listening(["192.0.2.1"], (free_port(),)) as (addresses, faults):  # TEST-NET-1: nobody's
+        assert addresses == () and faults[0].startswith("hosts[0].ips[0] 192.0.2.1 of HOSTFILE is no address of "
+                                                        "this machine: run ./launch.sh on the hostfile's first host")
+    with listening([], (free_port(),)) as (addresses, faults):
+        assert faults[0].startswith("hosts[0] of HOSTFILE lists no ips")
+    held, free = free_port(), free_port()
+    with listening(["127.0.0.1"], (held,)), listening(["127.0.0.1"], (held, free)) as (addresses, faults):
+        assert addresses == (f"127.0.0.1:{free}",) and faults == []  # the held port is never dialled
+        assert reach(addresses[0]) == "ok"

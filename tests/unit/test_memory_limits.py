@@ -53,3 +53,13 @@ def test_the_pipeline_split_weighs_ranks_by_the_same_figure(ranks, monkeypatch):
     monkeypatch.setattr(ranks, "host_memory", lambda: (128 * GiB, 50 * GiB))
     assert ranks.model_memory(MAC) == 96 * GiB
     assert ranks.model_memory(CPU) == 50 * GiB  # elsewhere what the OS says is available
+
+
+def test_without_proc_meminfo_available_memory_comes_from_sysconf(ranks, monkeypatch):
+    """macOS has no /proc/meminfo: what is available comes from sysconf's SC_AVPHYS_PAGES, never 0."""
+    def no_meminfo(*args, **kwargs):
+        raise FileNotFoundError("/proc/meminfo")
+    monkeypatch.setattr(ranks, "open", no_meminfo, raising=False)
+    monkeypatch.setattr(ranks.os, "sysconf", {"SC_PAGE_SIZE": 16384, "SC_PHYS_PAGES": 8 * GiB // 16384,
+                                              "SC_AVPHYS_PAGES": 3 * GiB // 16384}.__getitem__)
+    assert ranks.host_memory() == (8 * GiB, 3 * GiB)
