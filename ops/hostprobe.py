@@ -35,6 +35,8 @@ DEMO_PREFIX = "demo-"
 GENERATED = (
     (DEMO_PREFIX, "demo", "engine/demo/specs.py", "DEMO_MODELS"),
     ("zoo-", "zoo", "engine/zoo/names.py", "SERVED_MODELS"),
+    # converted from a wheel each host's setup fetched and verified (engine/gguf): the same converter, the same model
+    ("smollm2-", "gguf", "engine/gguf/packaged.py", "SMOLLM2"),
 )
 # The project's check of a model folder's files (standard library only, so it runs here as a file).
 FOLDER_CHECK = "config/model_folder.py"

@@ -30,8 +30,8 @@ from ops.probe import engine_info
 
 INFO_TIMEOUT = 2.0
 MODELS_FILE = "models.json"
-# the folders engine/demo and engine/zoo generate in MODEL_CACHE_DIR: demo-tiny-v3, zoo-qwen3-v2
-_GENERATED = re.compile(r"^((?:demo|zoo)-.+)-v(\d+)$")
+# the folders engine/demo, engine/zoo and engine/gguf write in MODEL_CACHE_DIR: demo-tiny-v3, zoo-qwen3-v2, smollm2-135m-v1
+_GENERATED = re.compile(r"^((?:demo|zoo|smollm2)-.+)-v(\d+)$")
 
 
 def gather(settings: Settings) -> dict:
@@ -86,7 +86,7 @@ def served(settings: Settings) -> dict:
 
 
 def generated(settings: Settings) -> list[dict]:
-    """The demo and zoo models this host generated (in MODEL_CACHE_DIR); any host makes the same ones."""
+    """The demo, zoo and packaged models this host generated (in MODEL_CACHE_DIR); any host makes the same ones."""
     out = []
     try:
         folders = sorted(p for p in settings.model_cache_dir.iterdir() if p.is_dir())

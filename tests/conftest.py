@@ -8,6 +8,10 @@ import pytest
 
 from tests.harness import run_dir_made
 
+# The default MODEL is a real 135M model, many times slower per token here than the random-weight demo: whatever a
+# test starts without naming MODEL (stacks, launch.sh, engines) serves demo-tiny; the real model's tests name it.
+os.environ["MODEL"] = "demo-tiny"
+
 
 @pytest.fixture
 def anyio_backend() -> str:

@@ -83,6 +83,8 @@ class Stack:
             LOG_DIR=str(self.root / "logs"),
             SOCKET_PATH=str(self.socket),
             MODEL_CACHE_DIR=str(MODEL_CACHE),
+            # plumbing runs on the random-weight demo (fast); a stack of the real default model says MODEL=smollm2-135m
+            MODEL="demo-tiny",
             API_HOST="127.0.0.1",
             API_PORT=str(self.api_port),
             RING_PORT=str(free_ring_port(4)),

@@ -33,6 +33,7 @@ class Launch:
             "RUN_DIR": str(self.root / "run"),
             "LOG_DIR": str(self.root / "logs"),
             "MODEL_CACHE_DIR": str(MODEL_CACHE),
+            "MODEL": "demo-tiny",  # the fast random-weight demo, unless a test names another
             "API_HOST": "127.0.0.1",
             "API_PORT": str(self.api_port),
             "RING_PORT": str(free_ring_port(2)),

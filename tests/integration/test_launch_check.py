@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo import VERSION as DEMO_VERSION
+from engine.gguf import VERSION as PACKAGED_VERSION
 from ops.procs import free_ring_port
 from tests.harness import MODEL_CACHE, REPO, free_port, short_dir
 
@@ -92,7 +92,7 @@ def test_check_passes_on_local_hosts(env):
     assert r.returncode == 0, r.stdout + r.stderr
     assert verdicts(r.stdout) == {"127.0.0.1": "OK", "localhost": "OK"}
     assert "preflight passed" in r.stdout
-    assert f"demo-tiny generator v{DEMO_VERSION}" in r.stdout
+    assert f"smollm2-135m generator v{PACKAGED_VERSION}" in r.stdout  # the default model
     assert stub_log(env) == ""  # local hosts are checked without ssh
 
 
@@ -169,8 +169,10 @@ def test_start_status_logs_and_stop(env):
         url = f"http://127.0.0.1:{env['API_PORT']}"
         body = json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         req = urllib.request.Request(url + "/v1/chat/completions", body.encode(), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            request_id = json.load(resp)["id"]
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            answer = json.load(resp)
+        request_id = answer["id"]
+        assert answer["model"] == "smollm2-135m"  # what a fresh clone serves: the real model
         r = launch(env, "status")
         assert r.returncode == 0, r.stdout + r.stderr
         assert re.search(r"rank 0 +\S+ +pid \d+ +step \d+ +reported [\d.]+s ago +memory [\d.]+ [MG]iB", r.stdout), r.stdout

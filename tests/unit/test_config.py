@@ -22,8 +22,8 @@ def _settings(env: dict[str, str] | None = None, env_file: Path = NO_ENV_FILE) -
 def test_defaults() -> None:
     s = _settings()
     assert s == Settings()
-    assert s.MODEL == "demo-tiny"
-    assert s.model_name == "demo-tiny"
+    assert s.MODEL == "smollm2-135m"  # a fresh clone serves a real model
+    assert s.model_name == "smollm2-135m"
     assert (s.API_HOST, s.API_PORT) == ("127.0.0.1", 8000)
     assert s.BACKEND == "ring"
     assert s.hosts == ["127.0.0.1"] and s.ranks == 1

