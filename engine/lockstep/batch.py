@@ -99,6 +99,8 @@ class LockstepBatch:
         self.wants_logprobs: set[str] = set()
         # Requests ended since the last step because generating them raised: rid -> reason.
         self.failed: dict[str, str] = {}
+        # Prompt tokens each sequence inserted since the last step took from the prefix cache (StepResults.reused)
+        self.reused: dict[str, int] = {}
         self._fail_seed = failpoint_seed("step")
         self._seeded: set[str] = set()  # requests carrying the failpoint's seed
         # The prefix cache's entries on this rank, and what they are built from: the inserts that asked to
@@ -291,10 +293,11 @@ class LockstepBatch:
                 self.failed[ins.rid] = _reason(exc)
             self.reset(_reason(exc))
             return
-        for ins, uid in zip(ready, uids):
+        for ins, uid, n in zip(ready, uids, reuse):
             self.uid_of[ins.rid] = uid
             self.rid_of[uid] = ins.rid
             self.order.append(ins.rid)
+            self.reused[ins.rid] = n
             if ins.logprobs:
                 self.wants_logprobs.add(ins.rid)
             if ins.keep:
@@ -355,6 +358,7 @@ class LockstepBatch:
             self.boundaries.take(self.gen, self.uid_of)
         self.last_check = token_checksum([tok for _, tok, _ in out.tokens])
         out.failed = dict(self.failed)
+        out.reused, self.reused = self.reused, {}
         self.failed.clear()  # in place: the guards of running requests hold this dict
         return out
 

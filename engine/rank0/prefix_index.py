@@ -120,6 +120,13 @@ class PrefixIndex:
         self.entries.move_to_end(best)
         return best, best_len
 
+    def unhit(self, looked_up: int, reused: int) -> None:
+        """A lookup's promise of looked_up tokens gave only `reused` (the ranks no longer held the entry)."""
+        self.stats.cached_tokens += reused - looked_up
+        if looked_up and not reused:
+            self.stats.hits -= 1
+            self.stats.misses += 1
+
     def best(self, key: bytes, limit: int, tenant: str = "") -> tuple[int, int]:
         """(entry id, tokens it can give, at most limit) of tenant's entry giving the most to key; no stats."""
         best, best_len = 0, 0
