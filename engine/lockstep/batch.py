@@ -11,6 +11,7 @@ from engine import mlx_compat
 from engine.decoding.constrained import GrammarFailed, Grammars
 from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
 from engine.lockstep.boundaries import Boundaries
+from engine.lockstep.buffers import cache_arrays
 from engine.lockstep.plan import Plan, Store, fingerprint, token_checksum
 from engine.lockstep.prefix import PrefixEntries, model_cuts
 from engine.lockstep.results import StepResults
@@ -220,6 +221,14 @@ class LockstepBatch:
             self.prefix.evict(plan.evicts)
         if plan.idle:
             self.settle()
+
+    def batch_arrays(self) -> int:
+        """The arrays (Metal buffers) the running batch's caches hold on this rank."""
+        return sum(cache_arrays(c) for c in mlx_compat.batch_caches(self.gen))
+
+    def live_arrays(self) -> int:
+        """The arrays the batch and the prefix cache hold on this rank (what MAX_LIVE_BUFFERS bounds)."""
+        return self.batch_arrays() + sum(self.prefix.arrays.values())
 
     def settle(self) -> None:
         """The engine has gone idle (every rank at the same plan; a single rank whenever it waits for work):

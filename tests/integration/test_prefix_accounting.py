@@ -1,5 +1,6 @@
-"""Usage's cached tokens are what the batch really reused, on the real demo model: rank 0's scheduler driving a
-real LockstepBatch in one process, as the leader does (text handling faked: it is not under test)."""
+"""What the prefix cache reports and bounds, on the real demo model: usage's cached tokens are what the batch
+really reused, and its arrays (Metal buffers) stay within MAX_LIVE_BUFFERS. Rank 0's scheduler drives a real
+LockstepBatch in one process, as the leader does (text handling faked: it is not under test)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,15 @@ class _Text:
 
 
 @pytest.fixture(scope="module")
-def engine():
+def loaded():
     settings = load_settings({"MODEL": "demo-tiny", "MODEL_CACHE_DIR": str(MODEL_CACHE)}, env_file="/dev/null")
     model, tok = load(str(resolve(settings)))
-    eos = set(tok.eos_token_ids)
+    return model, set(tok.eos_token_ids)
+
+
+@pytest.fixture
+def engine(loaded):
+    model, eos = loaded
     batch = LockstepBatch(model, eos, 64, 8)
     return Scheduler(8, eos, Counters(), lambda texts, asks: [], PrefixIndex(1 << 30, model_cuts(model))), batch
 
@@ -63,8 +69,8 @@ def _serve(sched: Scheduler, batch: LockstepBatch, tokens: list[int], drop: bool
             if drop and ins.cache_id:
                 batch.prefix.evict([ins.cache_id])  # as a rank that evicted it, or found it damaged, would
         batch.apply(plan)
-        if plan.stores or plan.evicts:
-            sched.prefix.applied(batch.prefix.sizes())
+        if plan.stores or plan.evicts:  # as the leader does
+            sched.prefix.applied(batch.prefix.sizes(), arrays=batch.prefix.arrays, batch_arrays=batch.batch_arrays())
         sched.step += 1
         if plan.idle:
             return planned, messages
@@ -87,3 +93,18 @@ def test_usage_counts_only_the_prompt_tokens_the_step_reused(engine):
     assert planned >= len(prompt) + 10
     assert {m.cached_tokens for m in messages} == {planned}
     assert isinstance(messages[-1], Finish) and sched.prefix.stats.cached_tokens == planned
+
+
+def test_many_short_entries_are_evicted_before_their_arrays_pass_max_live_buffers(engine):
+    """Metal ends a process at ~499,000 live buffers: short entries reach that long before the byte budget."""
+    sched, batch = engine
+    _serve(sched, batch, list(range(100, 110)))
+    per_entry = sum(batch.prefix.arrays.values())
+    assert per_entry > 0
+    sched.prefix.max_arrays = 3 * per_entry + per_entry // 2  # room for three entries, far below the byte budget
+    for first in range(1, 10):  # conversations sharing nothing: each a short entry of its own
+        _serve(sched, batch, [first] + list(range(100, 110)))
+        assert batch.live_arrays() <= sched.prefix.max_arrays  # counted on the rank, not rank 0's view
+        assert sched.prefix.live_arrays == batch.live_arrays()
+    assert sched.prefix.stats.evictions >= 6 and len(batch.prefix.entries) == 3
+    assert sched.prefix.nbytes < sched.prefix.budget // 1000
