@@ -13,7 +13,8 @@ from ipc.result_file import ResultFile
 
 # The line rank 0 prints once every rank has joined (ops then quiets mlx.launch's stdin loop).
 JOINED = "links: every rank joined"
-# Test hook, read only by the checking ranks: "RANK:CODE" makes that rank exit with CODE once every rank joined.
+# Test hook, read only by the checking ranks under MCS_TEST_HOOKS=1 (ipc/test_hooks.py): "RANK:CODE" makes that rank
+# exit with CODE once every rank joined.
 TEST_EXIT = "MCS_LINKS_TEST_EXIT"
 
 

@@ -16,7 +16,7 @@ import sys
 import msgspec
 
 from config import Settings
-from ipc.link_check import JOINED, RESULT, TEST_EXIT, LinkCheckResult
+from ipc.link_check import JOINED, RESULT, LinkCheckResult
 from ipc.spread import PARENT_ENV
 from ops.download import rank_hosts
 from ops.rank_job import JobFailed, RankJob, engine_holds_rdma
@@ -33,7 +33,7 @@ def link_check(settings: Settings) -> int:
         return _fail("the serving engine holds the Thunderbolt RDMA devices that the check's own JACCL group needs: "
                      "stop it first (./launch.sh stop); while it serves, /health shows the links it probes itself")
     job = RankJob(settings, hosts, "links", "engine.link_check", [], settings.run_dir / RESULT_FILE, JOINED,
-                  forward=(TEST_EXIT,), what="link check", env={PARENT_ENV: f"{socket.gethostname()} {os.getpid()}"})
+                  what="link check", env={PARENT_ENV: f"{socket.gethostname()} {os.getpid()}"})
     try:
         result = RESULT.decode(job.run())
     except JobFailed as exc:

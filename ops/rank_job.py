@@ -96,7 +96,6 @@ class RankJob:
     args: list[str]
     result_path: Path
     joined_line: str  # what rank 0 prints once every rank joined
-    forward: tuple[str, ...] = ()  # variables forwarded beside the settings (test hooks)
     what: str = ""  # the job in a sentence ("the link check failed"); name when empty
     env: dict[str, str] = field(default_factory=dict)  # set on every rank
     heard: Heard = field(default_factory=Heard)
@@ -108,7 +107,7 @@ class RankJob:
                "--cwd", str(REPO_ROOT)]
         cmd += ["--hostfile", s.HOSTFILE] if s.HOSTFILE else ["--hosts", ",".join(self.hosts)]
         # remote ranks do not inherit our environment: forward what was set in it, as the engine's start does
-        cmd += env_args(s, extra=self.forward)
+        cmd += env_args(s)  # the test hooks too, under MCS_TEST_HOOKS=1
         for key, value in self.env.items():
             cmd += ["--env", f"{key}={value}"]
         return [*cmd, "--", py, "-m", self.module, *self.args, "--result", str(self.result_path)]

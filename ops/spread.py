@@ -18,12 +18,13 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 
 import msgspec
 
 from config import ConfigError, Settings, load_settings
 from config.hub_cache import Manifest, read_manifest
-from ipc.spread import JOINED, PARENT_ENV, TEST_HOOKS, decode_result
+from ipc.spread import JOINED, PARENT_ENV, decode_result
 from ops.rank_job import LOCAL, JobFailed, RankJob, engine_holds_rdma
 
 CHUNK_BYTES = 64 << 20  # per transfer: large enough for the link's full rate, small enough to resume often
@@ -66,11 +67,7 @@ class ClusterSpread:
         self.folder.mkdir(parents=True, exist_ok=True)
         manifest_path = self.folder / f"spread-manifest-{self.manifest.commit}.json"
         manifest_path.write_text(self.manifest.to_json())
-        job = RankJob(self.settings, self.hosts, "spread", "engine.spread",
-                      ["--manifest", str(manifest_path), "--chunk-bytes", str(self.chunk_bytes), "--via", self.via,
-                       "--hosts", ",".join(self.hosts)],
-                      self.folder / RESULT_FILE, JOINED, forward=TEST_HOOKS,
-                      env={PARENT_ENV: f"{socket.gethostname()} {os.getpid()}"})
+        job = self.job(manifest_path)
         try:
             data = job.run()
         except JobFailed as exc:
@@ -85,6 +82,13 @@ class ClusterSpread:
             return _fail(result.message)
         print(f"spread: bytes_sent={result.bytes_sent} files_sent={result.files_sent}")
         return 0
+
+    def job(self, manifest_path: Path) -> RankJob:
+        """The spreading ranks, every one started by mlx.launch."""
+        return RankJob(self.settings, self.hosts, "spread", "engine.spread",
+                       ["--manifest", str(manifest_path), "--chunk-bytes", str(self.chunk_bytes), "--via", self.via,
+                        "--hosts", ",".join(self.hosts)],
+                       self.folder / RESULT_FILE, JOINED, env={PARENT_ENV: f"{socket.gethostname()} {os.getpid()}"})
 
 
 def _fail(message: str) -> int:

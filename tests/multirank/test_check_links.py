@@ -35,7 +35,7 @@ def test_check_links_prints_each_pairs_latency_and_bandwidth_and_names_a_failing
     assert m, ok.stdout
     assert 0 < int(m.group(1)) < 50_000 and 0.01 < float(m.group(2)) < 1000, ok.stdout  # loopback, a busy host
 
-    failed = check_links(MCS_LINKS_TEST_EXIT="1:3")
+    failed = check_links(MCS_LINKS_TEST_EXIT="1:3", MCS_TEST_HOOKS="1")
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert failed.stderr.strip().splitlines()[-1] == (
         "check --links: the link check failed: rank 1 (127.0.0.1) exited with code 3: test hook: exiting with 3")
