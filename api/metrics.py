@@ -234,6 +234,10 @@ def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:
                               value=info.prompt_cache_misses)
     yield CounterMetricFamily(f"{PREFIX}_prompt_cache_evictions", "Entries evicted (least recently used first).",
                               value=info.prompt_cache_evictions)
+    yield GaugeMetricFamily(f"{PREFIX}_live_buffers", "Arrays (Metal buffers) the batch and the prefix cache hold on "
+                            "rank 0, as of the last store or eviction.", value=info.live_buffers)
+    yield GaugeMetricFamily(f"{PREFIX}_live_buffers_budget", "Arrays per rank beyond which prefix-cache entries are "
+                            "evicted (MAX_LIVE_BUFFERS; 0: no cap).", value=info.live_buffers_budget)
     yield CounterMetricFamily(f"{PREFIX}_engine_prompt_tokens",
                               "Prompt tokens of the sequences that joined the batch.", value=info.prompt_tokens_total)
     yield CounterMetricFamily(f"{PREFIX}_prompt_cache_tokens",

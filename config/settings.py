@@ -90,6 +90,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     PREFILL_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
     # -1: a quarter of the memory the smallest rank has left after loading its weights; 0: no prefix cache
     PROMPT_CACHE_BYTES: Annotated[int, Meta(ge=-1)] = -1
+    # arrays (Metal buffers) per rank the batch and the prefix cache may hold before entries are evicted: Metal
+    # ends a process at about 499,000 live buffers; 0: no cap
+    MAX_LIVE_BUFFERS: Annotated[int, Meta(ge=0)] = 200000
     # KV bytes per rank for running sequences and the prefix cache together; -1: half of the memory the
     # smallest rank has left after loading its weights; 0: no limit
     KV_MEMORY_BYTES: Annotated[int, Meta(ge=-1)] = -1
@@ -220,6 +223,7 @@ HINTS = {
     "PREFILL_TOKENS_PER_STEP": "an integer >= 16",
     "PROMPT_CACHE_BYTES": "an integer of bytes (0 turns the prefix cache off, -1 sizes it from memory)",
     "KV_MEMORY_BYTES": "an integer of bytes (0: no limit, -1 sizes it from memory)",
+    "MAX_LIVE_BUFFERS": "an integer >= 0 (0: no cap; keep it well below Metal's limit of about 499000)",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",
     "MAX_FRAME_BYTES": f"an integer of bytes >= {MIN_FRAME_BYTES} (the engine's own answers take a few KB)",
     "MAX_REQUEST_BYTES": "an integer of bytes >= 1024",

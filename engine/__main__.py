@@ -257,7 +257,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     logging.getLogger("engine").info("prefix cache: %s", f"{cache_budget / 2**20:.0f} MiB per rank" if cache_budget
                                      else "off")
     scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
-                          PrefixIndex(cache_budget, batch.prefix.cuts), kv)
+                          PrefixIndex(cache_budget, batch.prefix.cuts, settings.MAX_LIVE_BUFFERS), kv)
     backend = settings.BACKEND if joined.size > 1 else "single"
     spec_mode = settings.SPECULATIVE if proposer is not None else "off"
     if test_hooks.ENABLED:

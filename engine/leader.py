@@ -150,7 +150,8 @@ class Leader(StepLoop):
         self.batch.apply(plan)
         if plan.stores or plan.evicts:
             # what the ranks now hold, measured on this rank's shard; over budget, the LRU go next plan
-            self.scheduler.prefix.applied(self.batch.prefix.sizes())
+            prefix = self.batch.prefix
+            self.scheduler.prefix.applied(prefix.sizes(), arrays=prefix.arrays, batch_arrays=self.batch.batch_arrays())
         if plan.report:
             self.watchdog.beat(f"gathering rank reports at step {plan.step}")
             self.reports.update(self.channel.gather(local_row(plan.step, self.batch.prefix.nbytes())))

@@ -69,6 +69,11 @@ def fed_tokens(gen: Any) -> dict[int, int]:
     return fed
 
 
+def batch_caches(gen: Any) -> list[list[Any]]:
+    """The per-layer caches of a BatchGenerator's batches (being prefilled, decoding)."""
+    return [gen._prompt_batch.prompt_cache, gen._generation_batch.prompt_cache]
+
+
 def step_with_decoding(gen: Any, decode) -> list:
     """One BatchGenerator step whose decoding half is decode(generation batch) -> responses instead of mlx-lm's
     own one-token step; prefill and the move of prefilled prompts into decoding happen as in gen.next()."""

@@ -133,6 +133,10 @@ class Info(Msg):
     # prompt tokens of every sequence that joined the batch, and how many of them came from the cache
     prompt_tokens_total: int = 0
     prompt_tokens_cached: int = 0
+    # arrays (Metal buffers) the batch and the prefix cache hold on rank 0, as of the last store or eviction, and
+    # the most the prefix cache may bring them to (MAX_LIVE_BUFFERS; 0: no cap)
+    live_buffers: int = 0
+    live_buffers_budget: int = 0
     # KV memory per rank (rank 0's estimate, from the largest rank's measured caches): the budget of the running
     # sequences and the prefix cache together (0: no limit), what the running sequences reserve, one token's KV
     # in the layers that keep every token, one token's in sliding-window layers and the window they keep, and

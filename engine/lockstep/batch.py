@@ -11,6 +11,7 @@ from engine import mlx_compat
 from engine.decoding.constrained import GrammarFailed, Grammars
 from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
 from engine.lockstep.boundaries import Boundaries
+from engine.lockstep.buffers import cache_arrays
 from engine.lockstep.plan import Plan, Store, fingerprint, token_checksum
 from engine.lockstep.prefix import PrefixEntries, model_cuts
 from engine.lockstep.results import StepResults
@@ -99,6 +100,8 @@ class LockstepBatch:
         self.wants_logprobs: set[str] = set()
         # Requests ended since the last step because generating them raised: rid -> reason.
         self.failed: dict[str, str] = {}
+        # Prompt tokens each sequence inserted since the last step took from the prefix cache (StepResults.reused)
+        self.reused: dict[str, int] = {}
         self._fail_seed = failpoint_seed("step")
         self._seeded: set[str] = set()  # requests carrying the failpoint's seed
         # The prefix cache's entries on this rank, and what they are built from: the inserts that asked to
@@ -219,6 +222,14 @@ class LockstepBatch:
         if plan.idle:
             self.settle()
 
+    def batch_arrays(self) -> int:
+        """The arrays (Metal buffers) the running batch's caches hold on this rank."""
+        return sum(cache_arrays(c) for c in mlx_compat.batch_caches(self.gen))
+
+    def live_arrays(self) -> int:
+        """The arrays the batch and the prefix cache hold on this rank (what MAX_LIVE_BUFFERS bounds)."""
+        return self.batch_arrays() + sum(self.prefix.arrays.values())
+
     def settle(self) -> None:
         """The engine has gone idle (every rank at the same plan; a single rank whenever it waits for work):
         every store rank 0 wanted has been applied, so the states held for stores that never came go now. Held
@@ -291,10 +302,11 @@ class LockstepBatch:
                 self.failed[ins.rid] = _reason(exc)
             self.reset(_reason(exc))
             return
-        for ins, uid in zip(ready, uids):
+        for ins, uid, n in zip(ready, uids, reuse):
             self.uid_of[ins.rid] = uid
             self.rid_of[uid] = ins.rid
             self.order.append(ins.rid)
+            self.reused[ins.rid] = n
             if ins.logprobs:
                 self.wants_logprobs.add(ins.rid)
             if ins.keep:
@@ -355,6 +367,7 @@ class LockstepBatch:
             self.boundaries.take(self.gen, self.uid_of)
         self.last_check = token_checksum([tok for _, tok, _ in out.tokens])
         out.failed = dict(self.failed)
+        out.reused, self.reused = self.reused, {}
         self.failed.clear()  # in place: the guards of running requests hold this dict
         return out
 

@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
+from engine.lockstep.buffers import cache_arrays
 from engine.lockstep.cuts import CacheCuts
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class PrefixEntries:
         self.cuts = cuts  # what rank 0's index is told the entries allow
         self.entries: dict[int, list[Any]] = {}
         self.lengths: dict[int, int] = {}  # tokens each entry covers
+        self.arrays: dict[int, int] = {}  # arrays (Metal buffers) each entry holds (engine/lockstep/buffers.py)
 
     def ids(self) -> list[int]:
         return list(self.entries)
@@ -144,6 +146,7 @@ class PrefixEntries:
                 c.trim(have - length)
         self.entries[entry] = compact(cache, length)
         self.lengths[entry] = length
+        self.arrays[entry] = cache_arrays(self.entries[entry])
 
     def take(self, entry: int, length: int) -> list[Any]:
         """A private copy of the entry's first `length` tokens, for a new sequence to extend: plain KV caches
@@ -156,7 +159,9 @@ class PrefixEntries:
         for i in ids:
             self.entries.pop(i, None)
             self.lengths.pop(i, None)
+            self.arrays.pop(i, None)
 
     def clear(self) -> None:
         self.entries.clear()
         self.lengths.clear()
+        self.arrays.clear()

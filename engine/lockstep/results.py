@@ -16,6 +16,8 @@ class StepResults:
     one per token of theirs in `tokens`, in the same order; failed maps the requests this step ended because
     generating them raised, to the reason (identical on every rank). proposed and accepted count the draft tokens
     this step verified and kept (engine/speculative), drafted the requests that had drafts to verify in it.
+    reused maps each sequence this step's plan inserted to the prompt tokens it really took from the prefix cache
+    (0 where the ranks no longer held the entry rank 0 looked up: then it computed them all).
     """
 
     tokens: list[tuple[str, int, str | None]] = field(default_factory=list)
@@ -24,3 +26,4 @@ class StepResults:
     proposed: int = 0
     accepted: int = 0
     drafted: set[str] = field(default_factory=set)
+    reused: dict[str, int] = field(default_factory=dict)

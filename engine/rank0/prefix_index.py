@@ -47,7 +47,8 @@ def prefix_info(index: PrefixIndex) -> dict[str, int]:
     return {"prompt_cache_budget": index.budget, "prompt_cache_bytes": index.held,
             "prompt_cache_entries": len(index.entries), "prompt_cache_hits": st.hits,
             "prompt_cache_misses": st.misses, "prompt_cache_evictions": st.evictions,
-            "prompt_tokens_total": st.prompt_tokens, "prompt_tokens_cached": st.cached_tokens}
+            "prompt_tokens_total": st.prompt_tokens, "prompt_tokens_cached": st.cached_tokens,
+            "live_buffers": index.live_arrays, "live_buffers_budget": index.max_arrays}
 
 
 def token_bytes(tokens: list[int]) -> bytes:
@@ -71,6 +72,7 @@ class Entry:
     tenant: str = ""  # only requests of the same tenant (Generate.cache_salt) reuse or supersede it
     shared: bool = False  # where several conversations part: none of them supersedes it by going on from it
     nbytes: int = 0  # known once the store has been applied
+    arrays: int = 0  # arrays (Metal buffers) it holds, known with nbytes
 
     @property
     def length(self) -> int:
@@ -90,8 +92,11 @@ class CacheStats:
 class PrefixIndex:
     """Entry id -> the tokens its KV covers, in LRU order, within a byte budget."""
 
-    def __init__(self, budget_bytes: int, cuts: CacheCuts = CacheCuts()) -> None:
+    def __init__(self, budget_bytes: int, cuts: CacheCuts = CacheCuts(), max_arrays: int = 0) -> None:
         self.budget = budget_bytes
+        # Metal caps a process's live buffers: the batch's arrays and the entries' stay within this (0: no cap)
+        self.max_arrays = max_arrays
+        self.live_arrays = 0  # the batch's and the entries' arrays as of the last plan applied (read by other threads)
         self.cuts = cuts
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self.next_id = 1
@@ -119,6 +124,13 @@ class PrefixIndex:
         self.stats.cached_tokens += best_len
         self.entries.move_to_end(best)
         return best, best_len
+
+    def unhit(self, looked_up: int, reused: int) -> None:
+        """A lookup's promise of looked_up tokens gave only `reused` (the ranks no longer held the entry)."""
+        self.stats.cached_tokens += reused - looked_up
+        if looked_up and not reused:
+            self.stats.hits -= 1
+            self.stats.misses += 1
 
     def best(self, key: bytes, limit: int, tenant: str = "") -> tuple[int, int]:
         """(entry id, tokens it can give, at most limit) of tenant's entry giving the most to key; no stats."""
@@ -173,30 +185,37 @@ class PrefixIndex:
         self.stats.stored += 1
         return entry_id
 
-    def applied(self, sizes: dict[int, int], in_use: set[int] = frozenset()) -> None:
-        """After a plan: the bytes of each entry rank 0 holds. Entries the ranks did not keep are forgotten;
-        then the least recently used go until the rest fits the budget (not those in_use by this plan)."""
+    def applied(self, sizes: dict[int, int], in_use: set[int] = frozenset(), arrays: dict[int, int] | None = None,
+                batch_arrays: int = 0) -> None:
+        """After a plan: the bytes (and arrays) of each entry rank 0 holds, and the arrays its batch holds. Entries
+        the ranks did not keep are forgotten; then the least recently used go until the rest fits the budget and,
+        next to the batch, MAX_LIVE_BUFFERS (not those in_use by this plan)."""
         for entry_id in [i for i in self.entries if i not in sizes]:
             del self.entries[entry_id]
         for entry_id, nbytes in sizes.items():
             if entry_id in self.entries:
                 self.entries[entry_id].nbytes = nbytes
-        self.fit(self.budget, in_use)
+                self.entries[entry_id].arrays = (arrays or {}).get(entry_id, 0)
+        self.fit(self.budget, in_use, max(0, self.max_arrays - batch_arrays) if self.max_arrays else None)
         self.held = self.nbytes
+        self.live_arrays = batch_arrays + sum(e.arrays for e in self.entries.values())
 
-    def fit(self, budget: int, in_use: set[int] = frozenset()) -> int:
-        """Evict least recently used entries until they fit budget bytes; the bytes freed."""
+    def fit(self, budget: int, in_use: set[int] = frozenset(), max_arrays: int | None = None) -> int:
+        """Evict least recently used entries until they fit budget bytes (and max_arrays arrays, when given);
+        the bytes freed."""
         freed = 0
         total = self.nbytes
+        arrays = sum(e.arrays for e in self.entries.values())
         for entry_id in list(self.entries):
-            if total <= budget:
+            if total <= budget and (max_arrays is None or arrays <= max_arrays):
                 break
             if entry_id in in_use:
                 continue
-            nbytes = self.entries[entry_id].nbytes
+            entry = self.entries[entry_id]
             self._evict(entry_id)
-            total -= nbytes
-            freed += nbytes
+            total -= entry.nbytes
+            arrays -= entry.arrays
+            freed += entry.nbytes
         return freed
 
     def _evict(self, entry_id: int) -> None:

@@ -209,7 +209,7 @@ class Scheduler:
             self.running[req.rid] = req
             if self.prefix.enabled:
                 entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant)
-                req.cached_tokens = reuse
+                req.cached_tokens = reuse  # what the lookup promises; the step's results say what was reused
                 # where its entry could not be cut back to the prompt, the prompt's end is kept apart: a next turn
                 # extends the prompt, not the answer as it was sampled
                 whole = not self.prefix.cuts.can_cut(len(req.insert.tokens) + req.insert.max_tokens)
@@ -219,7 +219,6 @@ class Scheduler:
             else:
                 self.prefix.count(req.insert.tokens)
             inserts.append(req.insert)
-            self._send(req, Piece(content=req.echo))  # it joined: the client learns its cached tokens now
         # One update, so the socket thread never sees a sequence in neither count (or both).
         with self.counters.lock:
             self.counters.waiting -= len(inserts)
@@ -322,6 +321,7 @@ class Scheduler:
 
     def absorb(self, results: StepResults) -> None:
         """Turn one step's sampled tokens into client events."""
+        self._joined(results)
         for rid, reason in results.failed.items():
             self._fail(self.running.pop(rid, None), reason)  # every rank has already dropped it
         self._logprobs(results)
@@ -345,6 +345,19 @@ class Scheduler:
                     self.to_remove.append(rid)
                 self._fail(req, f"{type(exc).__name__} while decoding its output")
         self._count()
+
+    def _joined(self, results: StepResults) -> None:
+        """The sequences the step inserted: each client learns the prompt tokens really reused, before any token
+        (a stream reports them at its start). The ranks may have dropped an entry since the lookup (evicted,
+        refused): the prompt was then computed in full, and neither usage nor the stats may say it was cached."""
+        for rid, reused in results.reused.items():
+            req = self.running.get(rid)
+            if req is None or req.done or rid in results.failed:
+                continue
+            if reused != req.cached_tokens:
+                self.prefix.unhit(req.cached_tokens, reused)
+                req.cached_tokens = reused
+            self._send(req, Piece(content=req.echo))
 
     def _output(self, req: Request, token: int, finish: str | None) -> None:
         req.completion_tokens += 1

@@ -64,6 +64,28 @@ def test_the_estimate_is_never_below_what_chunked_prefill_and_decoding_hold(name
         assert real_bytes(cache) <= kv.sequence(fed, 0), fed
 
 
+def test_admission_reserves_at_least_what_the_batch_holds_at_its_peak_over_a_long_prompt() -> None:
+    """Through the engine's own batch (mlx-lm's BatchGenerator, the engine's default prefill chunk), at every step:
+    a sliding window holds its last window - 1 tokens next to a whole prefill chunk, far more than the window."""
+    from engine import mlx_compat
+    from engine.kv_measure import measure
+    from engine.lockstep.batch import LockstepBatch
+    from engine.lockstep.plan import Insert, Plan
+    from engine.rank0.kv_budget import KVBudget
+
+    model = loaded("gpt-oss")
+    kv = KVBudget.of(1 << 40, measure(model), 512)
+    batch = LockstepBatch(model, set(), 512, 1)
+    prompt, answer = [(i * 7) % 200 + 5 for i in range(1024)], 4  # past the window and two prefill chunks
+    batch.apply(Plan(step=0, fingerprint=batch.fingerprint(0), token_check=0,
+                     inserts=[Insert(rid="a", tokens=prompt, max_tokens=answer)]))
+    held = []
+    for _ in range(len(prompt) // 512 + answer):
+        batch.step()
+        held.append(sum(c.nbytes for layers in mlx_compat.batch_caches(batch.gen) for c in layers))
+    assert max(held) <= kv.sequence(len(prompt), answer), (max(held), kv.sequence(len(prompt), answer))
+
+
 def test_measuring_is_fast_and_leaves_no_memory_behind() -> None:
     import time
 

@@ -30,6 +30,8 @@ def test_batch_occupancy_follows_prompts_from_waiting_to_decoding(loaded):
         gen.next()
     decoding, prefilling, waiting = mlx_compat.batch_occupancy(gen)
     assert (decoding, prefilling, waiting) == (2, 0, 0)
+    # the batches' caches are all the KV mlx-lm itself counts (MAX_LIVE_BUFFERS counts their arrays)
+    assert sum(c.nbytes for layers in mlx_compat.batch_caches(gen) for c in layers) == gen.prompt_cache_nbytes > 0
     mlx_compat.set_prefill_chunk(gen, 32)
     assert gen.prefill_step_size == 32
     gen.close()

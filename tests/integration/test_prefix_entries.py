@@ -123,3 +123,20 @@ def test_a_sliding_window_that_has_not_wrapped_is_cut_and_keeps_only_its_tokens(
     kept = entries.entries[3]
     assert isinstance(kept[0], RotatingKVCache) and kept[0].offset == 8 and kept[0].keys.shape[2] == 8
     assert entries.take(3, 5)[0].offset == 5
+
+
+def test_each_cache_kind_is_asked_how_many_arrays_it_holds():
+    """Metal counts buffers, not bytes: a quantized layer holds its scales and biases too, a linear-attention layer
+    its states, a layer of several caches theirs."""
+    from mlx_lm.models.cache import ArraysCache, CacheList, QuantizedKVCache, RotatingKVCache
+
+    from engine.lockstep.buffers import cache_arrays
+
+    kv = mx.random.normal((1, 2, 8, 64))
+    quantized, window, state = QuantizedKVCache(group_size=64, bits=4), RotatingKVCache(max_size=4), ArraysCache(2)
+    for c in (quantized, window):
+        c.update_and_fetch(kv, kv)
+    state.cache = [mx.zeros((1, 3, 64)), mx.zeros((1, 4, 16, 16))]
+    assert cache_arrays(_cache(8, layers=1)) == 2
+    assert cache_arrays([quantized]) == 6 and cache_arrays([window]) == 2 and cache_arrays([state]) == 2
+    assert cache_arrays([CacheList(*_cache(8)), KVCache(), ArraysCache(2)]) == 4  # empty caches hold none

@@ -383,3 +383,14 @@ def test_status_names_how_the_ranks_split_the_model(info):
                                                             pipeline_layers=[3, 1])
     assert "(tensor parallel)" in ranks_line(ranks=2, backend="ring", parallel="tensor")
     assert "parallel" not in ranks_line(parallel="single")
+
+
+def test_metrics_and_health_show_the_live_buffers_against_their_budget(info):
+    from api.health import details
+    from api.metrics import _prefix_cache
+
+    counted = msgspec.structs.replace(info, live_buffers=1234, live_buffers_budget=200000)
+    values = {m.name: m.samples[0].value for m in _prefix_cache(counted)}
+    assert (values["mcs_live_buffers"], values["mcs_live_buffers_budget"]) == (1234, 200000)
+    cache = details(counted)["prompt_cache"]
+    assert (cache["live_buffers"], cache["live_buffers_budget"]) == (1234, 200000)

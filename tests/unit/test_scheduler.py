@@ -271,7 +271,7 @@ def test_a_grammar_that_gives_out_mid_output_ends_its_request_with_a_400_not_a_5
 
 def test_a_choice_joining_the_batch_is_told_at_once_how_much_of_its_prompt_the_prefix_cache_holds() -> None:
     """A stream reports the cached share of the prompt at its start (Anthropic's message_start): each choice
-    gets a Delta when it joins, before its prefill, carrying the prompt tokens found in the prefix cache."""
+    gets a Delta after the step that inserted it, before its first token, carrying the prompt tokens reused."""
     sched = Scheduler(8, {EOS}, Counters(), extract, PrefixIndex(10**9))
     prompt = list(range(100, 400))
     for rid, answer in (("a", [50, EOS]), ("b", [60, EOS])):
@@ -280,7 +280,8 @@ def test_a_choice_joining_the_batch_is_told_at_once_how_much_of_its_prompt_the_p
         sched.submit([Request(insert=Insert(rid=rid, tokens=prompt + [7], max_tokens=8), outbox=outbox,
                               prompt_tokens=301, deadline=math.inf, detok=Detok(), splitter=TextSplitter(),
                               group=rid)])
-        plan(sched)
+        inserted = plan(sched).inserts[0]
+        sched.absorb(StepResults(reused={rid: inserted.cache_len}))  # the ranks held the entry looked up
         (first,) = [msg for _, msg in sched.take_events()]
         assert isinstance(first, Delta) and (first.text, first.completion_tokens) == ("", 0)
         for token in answer:
@@ -297,6 +298,7 @@ def test_echo_sends_the_prompt_before_the_first_token() -> None:
     sched, _ = make()
     admit(sched, request("a", echo="Once upon"))
     plan(sched)
+    sched.absorb(StepResults(reused={"a": 0}))  # the step that inserted it, before its first token
     assert [(type(m), m.text, m.completion_tokens) for m in messages(sched)] == [(Delta, "Once upon", 0)]
 
 
@@ -307,3 +309,24 @@ def test_logprobs_come_from_the_extraction_the_scheduler_was_given() -> None:
     sched.absorb(StepResults(tokens=[("a", 5, None), ("b", 6, None)], logprob_rows={"a": ["row"]}))
     got = {m.request_id: m.logprobs for m in messages(sched)}
     assert got == {"a": [TokenLogprob(token="<5>", logprob=-2.0, bytes=[])], "b": []}
+
+
+def test_usage_reports_what_the_step_reused_not_what_the_lookup_promised() -> None:
+    """The ranks dropped the entry between rank 0's lookup and the insert (evicted, refused): the prompt was
+    computed in full, so neither the client's usage nor the cache's stats may count it as cached."""
+    sched = Scheduler(8, {EOS}, Counters(), extract, PrefixIndex(10**9))
+    prompt = list(range(100, 400))
+    entry = sched.prefix.add(prompt)
+    sched.prefix.applied({entry: 1000})
+    outbox: list = []
+    assert sched.counters.admit(1, capacity=100)
+    sched.submit([Request(insert=Insert(rid="b", tokens=prompt + [7], max_tokens=8), outbox=outbox,
+                          prompt_tokens=301, deadline=math.inf, detok=Detok(), splitter=TextSplitter(), group="b")])
+    assert plan(sched).inserts[0].cache_len == 300  # the lookup found it
+    sched.absorb(StepResults(reused={"b": 0}))  # the step did not
+    sched.absorb(StepResults(tokens=[("b", EOS, "stop")]))
+    first, finish = [msg for _, msg in sched.take_events()]
+    assert isinstance(first, Delta) and isinstance(finish, Finish)
+    assert (first.cached_tokens, finish.cached_tokens) == (0, 0)
+    stats = sched.prefix.stats
+    assert (stats.cached_tokens, stats.hits, stats.misses) == (0, 0, 1)
