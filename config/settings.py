@@ -54,6 +54,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     HUB_CACHE_PER_RANK: str = ""
     # how `download` spreads a model's files to the other hosts: over the ranks' own transport, or rsync over ssh
     SPREAD_TRANSPORT: Literal["cluster", "rsync"] = "cluster"
+    # run the Python a model folder ships (a custom tokenizer class, a config's model_file) when loading it
+    TRUST_REMOTE_CODE: bool = False
     API_HOST: str = "127.0.0.1"
     API_PORT: Port = 8000
     API_KEY: str = ""

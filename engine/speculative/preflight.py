@@ -60,8 +60,10 @@ def _module(mode: str):
 def _tokenizers(settings: Settings, module, target, draft) -> tuple[int, str]:
     from mlx_lm.utils import load_tokenizer
 
+    from engine.model import remote_code
+
     try:
-        target_tok, draft_tok = load_tokenizer(target), load_tokenizer(draft)
+        target_tok, draft_tok = (load_tokenizer(folder, remote_code(settings)) for folder in (target, draft))
     except Exception as exc:  # transformers raises anything on a broken folder
         return VERDICT_REFUSED, f"DRAFT_MODEL={settings.DRAFT_MODEL!r}: its tokenizer does not load: {exc}"
     why = module.tokenizer_mismatch(draft_tok, target_tok, settings.DRAFT_MODEL, settings.MODEL)
