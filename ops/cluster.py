@@ -20,11 +20,11 @@ from pathlib import Path
 
 from config import REPO_ROOT, Settings
 from ops.parallel_check import parallel_refusal
+from ops.remote import rsync, ssh
 from ops.speculative_check import speculative_refusal
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 PROBE = Path(__file__).resolve().parent / "hostprobe.py"
-SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
 PROBE_TIMEOUT = 60  # seconds per host (ssh included)
 # Never copied by sync (and, being excluded, never deleted on the other side either).
 SYNC_EXCLUDES = (".venv/", ".git/", "run/", "logs/", ".cache/", "__pycache__/", "*.pyc", ".pytest_cache/", "node_modules/")
@@ -129,7 +129,7 @@ def run_probe(host: Host, args: list[str]) -> tuple[dict | None, str]:
     else:
         venv = shlex.quote(str(REPO_ROOT / ".venv" / "bin" / "python"))
         remote = f'p={venv}; [ -x "$p" ] || p=python3; exec "$p" - {shlex.join(args)}'
-        cmd = ["ssh", *SSH_OPTIONS, host.name, remote]
+        cmd = ssh(host.name, remote)
         stdin = PROBE.read_bytes()
     try:
         r = subprocess.run(cmd, input=stdin, capture_output=True, timeout=PROBE_TIMEOUT)
@@ -256,11 +256,10 @@ def sync(settings: Settings) -> int:
     for h in remote:
         print(f"sync: {root}/ -> {h.name}:{root}/")
         steps = [
-            ["ssh", *SSH_OPTIONS, h.name, f"mkdir -p {shlex.quote(root)}"],
-            ["rsync", "-az", "--delete", *excludes, "-e", shlex.join(["ssh", *SSH_OPTIONS]), f"{root}/",
-             f"{h.name}:{root}/"],
+            ssh(h.name, f"mkdir -p {shlex.quote(root)}"),
+            rsync(["-az", "--delete", *excludes], f"{root}/", h.name, f"{root}/"),
             # the ranks run .venv/bin/python there: install or update it when pyproject.toml changed
-            ["ssh", *SSH_OPTIONS, h.name, remote_setup(root)],
+            ssh(h.name, remote_setup(root)),
         ]
         for cmd in steps:
             if subprocess.run(cmd).returncode != 0:
