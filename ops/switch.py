@@ -61,12 +61,16 @@ def switch(settings: Settings, model: str, served_name: str) -> int:
         except Failed as failed:
             # the new model did not come up: everything as it was, the previous model started again
             envfile.restore(saved)
-            for key, value in environ.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            _put_back(environ)  # the previous engine's ranks get the environment it had (--env)
             raise Die(1, roll_back(settings, Services(Layout(settings)), model, failed)) from None
+
+
+def _put_back(environ: dict[str, str | None]) -> None:
+    for key, value in environ.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 class Failed(Exception):
