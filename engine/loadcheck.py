@@ -10,12 +10,10 @@ matched strictly against the weights' headers (no weight is read), the tokenizer
 
 from __future__ import annotations
 
-import json
 import sys
 
 from config import Settings
-
-VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN = 0, 3, 4
+from engine.verdicts import VERDICT_OK, VERDICT_REFUSED, answer
 
 
 def verdict(settings: Settings) -> tuple[int, str]:
@@ -35,18 +33,5 @@ def verdict(settings: Settings) -> tuple[int, str]:
     return VERDICT_OK, f"MODEL={settings.MODEL} loads from {target}"
 
 
-def main() -> int:
-    from config import ConfigError, load_settings
-
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        print(json.dumps({"verdict": VERDICT_UNKNOWN, "text": str(exc)}))
-        return VERDICT_UNKNOWN
-    code, text = verdict(settings)
-    print(json.dumps({"verdict": code, "text": text}))
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(answer(verdict))

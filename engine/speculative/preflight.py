@@ -7,14 +7,13 @@ read, no weights. Prints one JSON line {"verdict", "text"} and exits with the ve
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 
 import msgspec
 
 from config import Settings
 
-VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN = 0, 3, 4
+from engine.verdicts import VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN, answer
 
 
 def verdict(settings: Settings) -> tuple[int, str]:
@@ -71,16 +70,7 @@ def _tokenizers(settings: Settings, module, target, draft) -> tuple[int, str]:
 
 
 def main() -> int:
-    from config import ConfigError, load_settings
-
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        print(json.dumps({"verdict": VERDICT_UNKNOWN, "text": str(exc)}))
-        return VERDICT_UNKNOWN
-    code, text = verdict(settings)
-    print(json.dumps({"verdict": code, "text": text}))
-    return code
+    return answer(verdict)
 
 
 if __name__ == "__main__":
