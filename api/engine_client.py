@@ -3,6 +3,8 @@ Unix socket: info calls and one connection per generation (closing it cancels th
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -23,6 +25,8 @@ from api.errors import (
 from api.tenancy import salted
 
 A = TypeVar("A", bound=ipc.Msg)
+
+logger = logging.getLogger(__name__)
 
 
 class Generation:
@@ -49,6 +53,7 @@ class Generation:
                 raise from_wire(msg)
             if not isinstance(msg, ipc.Delta | ipc.Finish) or msg.request_id != self.request_id:
                 raise GenerationFailed(f"the engine sent an unexpected {type(msg).__name__} frame")
+            _check_calls(msg.tool_calls, self.request_id)
             # completion_tokens counts per choice (n > 1 interleaves them)
             tokens_arrived(msg.completion_tokens - self._tokens_seen.get(msg.index, 0))
             self._tokens_seen[msg.index] = msg.completion_tokens
@@ -218,6 +223,22 @@ async def _send_request(conn: ipc.FramedStream, msg: ipc.Msg) -> None:
         # free-form JSON the schemas cannot bound: an integer beyond 64 bits in a tool schema, say
         raise InvalidRequest(f"Invalid request: a value in it cannot be sent to the engine ({exc}); "
                              "integers must fit in 64 bits.") from None
+
+
+def _check_calls(calls: list[ipc.ToolCall], request_id: str) -> None:
+    """Every dialect hands a closed call's arguments to its client as the tool's input: arguments that are not a
+    JSON object (the engine returns such a call as text) end the request rather than run the tool with {}."""
+    for call in calls:
+        if call.partial:  # cut by max_tokens: the text so far, never run
+            continue
+        try:
+            ok = isinstance(json.loads(call.arguments), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            logger.error("%s: the engine sent a call of %r whose arguments are not a JSON object; ending the "
+                         "request", request_id, call.name)
+            raise GenerationFailed(f"the model called {call.name!r} with arguments that are not a JSON object")
 
 
 async def _recv(conn: ipc.FramedStream, deadline: float, timeout: float) -> ipc.Msg:

@@ -162,6 +162,11 @@ def write_manifest(cache: Path, manifest: Manifest) -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    try:
+        if path.read_text() == text:
+            return  # a re-run of a whole download touches nothing
+    except (OSError, UnicodeDecodeError):
+        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -204,7 +209,7 @@ class CachedModel:
     size: int = 0  # bytes present
     total: int = 0  # bytes of the whole model (the manifest's), or what is present without one
     complete: bool = False  # our manifest is there and every file it lists is present with its size
-    manifest: bool = False  # False: downloaded by another tool; complete then means config.json and no partial blob
+    manifest: bool = False  # False: no check against the hub's hashes recorded (another tool's, or a failed one)
     missing: list[str] = field(default_factory=list)
 
 
@@ -256,10 +261,10 @@ def _cached(cache: Path, repo: str, snap: Path, revisions: list[str]) -> CachedM
         model.size = sum(present.values())
         model.complete = not model.missing
         return model
+    # no manifest: another tool's download, or one of ours that failed; nothing says its bytes are the hub's
+    # (`download` checks them against the hub's hashes, moving nothing when they match, and writes the manifest)
     files = [p for p in snap.rglob("*") if p.is_file()]
     model.size = model.total = sum(_size(p) for p in files)
-    partial = any(repo_folder(cache, repo).joinpath("blobs").glob("*.incomplete"))
-    model.complete = (snap / "config.json").is_file() and not partial
     return model
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
 import socket
 import sys
@@ -17,11 +18,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from config import Settings
 from config.hub_cache import HASH_CHUNK, Manifest, ManifestFile, is_repo_id, write_manifest
 from ops import cluster, hub_fetch
-from ops.hub_fetch import RemoteFile, RemoteRepo
+from ops.hub_fetch import Blob, RemoteRepo
 from ops.layout import Die
 from ops.pidfile import Busy, Lock
 from ops.progress import Progress, human_bytes
@@ -84,9 +86,7 @@ def rank_hosts(settings: Settings) -> list[str]:
 
 def folder_manifest(settings: Settings, folder: Path) -> Manifest:
     """A local folder as a manifest (repo: its absolute path, no revision): hashed, not copied."""
-    # hidden entries (.git, huggingface_hub's .cache/ of a local_dir download) are not the model's
-    paths = sorted(p for p in folder.rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    paths = model_files(folder)
     progress = Progress(settings.run_dir, str(folder), "verify", sum(p.stat().st_size for p in paths))
     files = []
     for p in paths:
@@ -96,22 +96,47 @@ def folder_manifest(settings: Settings, folder: Path) -> Manifest:
     return Manifest(repo=str(folder), revision="", commit="", files=tuple(files))
 
 
+def model_files(folder: Path) -> list[Path]:
+    """The folder's files, hidden entries left out (.git, huggingface_hub's .cache/ of a local_dir download).
+    A link is followed only to a file inside the folder, or inside the repo folder of a Hugging Face snapshot
+    (its blobs/): any other target would be copied to every rank, so it is refused."""
+    inside = [folder] + ([folder.parent.parent] if folder.parent.name == "snapshots" else [])
+    out = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in [*dirs, *sorted(names)]:
+            path = Path(root) / name
+            if name.startswith(".") or not (path.is_symlink() or path.is_file()):
+                continue
+            target = path.resolve()
+            if path.is_symlink() and (path.is_dir() or not target.is_file()
+                                      or not any(target.is_relative_to(top) for top in inside)):
+                raise Die(1, f"{path} is a link to {target}, outside the model folder {folder}: links are not "
+                             "followed out of it (their targets would be copied to every rank); copy that file "
+                             "into the folder instead, then run the download again")
+            if name in names:
+                out.append(path)
+    return sorted(out)
+
+
 def hub_download(settings: Settings, repo: str, revision: str) -> Manifest:
+    """The repo's files in rank 0's cache, each checked against the hub's hashes, then the manifest (last)."""
     cache = settings.hub_cache(0)
     remote = _listed(repo, revision)
-    check_space(cache, remote)
-    _fetch_missing(settings, cache, remote)
-    files, bad = _verify(settings, cache, remote)
-    if bad:  # wrong bytes on disk (a flipped bit, a truncated copy): fetched once more, then checked again
-        for f in bad:
-            hub_fetch.forget(cache, remote, f)
-        _fetch_missing(settings, cache, remote)
-        files, bad = _verify(settings, cache, remote)
-        if bad:
-            raise Die(1, f"{', '.join(f.path for f in bad)} of {repo} still differ from the hub's hashes after "
-                         "a second fetch: the disk under "
-                         f"{cache} or the connection corrupts data; check it, then run the download again")
-    manifest = Manifest(repo=repo, revision=revision, commit=remote.commit, files=tuple(files))
+    sums, todo = _check_present(settings, cache, remote)
+    check_space(cache, repo, sum(b.size - hub_fetch.partial_bytes(cache, repo, b) for b in todo))
+    bad = _fetch(settings, cache, remote, todo, sums)
+    if bad:  # wrong bytes arrived (a flipped bit on the way, a partial from a broken run): once more, whole
+        bad = _fetch(settings, cache, remote, bad, sums, again=True)
+    if bad:
+        names = ", ".join(b.files[0].path for b in bad)
+        more = (" (it sent more bytes than it announced; nothing past the announced size was kept)"
+                if any(bad.values()) else "")
+        raise Die(1, f"{names} of {repo} from {hub_fetch.endpoint()} still differ from the hub's hashes after a "
+                     f"second fetch{more}: a broken mirror (check HF_ENDPOINT), or the disk under {cache} corrupts "
+                     "data; check it, then run the download again")
+    files = tuple(ManifestFile(f.path, f.size, sums[f.etag]) for f in remote.files)
+    manifest = Manifest(repo=repo, revision=revision, commit=remote.commit, files=files)
     write_manifest(cache, manifest)
     print(f"{repo} ({remote.commit[:12]}) is whole in {cache}: {len(files)} files, "
           f"{human_bytes(remote.total_bytes)}", file=sys.stderr, flush=True)
@@ -125,38 +150,93 @@ def _listed(repo: str, revision: str) -> RemoteRepo:
         raise Die(1, explain(exc, repo, revision)) from None
 
 
-def check_space(cache: Path, remote: RemoteRepo) -> None:
-    """Before any byte moves: the bytes still missing must fit on the cache's disk."""
-    needed = sum(hub_fetch.missing_bytes(cache, remote, f) for f in remote.files)
+def check_space(cache: Path, repo: str, needed: int) -> None:
+    """Before any byte moves: what will be written (never more than the hub announced) must fit on the disk."""
     disk = cache
     while not disk.exists() and disk != disk.parent:
         disk = disk.parent
     free = shutil.disk_usage(disk).free
     if needed > free:
-        raise Die(1, f"{socket.gethostname()} has too little space for {remote.repo}: {human_bytes(needed)} "
+        raise Die(1, f"{socket.gethostname()} has too little space for {repo}: {human_bytes(needed)} "
                      f"({needed} bytes) needed in {cache}, {human_bytes(free)} ({free} bytes) free; free some "
                      "space there or set HUB_CACHE to a larger disk")
 
 
-def _fetch_missing(settings: Settings, cache: Path, remote: RemoteRepo) -> None:
-    todo = [f for f in remote.files if not hub_fetch.present(cache, remote, f)]
-    total = sum(hub_fetch.missing_bytes(cache, remote, f) for f in todo)
+def _check_present(settings: Settings, cache: Path, remote: RemoteRepo) -> tuple[dict[str, str], list[Blob]]:
+    """({etag: sha256} of the blobs already here and right, the blobs to fetch). What is right is left as it
+    is (a re-run touches nothing); a missing link to a right blob is made; nothing is deleted."""
+    progress: Progress | None = None  # shown once there is something here to check
+    hashes: dict[str, tuple[str, str]] = {}  # real path -> (sha256, blob id): each file read once
+
+    def hashed(path: Path, size: int) -> tuple[str, str] | None:
+        try:
+            real = os.path.realpath(path)
+            if os.stat(real).st_size != size:
+                return None
+        except OSError:
+            return None
+        nonlocal progress
+        if progress is None:
+            progress = Progress(settings.run_dir, remote.repo, "verify", remote.total_bytes)
+        if real not in hashes:
+            hashes[real] = hash_file(Path(real), lambda n: progress.add(n, path.name))
+        return hashes[real]
+
+    sums, todo = {}, []
+    for blob in hub_fetch.blobs(remote):
+        f = blob.files[0]
+        found = {g.path: hashed(hub_fetch.pointer_path(cache, remote, g), blob.size) for g in blob.files}
+        wrong = [g for g in blob.files if found[g.path] is None or not hub_fetch.verifies(g, *found[g.path])]
+        good = next((h for h in found.values() if h is not None and hub_fetch.verifies(f, *h)), None)
+        if wrong:
+            stored = hashed(hub_fetch.blob_path(cache, remote.repo, blob.etag), blob.size)
+            if stored is None or not hub_fetch.verifies(f, *stored):
+                todo.append(blob)
+                continue
+            hub_fetch.link(cache, remote, blob, wrong)
+            good = stored
+        sums[blob.etag] = good[0]
+    lacking = [f.path for b in todo for f in b.files]
+    if progress is not None:
+        progress.done(f"verify {remote.repo}: {len(remote.files) - len(lacking)} of {len(remote.files)} files here "
+                      "match the hub's hashes" + (f"; to fetch: {', '.join(lacking[:5])}" if lacking else "")
+                      + (", ..." if len(lacking) > 5 else ""))
+    return sums, todo
+
+
+def _fetch(settings: Settings, cache: Path, remote: RemoteRepo, todo: list[Blob], sums: dict[str, str],
+           again: bool = False) -> dict[Blob, bool]:
+    """Fetch each blob once (workers at once), checked before it replaces anything; {blob: it overflowed} of
+    those whose bytes did not match the hub's hashes (their partial dropped, so a next fetch starts whole)."""
+    if not todo:
+        return {}
+    total = sum(b.size - hub_fetch.partial_bytes(cache, remote.repo, b) for b in todo)
     progress = Progress(settings.run_dir, remote.repo, "download", total, hosts=[hub_fetch.endpoint()])
     lock = threading.Lock()
     stop = threading.Event()  # Ctrl-C: the workers end at their next block instead of finishing their files
+    bad: dict[Blob, bool] = {}
 
-    def one(f: RemoteFile) -> None:
+    def one(blob: Blob) -> None:
         def moved(n: int) -> None:
             if stop.is_set():
                 raise KeyboardInterrupt
             with lock:
-                progress.add(n, f.path)
-        hub_fetch.fetch(cache, remote, f, moved)
+                progress.add(n, blob.files[0].path)
+        try:
+            sha256 = hub_fetch.fetch(cache, remote, blob, lambda p: hash_file(p, lambda n: None), moved)
+        except hub_fetch.BadBytes as exc:
+            with lock:
+                bad[blob] = exc.overflowed
+            return
+        except Exception as exc:  # noqa: BLE001 - named with its file for the one sentence below
+            raise FileFailed(blob.files[0].path, exc) from exc
+        with lock:
+            sums[blob.etag] = sha256
 
     try:
         with ThreadPoolExecutor(WORKERS) as pool:
             try:
-                for future in [pool.submit(one, f) for f in todo]:
+                for future in [pool.submit(one, b) for b in todo]:
                     future.result()
             except BaseException:
                 stop.set()
@@ -165,30 +245,24 @@ def _fetch_missing(settings: Settings, cache: Path, remote: RemoteRepo) -> None:
     except KeyboardInterrupt:
         progress.failed("interrupted (what arrived is kept: the next run resumes it)")
         raise
-    except Exception as exc:  # noqa: BLE001 - the sentence says what to do; the parts stay for the next run
-        sentence = explain(exc, remote.repo, remote.revision)
+    except FileFailed as failed:
+        sentence = explain(failed.cause, remote.repo, remote.revision, failed.path)
         progress.failed(sentence)
         raise Die(1, sentence + " (what arrived is kept: the next run resumes it)") from None
-    progress.done(f"download {remote.repo}: {len(todo)} of {len(remote.files)} files fetched, "
-                  f"{human_bytes(progress.state.bytes_done)} moved")
+    word = "fetched again" if again else "fetched"
+    note = f"; {len(bad)} differ from the hub's hashes" if bad else ""
+    (progress.failed if bad else progress.done)(
+        f"download {remote.repo}: {len(todo) - len(bad)} of {len(hub_fetch.blobs(remote))} files {word} and "
+        f"checked against the hub's hashes, {human_bytes(progress.state.bytes_done)} moved{note}")
+    return bad
 
 
-def _verify(settings: Settings, cache: Path, remote: RemoteRepo) -> tuple[list[ManifestFile], list[RemoteFile]]:
-    """Every file hashed; those that differ from the hub's sha256 (LFS) or git blob id are returned as bad."""
-    progress = Progress(settings.run_dir, remote.repo, "verify", remote.total_bytes)
-    files, bad = [], []
-    for f in remote.files:
-        path = hub_fetch.pointer_path(cache, remote, f)
-        sha256, blob_id = hash_file(path, lambda n, name=f.path: progress.add(n, name))
-        if (f.sha256 and sha256 != f.sha256) or (f.blob_id and blob_id != f.blob_id) or path.stat().st_size != f.size:
-            bad.append(f)
-        files.append(ManifestFile(f.path, f.size, sha256))
-    if bad:
-        progress.failed(f"{len(bad)} file(s) differ from the hub's hashes: {', '.join(f.path for f in bad)}; "
-                        "fetching them again")
-    else:
-        progress.done(f"verify {remote.repo}: {len(files)} files match the hub's hashes")
-    return files, bad
+class FileFailed(Exception):
+    """A fetch that failed for a reason the hub or the disk gave, with the file it was fetching."""
+
+    def __init__(self, path: str, cause: Exception):
+        super().__init__(path)
+        self.path, self.cause = path, cause
 
 
 def hash_file(path: Path, read: Callable[[int], None]) -> tuple[str, str]:
@@ -203,13 +277,15 @@ def hash_file(path: Path, read: Callable[[int], None]) -> tuple[str, str]:
     return sha256.hexdigest(), sha1.hexdigest()
 
 
-def explain(exc: BaseException, repo: str, revision: str) -> str:
-    """One sentence with what to do, for every way the hub can say no."""
+def explain(exc: BaseException, repo: str, revision: str, path: str = "") -> str:
+    """One sentence with what to do, for every way the hub (or the CDN it redirects to) can say no."""
     import httpx2
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RemoteEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
     where = hub_fetch.endpoint()
-    status = getattr(getattr(exc, "response", None), "status_code", None)
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    what = f"{path} of {repo}" if path else repo
     if isinstance(exc, hub_fetch.HubAnswerRefused):
         return (f"{where} listed {repo} with {exc}: refused, nothing fetched (a broken or hostile hub or mirror: "
                 "check HF_ENDPOINT)")
@@ -221,19 +297,30 @@ def explain(exc: BaseException, repo: str, revision: str) -> str:
     if isinstance(exc, RepositoryNotFoundError):
         return (f"{repo} was not found on {where} (or it is private): check the name, or set HF_TOKEN to a "
                 "token that can read it")
-    if isinstance(exc, RemoteEntryNotFoundError):
-        return f"a file of {repo} listed by {where} is missing there: run the download again later"
-    if isinstance(exc, HfHubHTTPError) and status in (401, 403):
+    # a file's bytes may come from another host (the hub redirects LFS files to its CDN): name who answered
+    host = _origin(response) or where
+    if isinstance(exc, RemoteEntryNotFoundError) or (path and status == 404):
+        return f"{host} answered HTTP 404 for {what}, which {where} lists: run the download again later"
+    if isinstance(exc, HfHubHTTPError) and status in (401, 403) and host == where:
         return (f"{where} refused the token for {repo} (HTTP {status}): set HF_TOKEN to a valid token that can "
                 "read it")
     if isinstance(exc, HfHubHTTPError):
-        return f"{where} answered HTTP {status} for {repo}: try again later ({_first_line(exc)})"
+        return f"{host} answered HTTP {status} for {what}: try again later ({_first_line(exc)})"
     if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, httpx2.NetworkError)):
         return (f"no connection to {where} ({type(exc).__name__}): check the network, or set HF_ENDPOINT to a "
                 "reachable hub or mirror")
     if isinstance(exc, OSError):
-        return f"could not write {repo} into the cache: {exc}"
-    return f"downloading {repo} from {where} failed: {type(exc).__name__}: {_first_line(exc)}"
+        return f"could not write {what} into the cache: {exc}"
+    return f"downloading {what} from {where} failed: {type(exc).__name__}: {_first_line(exc)}"
+
+
+def _origin(response) -> str:
+    """scheme://host:port of the server that gave this response ('' when there is none)."""
+    try:
+        url = urlsplit(str(response.url))
+    except (AttributeError, RuntimeError, ValueError):
+        return ""
+    return f"{url.scheme}://{url.netloc}" if url.netloc else ""
 
 
 def _first_line(exc: BaseException) -> str:

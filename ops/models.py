@@ -165,7 +165,9 @@ def render(doc: dict) -> str:
 
 def _completeness(held: list[tuple[dict, dict]], places: list[dict], label: dict) -> str:
     """yes, or what is missing where: files a place lacks, places that lack the model."""
-    gaps = [f"{label[id(e)]} lacks {len(m['missing'])} file(s)" if m["missing"] else f"{label[id(e)]} is partial"
+    gaps = [f"{label[id(e)]} lacks {len(m['missing'])} file(s)" if m["missing"] else
+            f"{label[id(e)]} is partial" if m["manifest"] else
+            f"{label[id(e)]} is unchecked (./launch.sh download {m['repo']} checks it, moving only what differs)"
             for e, m in held if not m["complete"]]
     holders = {id(e) for e, _ in held}
     gaps += [f"not on {label[id(e)]}" for e in places if id(e) not in holders and not e["error"]]

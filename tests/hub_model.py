@@ -3,6 +3,7 @@ spreading tests (tests/multirank/test_spread.py, tests/integration/test_spread_r
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -51,3 +52,38 @@ def flip_a_byte(path: Path) -> None:
     data[len(data) // 2] ^= 0x01
     real.write_bytes(bytes(data))
     os.utime(real, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def hub_shaped(zoo: Path, dest: Path, shards: int = 3, copies: tuple[str, ...] = ()) -> Path:
+    """A zoo model laid out as a repo on the hub holds one: its weights in `shards` safetensors files with
+    model.safetensors.index.json, a .gitattributes naming what LFS stores, a README.md; each path in copies
+    holds the same bytes as tokenizer.json (repos ship duplicates, e.g. under original/)."""
+    dest.mkdir(parents=True)
+    for f in zoo.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copyfile(f, dest / f.name)
+    raw = (zoo / "model.safetensors").read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    data = raw[8 + length:]
+    names = sorted(k for k in header if k != "__metadata__")
+    weight_map = {}
+    for i in range(shards):
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part, body = {"__metadata__": header.get("__metadata__", {"format": "mlx"})}, bytearray()
+        for key in names[i::shards]:
+            start, end = header[key]["data_offsets"]
+            part[key] = {**header[key], "data_offsets": [len(body), len(body) + end - start]}
+            body += data[start:end]
+            weight_map[key] = name
+        text = json.dumps(part).encode()
+        (dest / name).write_bytes(len(text).to_bytes(8, "little") + text + bytes(body))
+    (dest / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": len(data)}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    (dest / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+                                         "*.bin filter=lfs diff=lfs merge=lfs -text\n")
+    (dest / "README.md").write_text("---\nlicense: apache-2.0\n---\n# tiny\nRandom weights for tests.\n")
+    for copy in copies:
+        (dest / copy).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(dest / "tokenizer.json", dest / copy)
+    return dest

@@ -1,17 +1,23 @@
 """A stand-in for the Hugging Face hub on loopback: serves local model folders the way the hub's HTTP API does,
 so huggingface_hub (and ops/download.py) fetch from it with HF_ENDPOINT=http://127.0.0.1:PORT.
 
-What it answers (what huggingface_hub 2.x asks):
+What it answers (what huggingface_hub 2.x asks; tests/integration/test_download.py runs huggingface_hub's own
+snapshot_download against it, tests/unit/test_hubstub_shapes.py pins the shapes to huggingface_hub's docstrings):
     GET  /api/models/ORG/NAME[/revision/REV][?blobs=true]   repo info: sha, siblings (+ size, blobId, lfs)
     GET  /api/models/ORG/NAME/tree/REV[/PATH]?recursive=1   the file listing snapshot_download reads
-    HEAD /ORG/NAME/resolve/REV/PATH                         X-Repo-Commit, ETag, X-Linked-Etag/-Size (LFS)
-    GET  /ORG/NAME/resolve/REV/PATH                         the bytes, with Range (206) for a resumed download
-Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo), which
-huggingface_hub turns into its own exception classes. No Xet: every file is plain HTTP.
+    POST /api/models/ORG/NAME/paths-info/REV                the same entries for the paths asked (form data)
+    HEAD /ORG/NAME/resolve/REV/PATH                         X-Repo-Commit, ETag (a regular file's git blob id)
+    GET  /ORG/NAME/resolve/REV/PATH                         a regular file's bytes, with Range (206)
+An LFS file (weights; what .gitattributes would name) is, as on the hub, listed with the git blob id of its
+POINTER file as blobId and its content's sha256 under lfs; HEAD and GET of it answer 302 to a second loopback
+server (the CDN) with the pointer's id as ETag and X-Linked-Etag (the sha256) / X-Linked-Size on the redirect.
+The CDN serves the bytes by sha256 with Range, and never needs the token. Errors carry the hub's X-Error-Code
+(RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo); the CDN's 404 carries none. No Xet.
 
-For tests it records what it served (bytes per file, Range and Authorization headers), can throttle
-(bytes/s) and can hold every response at a byte offset until released, so a test can kill a download
-half-way without timing guesses.
+For tests it records what it served (bytes per file, each request's host, Range and Authorization headers),
+can throttle (bytes/s), can hold every response at a byte offset until released (a test kills a download
+half-way without timing guesses), reset a connection once at an offset, send more than it announced, and
+answer 404 from the CDN for chosen files.
 
     python -m tests.hubstub --port 8999 org/tiny=/path/to/folder [--rate 1000000] [--token hf_x]
 """
@@ -30,13 +36,35 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".npz", ".pt", ".pth", ".h5", ".msgpack")
-LFS_MIN = 10 * 1024 * 1024  # the hub stores any file above this in LFS, whatever its name
+# what a new hub repo's .gitattributes stores in LFS (a subset: the suffixes model repos carry)
+LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".npz", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".ckpt")
+LFS_MIN = 10 * 1024 * 1024  # the hub refuses a regular file above this: it must be in LFS
 CHUNK = 16 * 1024
-_API = re.compile(r"^/api/models/([^/]+/[^/]+?)(?:/(revision|tree)/([^/]+)(/.*)?)?$")
+_API = re.compile(r"^/api/models/([^/]+/[^/]+?)(?:/(revision|tree|paths-info)/([^/]+)(/.*)?)?$")
 _RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+_CDN = re.compile(r"^/repos/[0-9a-f]{2}/[0-9a-f]{2}/([0-9a-f]{64})$")
+
+
+def lfs_pointer(sha256: str, size: int) -> bytes:
+    """The pointer file git stores for an LFS file (git-lfs spec v1)."""
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+def git_blob_id(data: bytes) -> str:
+    """git's object id of a blob: sha1 of "blob SIZE\\0" + the bytes."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _hashes(path: Path) -> tuple[str, str]:
+    """(sha256, git blob id) of a file's bytes."""
+    sha256, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            sha256.update(block)
+            sha1.update(block)
+    return sha256.hexdigest(), sha1.hexdigest()
 
 
 @dataclass
@@ -44,10 +72,14 @@ class StubFile:
     path: str
     source: Path
     size: int
-    oid: str  # the git blob id (sha1 of "blob SIZE\0" + bytes): the hub's ETag of a non-LFS file
+    blob_id: str  # git's blob id: of the bytes for a regular file, of the pointer file for an LFS one
     sha256: str
     lfs: bool
     api_size: int  # the size the API announces (a test may make it lie: see HubStub.add)
+
+    @property
+    def pointer_size(self) -> int:
+        return len(lfs_pointer(self.sha256, self.api_size))
 
 
 @dataclass
@@ -63,28 +95,13 @@ class StubRepo:
 class Served:
     """What the stub sent, for tests to assert on."""
 
-    bytes: dict[str, int] = field(default_factory=dict)  # per file path
-    requests: list[dict] = field(default_factory=list)  # method, path, range, authorization, status
+    bytes: dict[str, int] = field(default_factory=dict)  # file content sent, per file path (hub and CDN)
+    # host ("hub" | "cdn"), method, path, file, range, authorization, status
+    requests: list[dict] = field(default_factory=list)
 
     @property
     def total(self) -> int:
         return sum(self.bytes.values())
-
-
-def git_blob_oid(path: Path) -> str:
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 class HubStub:
@@ -98,39 +115,56 @@ class HubStub:
         # a broken or hostile mirror: a file path no repo knows is answered with this file's bytes
         self.answer_any: StubFile | None = None
         self.cut_at: int | None = None  # the next response to reach this offset of its file is reset there (once)
+        self.overflow: dict[str, int] = {}  # path -> bytes sent past the file's end (a hub sending more than it said)
+        self.cdn_missing: set[str] = set()  # paths whose CDN object answers 404 (the redirect still happens)
         self._released = threading.Event()
         self._cond = threading.Condition()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self, "hub"))
+        self._cdn = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, "cdn"))
+        for server in (self._server, self._cdn):
+            server.daemon_threads = True
+        self._threads: list[threading.Thread] = []
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
+    @property
+    def cdn_url(self) -> str:
+        """Another origin (its own port), as the hub's CDN is another host: huggingface_hub drops the token there."""
+        return f"http://127.0.0.1:{self._cdn.server_address[1]}"
+
     def add(self, repo: str, folder: Path, tags: tuple[str, ...] = (), token: str | None = None,
-            api_sizes: dict[str, int] | None = None) -> StubRepo:
-        """Serve every file under folder as repo's main branch (and tags); api_sizes lie about sizes."""
+            api_sizes: dict[str, int] | None = None, lfs: tuple[str, ...] = ()) -> StubRepo:
+        """Serve every file under folder as repo's main branch (and tags); api_sizes lie about sizes; lfs names
+        paths stored in LFS beyond the usual suffixes (tokenizer.json is, in some repos)."""
         files = {}
         for p in sorted(q for q in Path(folder).rglob("*") if q.is_file()):
             rel = p.relative_to(folder).as_posix()
             size = p.stat().st_size
-            files[rel] = StubFile(rel, p, size, git_blob_oid(p), _sha256(p),
-                                  p.suffix in LFS_SUFFIXES or size > LFS_MIN, (api_sizes or {}).get(rel, size))
-        commit = hashlib.sha1("".join(f.path + f.oid for f in files.values()).encode()).hexdigest()
+            sha256, content_id = _hashes(p)
+            in_lfs = p.suffix in LFS_SUFFIXES or size > LFS_MIN or rel in lfs
+            api_size = (api_sizes or {}).get(rel, size)
+            blob_id = git_blob_id(lfs_pointer(sha256, api_size)) if in_lfs else content_id
+            files[rel] = StubFile(rel, p, size, blob_id, sha256, in_lfs, api_size)
+        commit = hashlib.sha1("".join(f.path + f.blob_id for f in files.values()).encode()).hexdigest()
         stub = StubRepo(repo, commit, files, {"main": commit, **{t: commit for t in tags}}, token)
         self.repos[repo] = stub
         return stub
 
     def start(self) -> HubStub:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hubstub", daemon=True)
-        self._thread.start()
+        for name, server in (("hubstub", self._server), ("hubstub-cdn", self._cdn)):
+            # a short poll: stop() waits one poll per server, at every test's teardown
+            thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def stop(self) -> None:
         self.release()
-        self._server.shutdown()
-        self._server.server_close()
+        for server in (self._server, self._cdn):
+            server.shutdown()
+            server.server_close()
 
     def __enter__(self) -> HubStub:
         return self.start()
@@ -166,6 +200,17 @@ class HubStub:
                 self._cond.wait(left)
             return count()
 
+    def requests_on(self, host: str) -> list[dict]:
+        return [q for q in self.served.requests if q["host"] == host]
+
+    def _by_sha256(self, sha256: str) -> StubFile | None:
+        """The CDN's object store: LFS content by its sha256, whatever repo or path holds it."""
+        for stub in self.repos.values():
+            for f in stub.files.values():
+                if f.lfs and f.sha256 == sha256:
+                    return f
+        return None
+
     def _count(self, path: str, n: int) -> None:
         with self._cond:
             self.served.bytes[path] = self.served.bytes.get(path, 0) + n
@@ -176,7 +221,7 @@ class HubStub:
             self.served.requests.append(entry)
 
 
-def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
+def _handler(hub: HubStub, host: str) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -189,23 +234,30 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._route(head=False)
 
-        def _route(self, head: bool) -> None:
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+            self._route(head=False, form=parse_qs(body))
+
+        def _route(self, head: bool, form: dict | None = None) -> None:
             url = urlsplit(self.path)
             path = unquote(url.path)
-            entry = {"method": self.command, "path": path, "range": self.headers.get("Range"),
-                     "authorization": self.headers.get("Authorization"), "status": 0}
+            entry = {"host": host, "method": self.command, "path": path, "file": None,
+                     "range": self.headers.get("Range"), "authorization": self.headers.get("Authorization"),
+                     "status": 0}
             hub._log(entry)
             try:
-                if m := _API.match(path):
-                    self._api(m, parse_qs(url.query), entry)
-                elif m := _RESOLVE.match(path):
+                if host == "cdn":
+                    self._cdn(path, head, entry)
+                elif (m := _API.match(path)) and (m.group(2) == "paths-info") == (form is not None):
+                    self._api(m, form if form is not None else parse_qs(url.query), entry)
+                elif (m := _RESOLVE.match(path)) and form is None:
                     self._resolve(m, head, entry)
                 elif hub.answer_any is not None:
                     self._answer(hub.answer_any, head, entry)
                 else:
                     self._error(entry, 404, "EntryNotFound", "no such endpoint")
             except (BrokenPipeError, ConnectionResetError):
-                pass  # the client went away (killed half-way): nothing to answer
+                pass  # the client went away (killed half-way, or it stopped reading): nothing to answer
 
         def _repo(self, repo: str, rev: str, entry: dict) -> tuple[StubRepo, str] | None:
             stub = hub.repos.get(repo)
@@ -227,23 +279,23 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
             return stub, commit
 
         def _api(self, m: re.Match, query: dict, entry: dict) -> None:
-            found = self._repo(m.group(1), m.group(3) or "main", entry)
+            found = self._repo(m.group(1), unquote(m.group(3) or "main"), entry)
             if found is None:
                 return
             stub, commit = found
             if m.group(2) == "tree":
-                prefix = (m.group(4) or "").strip("/")
-                body = [_tree_entry(f) for f in stub.files.values()
-                        if not prefix or f.path.startswith(prefix + "/")]
+                body = tree_listing(stub, (m.group(4) or "").strip("/"), _true(query, "recursive"))
+            elif m.group(2) == "paths-info":
+                asked = set(query.get("paths", []))
+                body = [tree_entry(f) for f in stub.files.values() if f.path in asked]
             else:
-                blobs = query.get("blobs", ["false"])[0].lower() == "true"
                 body = {"_id": stub.commit, "id": stub.repo, "modelId": stub.repo, "sha": commit,
                         "private": False, "gated": "auto" if stub.token else False, "tags": [],
-                        "siblings": [_sibling(f, blobs) for f in stub.files.values()]}
+                        "siblings": [sibling(f, _true(query, "blobs")) for f in stub.files.values()]}
             self._send(entry, 200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
         def _resolve(self, m: re.Match, head: bool, entry: dict) -> None:
-            found = self._repo(m.group(1), m.group(2), entry)
+            found = self._repo(m.group(1), unquote(m.group(2)), entry)
             if found is None:
                 return
             stub, commit = found
@@ -251,24 +303,41 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
             if f is None:
                 self._error(entry, 404, "EntryNotFound", f"{m.group(3)} does not exist", commit)
                 return
-            self._answer(f, head, entry, {"X-Repo-Commit": commit})
+            entry["file"] = f.path
+            if not f.lfs:
+                self._answer(f, head, entry, {"X-Repo-Commit": commit, "ETag": f'"{f.blob_id}"'})
+                return
+            # the hub keeps LFS bytes on its CDN: a signed URL there, the content's id and size on the redirect
+            where = (f"{hub.cdn_url}/repos/{f.sha256[:2]}/{f.sha256[2:4]}/{f.sha256}"
+                     f"?filename={quote(f.path)}&Expires=9999999999&Signature=stub")
+            body = f"Found. Redirecting to {where}".encode()
+            self._send(entry, 302, body, {"Location": where, "X-Repo-Commit": commit, "ETag": f'"{f.blob_id}"',
+                                          "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.api_size),
+                                          "Accept-Ranges": "bytes", "Content-Type": "text/plain; charset=utf-8"})
+
+        def _cdn(self, path: str, head: bool, entry: dict) -> None:
+            m = _CDN.match(path)
+            f = hub._by_sha256(m.group(1)) if m else None
+            if f is None or f.path in hub.cdn_missing:
+                body = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>NoSuchKey</Code></Error>"
+                self._send(entry, 404, body, {"Content-Type": "application/xml"})
+                return
+            entry["file"] = f.path
+            self._answer(f, head, entry, {"ETag": f'"{f.sha256}"'})
 
         def _answer(self, f: StubFile, head: bool, entry: dict, more: dict[str, str] | None = None) -> None:
-            etag = f.sha256 if f.lfs else f.oid
-            headers = {**(more or {}), "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
-                       "Content-Type": "application/octet-stream"}
-            if f.lfs:
-                headers |= {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(f.api_size)}
-            start, end = 0, f.size - 1
+            length = f.size + hub.overflow.get(f.path, 0)
+            headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream", **(more or {})}
+            start, end = 0, length - 1
             status = 200
             if (rng := self.headers.get("Range")) and not head:
                 rm = re.match(r"bytes=(\d+)-(\d*)$", rng)
-                if rm is None or int(rm.group(1)) >= f.size:
-                    self._send(entry, 416, b"", headers | {"Content-Range": f"bytes */{f.size}"})
+                if rm is None or int(rm.group(1)) >= length:
+                    self._send(entry, 416, b"", headers | {"Content-Range": f"bytes */{length}"})
                     return
-                start, end = int(rm.group(1)), min(int(rm.group(2) or f.size - 1), f.size - 1)
+                start, end = int(rm.group(1)), min(int(rm.group(2) or length - 1), length - 1)
                 status = 206
-                headers["Content-Range"] = f"bytes {start}-{end}/{f.size}"
+                headers["Content-Range"] = f"bytes {start}-{end}/{length}"
             headers["Content-Length"] = str(end - start + 1)
             entry["status"] = status
             self.send_response(status)
@@ -294,7 +363,7 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
                         return
                     n = min(CHUNK, stop - pos, (hold - pos) if hold is not None and pos < hold else CHUNK,
                             (hub.cut_at - pos) if hub.cut_at is not None and pos < hub.cut_at else CHUNK)
-                    block = src.read(n)
+                    block = src.read(n) or bytes(n)  # past the file's end: the overflow a test asked for
                     self.wfile.write(block)
                     self.wfile.flush()
                     pos += len(block)
@@ -337,6 +406,10 @@ def _handler(hub: HubStub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def _true(query: dict, key: str) -> bool:
+    return query.get(key, ["false"])[0].lower() in ("true", "1")
+
+
 def _peer_gone(sock: socket.socket) -> bool:
     try:
         readable, _, _ = select.select([sock], [], [], 0)
@@ -345,24 +418,40 @@ def _peer_gone(sock: socket.socket) -> bool:
         return True
 
 
-def _lfs(f: StubFile) -> dict:
-    return {"oid": f.sha256, "sha256": f.sha256, "size": f.api_size, "pointerSize": 134}
-
-
-def _sibling(f: StubFile, blobs: bool) -> dict:
+def sibling(f: StubFile, blobs: bool) -> dict:
+    """One entry of model_info's siblings; with ?blobs=true, size, blobId and lfs as the hub lists them."""
     if not blobs:
         return {"rfilename": f.path}
-    out = {"rfilename": f.path, "size": f.api_size, "blobId": f.oid}
+    out = {"rfilename": f.path, "size": f.api_size, "blobId": f.blob_id}
     if f.lfs:
-        out["lfs"] = _lfs(f)
+        out["lfs"] = {"sha256": f.sha256, "size": f.api_size, "pointerSize": f.pointer_size}
     return out
 
 
-def _tree_entry(f: StubFile) -> dict:
-    out = {"type": "file", "path": f.path, "size": f.api_size, "oid": f.oid}
+def tree_entry(f: StubFile) -> dict:
+    """One file of the tree and paths-info listings (oid: git's blob id, the pointer's for an LFS file)."""
+    out = {"type": "file", "oid": f.blob_id, "size": f.api_size, "path": f.path}
     if f.lfs:
-        out["lfs"] = _lfs(f)
+        out["lfs"] = {"oid": f.sha256, "size": f.api_size, "pointerSize": f.pointer_size}
     return out
+
+
+def tree_listing(stub: StubRepo, prefix: str, recursive: bool) -> list[dict]:
+    """The folders and files under prefix (all the way down with recursive), as the tree endpoint lists them."""
+    base = prefix + "/" if prefix else ""
+    entries: dict[str, dict] = {}
+    for f in stub.files.values():
+        if not f.path.startswith(base):
+            continue
+        parts = f.path[len(base):].split("/")
+        for depth in range(1, len(parts)):
+            folder = base + "/".join(parts[:depth])
+            if depth == 1 or recursive:
+                oid = hashlib.sha1(("tree " + stub.commit + folder).encode()).hexdigest()
+                entries.setdefault(folder, {"type": "directory", "oid": oid, "size": 0, "path": folder})
+        if len(parts) == 1 or recursive:
+            entries[f.path] = tree_entry(f)
+    return list(entries.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,10 +469,12 @@ def main(argv: list[str] | None = None) -> int:
         stub = hub.add(repo, Path(folder), token=args.token)
         print(f"{repo}: {len(stub.files)} files, commit {stub.commit}", flush=True)
     print(f"HF_ENDPOINT={hub.url}", flush=True)
+    hub.start()
     try:
-        hub._server.serve_forever()
+        threading.Event().wait()
     except KeyboardInterrupt:
         pass
+    hub.stop()
     return 0
 
 

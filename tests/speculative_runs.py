@@ -24,7 +24,7 @@ def counters(base_url: str) -> dict[str, float]:
 
 def greedy_answers(ranks: int, speculative: str, max_tokens: int = 160) -> tuple:
     """(greedy chat answers, greedy completion texts, /metrics counters, /health's speculative block, seeded sampled
-    texts) of one engine."""
+    texts: seeds 1 and 2 alone, seed 1 beside six other requests) of one engine."""
     s = Stack()
     engine = s.start_engine(ranks=ranks, SPECULATIVE=speculative, NUM_DRAFT_TOKENS="4")
     api = s.start_api()
@@ -41,23 +41,31 @@ def greedy_answers(ranks: int, speculative: str, max_tokens: int = 160) -> tuple
                                                        "temperature": 0})
                 assert r.status_code == 200, r.text
                 texts.append(r.json()["choices"][0]["text"])
-            # together: sequences join, end (length, a stop string) and leave a batch while others get drafts
+            def sampled(seed: int) -> str:
+                # two tokens of like odds: their n-grams recur, so prompt lookup proposes drafts the sampler keeps
+                # about half the time (the demo's own sampled text is too random to get any)
+                r = http.post("/v1/completions", json={"model": "default", "prompt": PROMPTS[0], "max_tokens": 60,
+                                                       "temperature": 1.0, "seed": seed,
+                                                       "logit_bias": {"300": 100, "301": 100}})
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+
+            # together: sequences join, end (length, a stop string) and leave a batch while others get drafts;
+            # the last is seeded 1 and sampled, its drafts now depending on the batch
             def one(i: int) -> str:
+                if i == 6:
+                    return sampled(1)
                 body = {"model": "default", "prompt": PROMPTS[i % len(PROMPTS)], "temperature": 0,
                         "max_tokens": 40 + 25 * i, **({"stop": ["barn"]} if i == 3 else {})}
                 r = http.post("/v1/completions", json=body)
                 assert r.status_code == 200, r.text
                 return r.json()["choices"][0]["text"]
 
-            with cf.ThreadPoolExecutor(6) as pool:
-                texts += list(pool.map(one, range(6)))
-            # sampled, seeded: the same answers wherever the ranks verify them alike
-            seeded = []
-            for seed in (1, 2):
-                r = http.post("/v1/completions", json={"model": "default", "prompt": PROMPTS[0], "max_tokens": 60,
-                                                       "temperature": 0.8, "seed": seed})
-                assert r.status_code == 200, r.text
-                seeded.append(r.json()["choices"][0]["text"])
+            with cf.ThreadPoolExecutor(7) as pool:
+                *together, loaded = pool.map(one, range(7))
+            texts += together
+            # sampled, seeded: alone and under load, the answers plain decoding gives
+            seeded = [sampled(1), sampled(2), loaded]
             health = http.get("/health").json()
         assert s.probe() is not None  # no desync ended the engine
         return chats, texts, counters(s.base_url), health["speculative"], seeded

@@ -30,15 +30,9 @@ def tool_use_id(call: ToolCall) -> str:
 
 
 def tool_input(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments as the object Anthropic's input is (the engine's tool parser made them JSON); of a
-    call cut by max_tokens, the values written whole so far."""
-    if call.partial:
-        return partial_object(call.arguments)
-    try:
-        value = json.loads(call.arguments or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    """The call's arguments as the object Anthropic's input is (a closed call's are one: api/engine_client.py
+    ends a request whose are not); of a call cut by max_tokens, the values written whole so far."""
+    return partial_object(call.arguments) if call.partial else json.loads(call.arguments)
 
 
 def stop_reason(choice: Choice) -> str:

@@ -69,17 +69,11 @@ def timestamp(seconds: float | None = None) -> str:
 
 
 def tool_calls(calls: list[ToolCall], first: int = 0) -> list[ToolCallOut]:
-    """The engine's calls with their arguments as objects (its tool parser made them JSON); of a call cut by
-    max_tokens (done_reason "length"), the values written whole so far."""
-    out = []
-    for i, call in enumerate(calls, first):
-        try:
-            args = partial_object(call.arguments) if call.partial else json.loads(call.arguments or "{}")
-        except json.JSONDecodeError:
-            args = {}
-        out.append(ToolCallOut(id=call.id, function=ToolCallOutFunction(
-            index=i, name=call.name, arguments=args if isinstance(args, dict) else {})))
-    return out
+    """The engine's calls with their arguments as objects (a closed call's are one: api/engine_client.py ends a
+    request whose are not); of a call cut by max_tokens (done_reason "length"), the values written whole so far."""
+    return [ToolCallOut(id=call.id, function=ToolCallOutFunction(index=i, name=call.name, arguments=(
+        partial_object(call.arguments) if call.partial else json.loads(call.arguments))))
+        for i, call in enumerate(calls, first)]
 
 
 class OllamaRenderer(Renderer):

@@ -1,28 +1,30 @@
 """Per-request samplers and logits processors, identical on every rank.
 
 Each request carries its own seed; the key of its n-th sampled token is derived from
-(seed, n) alone, so a seeded request gives the same tokens whatever else shares the batch
-and on any number of ranks.
+(seed, n) alone, so a seeded request gives the same tokens whatever else shares the batch,
+whatever drafts it was offered, and on any number of ranks.
 """
 
 from __future__ import annotations
 
-import os
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from engine.decoding.constrained import GrammarError, Grammars
+from engine.decoding.penalties import OutputPenalties
 from engine.lockstep.plan import Insert
+from ipc.test_hooks import hook
 
 
 def failpoint_seed(kind: str) -> int | None:
-    """Tests only: ENGINE_FAILPOINT="<kind>:<seed>" makes requests with that seed fail inside the step.
+    """Tests only (with MCS_TEST_HOOKS=1): ENGINE_FAILPOINT="<kind>:<seed>" makes requests with that seed fail
+    inside the step.
 
     "sampler": the request's sampler raises from its third token on, as a value mlx-lm rejects would;
     "step": the whole batched step raises (engine/lockstep/batch.py), losing every request in it.
     """
-    mode, _, seed = os.environ.get("ENGINE_FAILPOINT", "").partition(":")
+    mode, _, seed = hook("ENGINE_FAILPOINT").partition(":")
     return int(seed) if mode == kind and seed.isdigit() else None
 
 
@@ -44,27 +46,17 @@ class SeededSampler:
         return mx.random.categorical(self._tempered(logprobs), key=self._next_key())
 
     def choose(self, logprobs: mx.array, draft: int | None) -> tuple[int, bool]:
-        """The token at this position of a speculative step, and whether it is the draft: speculative sampling
-        for a proposal that is certain of its draft (q = one-hot), so the token keeps this sampler's
-        distribution p whatever was proposed. The draft is kept with probability p(draft); else the token is
-        drawn from p without it. Without a draft, exactly as __call__ would sample it. One key per token index."""
-        key = self._next_key()
-        logits = self._tempered(logprobs)
-        if draft is None:
-            return mx.random.categorical(logits, key=key).item(), False
-        k_accept, k_other = mx.random.split(key)
-        width = logits.shape[-1]
-        if 0 <= draft < width:
-            p_draft = mx.exp(logits[0, draft] - mx.logsumexp(logits[0]))
-            if mx.random.uniform(key=k_accept).item() < p_draft.item():
-                return draft, True
-            logits = mx.where(mx.arange(width) == draft, mx.array(-mx.inf, dtype=logits.dtype), logits)
-        return mx.random.categorical(logits, key=k_other).item(), False
+        """The token at this position of a speculative step, and whether it is the draft: drawn with this
+        position's key exactly as __call__ would draw it, the draft kept when the draw equals it. For a proposal
+        certain of its draft this is exact speculative sampling (kept with probability p(draft), else a token
+        from p without it), and a seed gives the tokens plain decoding gives, whatever was proposed."""
+        token = self(logprobs).item()
+        return token, token == draft
 
     def _next_key(self) -> mx.array:
         key = mx.random.key((self.seed << 20) + self.count)
         self.count += 1
-        if self.seed == _FAIL_SEED and self.count > 2:
+        if _FAIL_SEED is not None and self.seed == _FAIL_SEED and self.count > 2:
             raise RuntimeError("failpoint: the sampler of a request with ENGINE_FAILPOINT's seed")
         return key
 
@@ -87,7 +79,8 @@ def make_sampler(ins: Insert) -> SeededSampler | None:
 
 
 def make_processors(ins: Insert, grammars: Grammars | None) -> list:
-    """mlx-lm's logits processors for the request's bias and penalties, then its grammar mask.
+    """mlx-lm's logits processors for the request's bias and repetition penalty, OpenAI's presence and frequency
+    penalties over the whole output (engine/decoding/penalties.py), then its grammar mask.
 
     The mask goes last so that no bias can revive a token the grammar forbids. Raises GrammarError
     for a grammar when there are no grammars to compile it with.
@@ -95,9 +88,9 @@ def make_processors(ins: Insert, grammars: Grammars | None) -> list:
     processors = make_logits_processors(
         logit_bias=ins.logit_bias or None,
         repetition_penalty=ins.repetition_penalty,
-        presence_penalty=ins.presence_penalty,
-        frequency_penalty=ins.frequency_penalty,
     )
+    if ins.presence_penalty or ins.frequency_penalty:
+        processors.append(OutputPenalties(ins.presence_penalty or 0.0, ins.frequency_penalty or 0.0))
     if ins.grammar:
         if grammars is None:
             raise GrammarError("this batch was built without grammars")

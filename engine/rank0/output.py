@@ -205,14 +205,13 @@ def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None,
         items = parsed if isinstance(parsed, list) else [parsed]
         calls = []
         for item in items:
-            args = item.get("arguments", {})
-            if not closed and isinstance(args, str) and not _json_object(args):
-                continue  # a lenient parser's cut text (Kimi K2's falls back to it): no call
-            calls.append(ToolCall(
-                id=item.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                name=str(item["name"]),
-                arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
-            ))
+            args = _arguments(item.get("arguments"))
+            if args is None:
+                if closed:  # a lenient parser's raw text (Kimi K2's falls back to it), an array: not a call's input
+                    raise ValueError(f"the arguments of {item.get('name')!r} are not a JSON object")
+                continue  # cut text: no call
+            calls.append(ToolCall(id=item.get("id") or f"call_{uuid.uuid4().hex[:24]}", name=str(item["name"]),
+                                  arguments=args))
         return calls or None
     except Exception as exc:  # each parser raises its own errors (JSON, regex, KeyError) on bad model text
         log.log(logging.WARNING if closed else logging.DEBUG, "could not parse a %s tool call (%s: %s)",
@@ -220,8 +219,14 @@ def parse_calls(parser: Any, text: str, tools: list[dict[str, Any]] | None,
         return None
 
 
-def _json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
+def _arguments(args: Any) -> str | None:
+    """A call's arguments as the JSON object text every dialect can hand its client (none at all: `{}`), or None
+    when they are not an object (ipc.ToolCall promises one)."""
+    if args is None or isinstance(args, str) and not args.strip():
+        return "{}"
+    if isinstance(args, str):
+        try:
+            return args if isinstance(json.loads(args), dict) else None
+        except ValueError:
+            return None
+    return json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else None

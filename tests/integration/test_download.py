@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from config.hub_cache import find_snapshot, read_manifest, repo_folder
+from config.hub_cache import find_snapshot, read_manifest, repo_folder, scan
 from engine.zoo import ensure_zoo_model
 from ops.procs import free_port, poll
 from tests.harness import REPO
+from tests.hub_model import flip_a_byte, hub_shaped
 from tests.hubstub import HubStub
 
 TIMEOUT = 120
@@ -30,10 +32,18 @@ def zoo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_zoo_model("qwen3", tmp_path_factory.mktemp("zoo"))
 
 
+@pytest.fixture(scope="session")
+def shaped(zoo_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zoo model as a hub repo holds one: 3 LFS shards, an index, .gitattributes, README.md, a duplicate."""
+    return hub_shaped(zoo_folder, tmp_path_factory.mktemp("shaped") / "repo", copies=("original/tokenizer.json",))
+
+
 @pytest.fixture
-def hub(zoo_folder: Path):
+def hub(zoo_folder: Path, shaped: Path):
     with HubStub() as stub:
         stub.add("org/tiny", zoo_folder, tags=("v1.0",))
+        stub.add("org/shaped", shaped)  # tokenizer.json (and its copy) regular files
+        stub.add("org/shaped-lfs", shaped, lfs=("tokenizer.json", "original/tokenizer.json"))
         stub.add("org/gated", zoo_folder, token=TOKEN)
         # announces a weight file of 1 PB: more than any disk here has free
         stub.add("org/huge", zoo_folder, api_sizes={"model.safetensors": 10**15})
@@ -48,9 +58,42 @@ def _env(tmp: Path, endpoint: str, **more: str) -> dict:
     return env | more
 
 
-def download(tmp: Path, endpoint: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+def download(tmp: Path, endpoint: str, *args: str, fsize: int | None = None, **env: str) -> subprocess.CompletedProcess:
+    """The command in a subprocess; fsize caps the bytes any one file may grow to (a small disk, without one)."""
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))) if fsize else None
     return subprocess.run([str(REPO / "launch.sh"), "download", *args], cwd=REPO, env=_env(tmp, endpoint, **env),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+                          capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=limit)
+
+
+def hf_snapshot(tmp: Path, endpoint: str, cache: Path, repo: str, revision: str, **env: str) -> None:
+    """huggingface_hub's own snapshot_download (the code mlx-lm uses) into cache."""
+    code = ("import sys; from huggingface_hub import snapshot_download; "
+            "snapshot_download(sys.argv[2], revision=sys.argv[3], cache_dir=sys.argv[1])")
+    r = subprocess.run([sys.executable, "-c", code, str(cache), repo, revision], env=_env(tmp, endpoint, **env),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+
+
+def _layout(cache: Path, repo: str) -> dict[str, str]:
+    """What huggingface_hub's cache layout holds of a repo: refs, blobs by content, snapshot links by target."""
+    folder = repo_folder(cache, repo)
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if rel.split("/")[0] in ("refs", "blobs", "snapshots") and (p.is_symlink() or p.is_file()):
+            out[rel] = "-> " + os.readlink(p) if p.is_symlink() else _sha(p)
+    return out
+
+
+def _stats(cache: Path, repo: str) -> dict[str, tuple[int, int, int]]:
+    """(inode, mtime, size) of every entry of a repo's folder, links not followed: what "touched" would change."""
+    folder = repo_folder(cache, repo)
+    return {p.relative_to(folder).as_posix(): (st.st_ino, st.st_mtime_ns, st.st_size)
+            for p in sorted(folder.rglob("*")) if not p.is_dir() or p.is_symlink() for st in [p.lstat()]}
+
+
+def _unique_bytes(hub: HubStub, repo: str) -> int:
+    return sum({f.sha256: f.size for f in hub.repos[repo].files.values()}.values())
 
 
 def _sha(path: Path) -> str:
@@ -60,8 +103,8 @@ def _sha(path: Path) -> str:
 def _assert_whole(cache: Path, repo: str, source: Path, revision: str = "main") -> Path:
     snap = find_snapshot(cache, repo, revision)
     assert snap is not None
-    sources = {p.name: _sha(p) for p in source.iterdir()}
-    assert {p.name: _sha(p) for p in snap.iterdir()} == sources
+    sources = {p.relative_to(source).as_posix(): _sha(p) for p in source.rglob("*") if p.is_file()}
+    assert {p.relative_to(snap).as_posix(): _sha(p) for p in snap.rglob("*") if p.is_file()} == sources
     manifest = read_manifest(cache, repo, revision)
     assert manifest is not None and {f.path: f.sha256 for f in manifest.files} == sources
     return snap
@@ -77,7 +120,7 @@ def _one_sentence(r: subprocess.CompletedProcess) -> str:
 def test_download_from_an_empty_cache_then_a_second_run_moves_nothing(hub, zoo_folder, tmp_path) -> None:
     r = download(tmp_path, hub.url, "org/tiny")
     assert r.returncode == 0, r.stderr
-    assert "download org/tiny" in r.stderr and "verify org/tiny" in r.stderr
+    assert "download org/tiny" in r.stderr and "checked against the hub's hashes" in r.stderr
     model_bytes = sum(p.stat().st_size for p in zoo_folder.iterdir())
     assert hub.served.total == model_bytes
     _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
@@ -128,7 +171,7 @@ def test_a_download_killed_half_way_resumes_from_where_it_stopped(hub, zoo_folde
     hub.reset()
     r = download(tmp_path, hub.url, "org/tiny")
     assert r.returncode == 0, r.stderr
-    gets = [q for q in hub.served.requests if q["path"].endswith("/model.safetensors") and q["method"] == "GET"]
+    gets = [q for q in hub.served.requests if q["file"] == "model.safetensors" and q["method"] == "GET" and q["status"] != 302]
     assert [q["range"] for q in gets] == [f"bytes={weights // 2}-"]
     assert hub.served.bytes == {"model.safetensors": weights - weights // 2}
     assert first + hub.served.total < 1.2 * model_bytes
@@ -168,7 +211,9 @@ def test_a_gated_repo_needs_hf_token_and_gets_it_sent(hub, zoo_folder, tmp_path)
     hub.reset()
     r = download(tmp_path, hub.url, "org/gated", HF_TOKEN=TOKEN)
     assert r.returncode == 0, r.stderr
-    assert {q["authorization"] for q in hub.served.requests} == {f"Bearer {TOKEN}"}
+    assert {q["authorization"] for q in hub.requests_on("hub")} == {f"Bearer {TOKEN}"}
+    # the weights come from the CDN the hub redirects to: another host, which never sees the token
+    assert hub.requests_on("cdn") and {q["authorization"] for q in hub.requests_on("cdn")} == {None}
     _assert_whole(tmp_path / "hub", "org/gated", zoo_folder)
 
 
@@ -200,19 +245,6 @@ def test_bad_arguments_exit_2(tmp_path) -> None:
     assert r.returncode == 2 and "neither a folder here nor a hub repo id" in r.stderr
 
 
-def test_huggingface_hubs_own_snapshot_download_reads_the_stub(hub, zoo_folder, tmp_path) -> None:
-    """The stand-in answers what huggingface_hub asks (repo info, tree, HEAD metadata, files), so a model
-    it serves is fetched by the same code mlx-lm uses, into the same layout the download writes."""
-    code = ("import sys; from huggingface_hub import snapshot_download; "
-            "print(snapshot_download('org/tiny', revision='v1.0', cache_dir=sys.argv[1]))")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "hub")], env=_env(tmp_path, hub.url),
-                       capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0, r.stderr
-    snap = Path(r.stdout.strip())
-    assert snap == find_snapshot(tmp_path / "hub", "org/tiny", "v1.0")
-    assert {p.name: _sha(p) for p in snap.iterdir()} == {p.name: _sha(p) for p in zoo_folder.iterdir()}
-
-
 def test_a_new_commit_moves_only_the_files_that_changed(hub, zoo_folder, tmp_path) -> None:
     assert download(tmp_path, hub.url, "org/tiny").returncode == 0
     newer = tmp_path / "newer"
@@ -240,7 +272,7 @@ def test_a_hostile_hub_never_makes_the_download_write_outside_the_cache(hub, zoo
         stub.files[climb] = dataclasses.replace(config, path=climb)
         hub.answer_any = config  # the URL of "../.." names no file the stub knows: a hostile mirror answers anyway
     elif lie == "blob id":
-        stub.files["config.json"] = dataclasses.replace(config, oid=climb)
+        stub.files["config.json"] = dataclasses.replace(config, blob_id=climb)
     elif lie == "sha256":
         stub.files["model.safetensors"] = dataclasses.replace(weights, sha256=climb)
     else:
@@ -283,10 +315,114 @@ def test_a_connection_reset_mid_file_resumes_from_what_arrived(hub, zoo_folder, 
     hub.cut_at = weights // 2
     r = download(tmp_path, hub.url, "org/tiny")
     assert r.returncode == 0, r.stderr
-    gets = [q for q in hub.served.requests if q["path"].endswith("/model.safetensors") and q["method"] == "GET"]
+    gets = [q for q in hub.served.requests if q["file"] == "model.safetensors" and q["method"] == "GET" and q["status"] != 302]
     assert [q["range"] for q in gets][0] is None and len(gets) == 2
     # a reset drops what sat unread in the receiver's buffers: the rerun starts where the disk stopped
     resumed = int(gets[1]["range"].removeprefix("bytes=").removesuffix("-"))
     assert 0 < resumed <= weights // 2
     assert hub.served.bytes["model.safetensors"] == weights + weights // 2 - resumed
     _assert_whole(tmp_path / "hub", "org/tiny", zoo_folder)
+
+
+@pytest.mark.parametrize("repo", ["org/shaped", "org/shaped-lfs"])
+def test_huggingface_hubs_own_snapshot_download_and_ours_agree_byte_for_byte(hub, shaped, tmp_path, repo) -> None:
+    """The stand-in answers what huggingface_hub asks (repo info, tree, HEAD, the CDN redirect, Range), so a
+    real-shaped repo (LFS shards whose blobId is their pointer's) is fetched by the code mlx-lm uses; ours
+    writes the same layout with the same bytes, moving each byte once, and the token never reaches the CDN."""
+    revision = "main" if repo == "org/shaped" else hub.repos[repo].commit  # a branch, and a commit
+    hf_snapshot(tmp_path, hub.url, tmp_path / "theirs", repo, revision, HF_TOKEN=TOKEN)
+    hub.reset()
+    r = download(tmp_path, hub.url, repo, "--revision", revision, HF_TOKEN=TOKEN)
+    assert r.returncode == 0, r.stderr
+    assert _layout(tmp_path / "hub", repo) == _layout(tmp_path / "theirs", repo)
+    _assert_whole(tmp_path / "hub", repo, shaped, revision)
+    assert hub.served.total == _unique_bytes(hub, repo) < sum(f.size for f in hub.repos[repo].files.values())
+    assert hub.requests_on("cdn") and {q["authorization"] for q in hub.requests_on("cdn")} == {None}
+
+
+def test_identical_files_are_fetched_once_and_linked_from_every_path(hub, shaped, tmp_path) -> None:
+    """tokenizer.json and original/tokenizer.json share one blob: one fetch, two links (two fetches of it
+    appended to the same partial and renamed it under each other)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copyfile(shaped / name, small / name)
+    (small / "original").mkdir()
+    shutil.copyfile(shaped / "tokenizer.json", small / "original" / "tokenizer.json")
+    hub.add("org/twins", small)
+    r = download(tmp_path, hub.url, "org/twins")
+    assert r.returncode == 0, r.stderr
+    assert hub.served.total == _unique_bytes(hub, "org/twins")
+    snap = _assert_whole(tmp_path / "hub", "org/twins", small)
+    assert (snap / "tokenizer.json").resolve() == (snap / "original" / "tokenizer.json").resolve()
+
+
+def test_a_rerun_replaces_a_damaged_file_without_removing_anything_served(hub, shaped, tmp_path) -> None:
+    """A model fetched by huggingface_hub (and served as it is), one shard's bytes damaged: our download checks
+    it against the hub's hashes, fetches that shard into a new partial and, killed half-way, has deleted nothing;
+    the next run finishes it; the one after moves no byte and touches no file."""
+    cache = tmp_path / "hub"
+    hf_snapshot(tmp_path, hub.url, cache, "org/shaped", "main")
+    shard = "model-00002-of-00003.safetensors"
+    size = (shaped / shard).stat().st_size
+    flip_a_byte(find_snapshot(cache, "org/shaped") / shard)
+    served = _stats(cache, "org/shaped")
+    hub.reset()
+    hub.hold(size // 2)
+    proc = subprocess.Popen([str(REPO / "launch.sh"), "download", "org/shaped"], cwd=REPO, env=_env(tmp_path, hub.url),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        hub.wait_served(size // 2, path=shard, timeout=TIMEOUT)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        hub.release()
+    left = _stats(cache, "org/shaped")
+    assert {k: v for k, v in left.items() if not k.endswith(".incomplete")} == served
+    assert set(hub.served.bytes) == {shard}  # only the damaged file was asked for again
+
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/shaped")
+    assert r.returncode == 0, r.stderr
+    assert set(hub.served.bytes) == {shard} and hub.served.total <= size
+    _assert_whole(cache, "org/shaped", shaped)
+    whole = _stats(cache, "org/shaped")
+    hub.reset()
+    r = download(tmp_path, hub.url, "org/shaped")
+    assert r.returncode == 0, r.stderr
+    assert hub.served.total == 0 and _stats(cache, "org/shaped") == whole
+
+
+def test_a_hub_sending_more_than_it_announced_never_fills_the_disk(hub, shaped, tmp_path) -> None:
+    """Reading stops at the announced size: 64 MB more than a shard's size on a "disk" of 8 MB per file is never
+    written; a listing announcing fewer bytes than the file has is refused after a second try, nothing kept."""
+    shard = "model-00001-of-00003.safetensors"
+    hub.overflow = {shard: 64 * 2**20}
+    r = download(tmp_path, hub.url, "org/shaped", fsize=8 * 2**20)
+    assert r.returncode == 0, r.stderr
+    _assert_whole(tmp_path / "hub", "org/shaped", shaped)
+    hub.add("org/liar", shaped, api_sizes={shard: 1000})
+    r = download(tmp_path, hub.url, "org/liar", fsize=8 * 2**20)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert shard in last and "more bytes than it announced" in last and "HF_ENDPOINT" in last, last
+    blobs = repo_folder(tmp_path / "hub", "org/liar") / "blobs"
+    assert not list(blobs.glob("*.incomplete")) and max(p.stat().st_size for p in blobs.iterdir()) < 2**20
+
+
+def test_weights_the_cdn_lacks_name_the_cdn_and_leave_the_model_unusable(hub, shaped, tmp_path) -> None:
+    """A shard whose redirect leads to a 404: the sentence names the host that answered (the CDN, not
+    HF_ENDPOINT), and the snapshot left behind (config.json and all) is neither complete nor switchable."""
+    shard = "model-00003-of-00003.safetensors"
+    hub.cdn_missing = {shard}
+    r = download(tmp_path, hub.url, "org/shaped")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"{hub.cdn_url} answered HTTP 404 for {shard} of org/shaped" in last, last
+    commit = hub.repos["org/shaped"].commit
+    assert find_snapshot(tmp_path / "hub", "org/shaped", commit) is not None  # config.json is there
+    [listed] = scan(tmp_path / "hub")
+    assert not listed.complete
+    r = subprocess.run([str(REPO / "launch.sh"), "switch", f"org/shaped@{commit}"], cwd=REPO, capture_output=True,
+                       text=True, env=_env(tmp_path, hub.url, ENV_FILE=str(tmp_path / "env")), timeout=TIMEOUT)
+    assert r.returncode == 1 and "cannot switch to org/shaped" in r.stderr, r.stderr

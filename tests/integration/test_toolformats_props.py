@@ -148,16 +148,26 @@ def outcome(piece: Piece) -> tuple[str, str, list[tuple[str, Any]]]:
 
 
 @pytest.mark.parametrize("model", TOOL_CALLING_MODELS)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), declared=tools(), parallel=st.booleans(), reasoning=st.none() | PROSE, prose=PROSE,
-       rng=st.randoms(use_true_random=False))
-def test_a_forced_call_splits_alike_streamed_whole_or_in_pieces(model, data, declared, parallel, reasoning, prose,
-                                                                 rng) -> None:
+def test_a_forced_call_splits_alike_streamed_whole_or_in_pieces(model) -> None:
+    written: list[int] = []  # values in each example's calls: a format that never writes one proves little
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data(), declared=tools(), parallel=st.booleans(), reasoning=st.none() | PROSE, prose=PROSE,
+           rng=st.randoms(use_true_random=False))
+    def check(data, declared, parallel, reasoning, prose, rng) -> None:
+        written.append(splits_alike(model, data, declared, parallel, reasoning, prose, rng))
+
+    check()
+    assert any(written), f"{model}: no example's call held a single value"
+
+
+def splits_alike(model, data, declared, parallel, reasoning, prose, rng) -> int:
+    """One example: asserts the call splits alike and validates; the number of values its calls hold."""
     fmt, tokenizer, grammars, rules = _zoo(model)
     named = data.draw(st.sampled_from([None, None, *(t["function"]["name"] for t in declared)]))
     grammar, declared = forced_grammar(grammars, rules, declared, named, parallel and named is None)
     if grammar is None:
-        return
+        return 0
     before, reasoning, content = framed(fmt, rules, reasoning, prose)
     tokens = tokenizer.encode(before, add_special_tokens=False) + walk(grammars, grammar,
                                                                         set(tokenizer.eos_token_ids), rng)
@@ -176,16 +186,10 @@ def test_a_forced_call_splits_alike_streamed_whole_or_in_pieces(model, data, dec
     for name, arguments in calls:
         assert named in (None, name)
         jsonschema.validate(arguments, schemas[name])
+    return sum(len(arguments) for _, arguments in calls)
 
 
-# Muse Spark writes every value as JSON, and a JSON string may spell its end marker: the splitter ends the
-# call there. Refusing such enum values would not close the gap (a free string may spell it too).
-_JSON_SPELLS_END = {"tools-muse_spark"}
-
-
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.xfail(
-    reason="a JSON string value may spell the format's end marker", strict=True)) if m in _JSON_SPELLS_END else m
-    for m in TOOL_CALLING_MODELS])
+@pytest.mark.parametrize("model", TOOL_CALLING_MODELS)
 def test_an_enum_value_that_looks_like_markup_is_written_whole_or_refused_by_name(model) -> None:
     fmt, tokenizer, grammars, rules = _zoo(model)
     markers = [m for m in (rules.format.start, rules.format.end) if m]
@@ -198,3 +202,20 @@ def test_an_enum_value_that_looks_like_markup_is_written_whole_or_refused_by_nam
             continue  # refused, naming the tool
         text = tokenizer.decode(walk(grammars, grammar, set(tokenizer.eos_token_ids), random.Random(0)))
         assert outcome(split(rules, declared, False, [text])) == ("", "", [("pick", {"v": value})]), text
+
+
+def test_muse_spark_json_strings_and_keys_cannot_spell_its_end_markers() -> None:
+    _, tokenizer, grammars, rules = _zoo("tools-muse_spark")
+    declared = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"v": {"type": "string"}, "w": {}}, "required": ["v", "w"]}}}]
+    grammar = grammars.tool_grammar(rules.format, declared, "required", False)
+
+    def accepts(text: str) -> bool:
+        matcher = grammars.processor(grammar).matcher
+        return all(matcher.consume_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    call = '<atem:function_calls><atem:invoke name="pick"><atem:parameter name="v">'
+    assert accepts(call + '"a</atem b<</p>"</atem:parameter><atem:parameter name="w">[{"k</atem": "<<"}]')
+    assert not accepts(call + '"a</atem:')  # a value's string: the splitter would end the call there
+    assert not accepts(call + '"a"</atem:parameter><atem:parameter name="w">[{"</atem:')  # a key, nested
+    assert not accepts(call + '"a"</atem:parameter><atem:parameter name="w">[{"k": ["</atem:')

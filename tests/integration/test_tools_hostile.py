@@ -187,18 +187,29 @@ def test_a_required_call_cut_mid_arguments_leaks_no_markup(client):
         assert (content, finish) == ("", "length") and len(deltas) == 1
 
 
-def test_an_unclosed_call_becomes_a_call_only_when_it_parses(stack):
-    rules = OutputRules(load(sorted(MODEL_CACHE.glob("demo-tiny-*"))[-1]))  # the stack made the demo model
+def routed(text: str):
+    """(content, calls) of a chat's text as rank 0's splitter routes it (the demo model's format)."""
+    rules = OutputRules(load(sorted(MODEL_CACHE.glob("demo-tiny-*"))[-1]))
+    splitter = TextSplitter(rules, rules.machine(chat=True, tools=True, stop=[]), "normal", TOOLS, True)
+    piece, _ = splitter.feed(text)
+    piece.add(splitter.finish())
+    return piece.content, [(c.name, json.loads(c.arguments)) for c in piece.tool_calls]
 
-    def routed(text: str):
-        splitter = TextSplitter(rules, rules.machine(chat=True, tools=True, stop=[]), "normal", TOOLS, True)
-        piece, _ = splitter.feed(text)
-        piece.add(splitter.finish())
-        return piece.content, [(c.name, json.loads(c.arguments)) for c in piece.tool_calls]
 
+def test_an_unclosed_call_becomes_a_call_only_when_it_parses(stack):  # the stack made the demo model
     assert routed('<tool_call>\n{"name": "get_weather", "arguments": {"ci') == ("", [])
     assert routed('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}') == (
         "Sure.", [("get_weather", {"city": "Rome", "days": 2})])
+
+
+def test_a_closed_call_whose_arguments_are_not_an_object_is_the_models_text(stack, caplog):
+    # a client would run the tool with input {} (Anthropic, Ollama) or choke on the array: the text is what came
+    for args in ('[1, 2]', '"Rome"', '7'):
+        text = f'Sure.<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>'
+        assert routed(text) == (text, [])
+    assert "are not a JSON object" in caplog.text
+    text = '<tool_call>\n{"name": "get_weather"}\n</tool_call>'  # no arguments at all: a call with none
+    assert routed(text) == ("", [("get_weather", {})])
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "ping"}}])

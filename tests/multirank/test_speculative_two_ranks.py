@@ -1,6 +1,6 @@
 """SPECULATIVE=ngram on two ranks: plans made after the step (with drafts) and plans sent ahead alternate as
-requests come and go, the ranks stay in step, greedy answers equal plain decoding on one rank, and seeded sampled
-answers equal speculation's on one rank."""
+requests come and go, the ranks stay in step, and greedy and seeded sampled answers (alone and under load) equal
+plain decoding on one rank."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_ngram_on_two_ranks_equals_plain_decoding_without_desync():
     assert spec[:2] == plain[:2]
     assert spec[2]["mcs_spec_proposed_tokens_total"] > 0
     assert spec[3]["mode"] == "ngram"
-    assert spec[4] == greedy_answers(1, "ngram")[4]  # seeded sampling verifies alike on one rank and two
+    assert spec[4] == plain[4]  # seeded sampling: the tokens of plain decoding, whatever the drafts and the batch
 
 
 def test_a_proposer_rank_0_cannot_build_ends_every_rank_with_its_sentence():

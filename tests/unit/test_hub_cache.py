@@ -48,10 +48,12 @@ def test_a_short_or_missing_file_makes_the_model_incomplete_and_is_named(tmp_pat
     assert not listed.complete and listed.size == 2 and listed.total == 112
 
 
-def test_a_model_from_another_tool_without_a_manifest_is_listed_by_what_is_there(tmp_path: Path) -> None:
+def test_a_model_without_a_manifest_is_listed_by_what_is_there_and_never_complete(tmp_path: Path) -> None:
+    """Another tool's download, or one of ours that failed half-way (a hash mismatch, a 404): config.json and no
+    partial blob say nothing about the weights' bytes, so only a manifest (written once they matched) says whole."""
     _model(tmp_path, {"config.json": b"{}", "w.safetensors": b"z" * 7}, manifest=False)
     [listed] = scan(tmp_path)
-    assert listed.complete and not listed.manifest and listed.size == 9
+    assert not listed.complete and not listed.manifest and listed.size == 9
 
 
 @pytest.mark.parametrize("text", ["", "[]", '{"repo": "a/b"}', '{"repo":"a/b","revision":"main","commit":"c",'
