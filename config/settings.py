@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -55,6 +56,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     HUB_CACHE_PER_RANK: str = ""
     # how `download` spreads a model's files to the other hosts: over the ranks' own transport, or rsync over ssh
     SPREAD_TRANSPORT: Literal["cluster", "rsync"] = "cluster"
+    # run the Python a model folder ships (a custom tokenizer class, a config's model_file) when loading it
+    TRUST_REMOTE_CODE: bool = False
     API_HOST: str = "127.0.0.1"
     API_PORT: Port = 8000
     API_KEY: str = ""
@@ -230,7 +233,8 @@ HINTS = {
     "BODY_READ_TIMEOUT": "a number of seconds > 0",
 }
 
-_HOST_RE = re.compile(r"^[A-Za-z0-9_.:\-\[\]]+$")
+# a host name or address for ssh and mlx.launch; never with a leading "-", which ssh would read as an option
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.:\[\]][A-Za-z0-9_.:\-\[\]]*$")
 # a DNS name to listen on (an IP address is checked by ipaddress)
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$")
 _NAME_RE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)")
@@ -316,6 +320,23 @@ def _explain(exc: msgspec.ValidationError, raw: Mapping[str, str]) -> str:
     return f"{name}={raw.get(name, '')!r} is not valid: expected {accepted}"
 
 
+def _check_hostfile(s: Settings) -> None:
+    """Its ssh entries pass the check HOSTS entries pass: ssh and mlx.launch get them as host names."""
+    path = _resolve(s.HOSTFILE)
+    if not path.is_file():
+        raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} does not exist: give the path of an mlx.launch hostfile (JSON)")
+    try:
+        doc = json.loads(path.read_text())
+        entries = doc["hosts"] if isinstance(doc, dict) else doc
+        names = [(rank, entry["ssh"]) for rank, entry in enumerate(entries) if "ssh" in entry]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a hostfile at all: `launch.sh check` says so, naming what it could not read
+    for rank, name in names:
+        if not isinstance(name, str) or not _HOST_RE.match(name):
+            raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} is not valid: the ssh entry of rank {rank}, {name!r}, is not a "
+                              "host name or IP address (name the user in ~/.ssh/config, not here)")
+
+
 def _check(s: Settings, rank: int = 0) -> None:
     if not s.MODEL:
         raise ConfigError("MODEL is empty: set it to smollm2-135m, demo-tiny, demo-small, a zoo model (python -m engine.zoo --list), "
@@ -326,8 +347,8 @@ def _check(s: Settings, rank: int = 0) -> None:
         if not _HOST_RE.match(host):
             raise ConfigError(f"HOSTS={s.HOSTS!r} is not valid: {host!r} is not a host name or IP address")
     # only rank 0's mlx.launch reads the hostfile: the other ranks get HOSTFILE forwarded but need no copy of it
-    if s.HOSTFILE and rank == 0 and not _resolve(s.HOSTFILE).is_file():
-        raise ConfigError(f"HOSTFILE={s.HOSTFILE!r} does not exist: give the path of an mlx.launch hostfile (JSON)")
+    if s.HOSTFILE and rank == 0:
+        _check_hostfile(s)
     if s.BACKEND == "jaccl" and not s.HOSTFILE:
         raise ConfigError("BACKEND=jaccl needs HOSTFILE: a hostfile with the rdma devices of every host (see docs/cluster.md)")
     _check_pipeline_layers(s)

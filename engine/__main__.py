@@ -101,6 +101,11 @@ def main() -> int:
     except ModelError as exc:
         log.error("%s", exc)  # the supervisor relays this line as the reason (ExitCause.MODEL)
         return ExitCause.MODEL
+    except RuntimeError as exc:
+        # what engine.model lets through at load: a collective lost its peer (a rank that could not load its
+        # shard), so the supervisor blames that rank, not this one
+        log.critical("rank %d: %s; a peer rank is gone, ending this rank", rank, exc)
+        return ExitCause.PEER_LOST
     # A socket per stream; after _join, since importing mlx_lm sets the limits to 2048 (soft) and 4096 (hard).
     log.debug("open-file limit %d", raise_open_file_limit())
     from engine.lockstep.doorbell import DoorbellError

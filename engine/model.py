@@ -40,6 +40,12 @@ class LoadedModel:
     parallel_note: str = ""  # why not tensor parallel, where PARALLEL=auto chose otherwise (status shows it)
 
 
+def remote_code(settings: Settings) -> dict[str, Any]:
+    """The keywords every load path gives mlx-lm: a model folder's own Python (a tokenizer class in auto_map, a
+    config's model_file) runs only where TRUST_REMOTE_CODE says so, in every parallel mode alike."""
+    return {"trust_remote_code": settings.TRUST_REMOTE_CODE}
+
+
 def resolve(settings: Settings, rank: int = 0) -> Path:
     """A packaged, demo or zoo name becomes its converted or generated folder; a local path must exist; a repo id (ORG/NAME, or
     ORG/NAME@REVISION) is looked up in this rank's Hugging Face cache and never downloaded here."""
@@ -115,11 +121,12 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     target = resolve(settings, rank)
     refuse_broken_folder(settings, target)
     with load_errors_explained(settings, target):
-        refuse_mismatched_weights(target, group)
+        refuse_mismatched_weights(settings, target, group)
         if group is not None and group.size() > 1:
             model, tokenizer, config, layout = load_parallel(settings, str(target), group)
         else:
-            model, tokenizer, config = mlx_load(str(target), return_config=True)
+            model, tokenizer, config = mlx_load(str(target), tokenizer_config=remote_code(settings),
+                                                return_config=True, **remote_code(settings))
             layout = Layout(SINGLE)
     # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
     # check would log that running such a prompt "will result in indexing errors" when it never runs.
@@ -141,14 +148,14 @@ def refuse_broken_folder(settings: Settings, target: Path) -> None:
             raise ModelError(problem)
 
 
-def refuse_mismatched_weights(target: Path, group: mx.distributed.Group | None) -> None:
+def refuse_mismatched_weights(settings: Settings, target: Path, group: mx.distributed.Group | None) -> None:
     """sharded_load loads with strict=False: weights that miss, add or misshape parameters would serve garbage.
     Build the model once lazily (no weight is read) with mlx-lm's strict check, as the one-rank load does."""
     if group is None or group.size() <= 1:
         return
     from mlx_lm.utils import load_model
 
-    load_model(target, lazy=True, strict=True)
+    load_model(target, lazy=True, strict=True, **remote_code(settings))
 
 
 @contextlib.contextmanager

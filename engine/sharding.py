@@ -20,6 +20,7 @@ from typing import Any
 import mlx.core as mx
 
 from config import Settings
+from engine.model import remote_code
 from engine.parallel import (PIPELINE, TENSOR, Abilities, ParallelRefused, checked_split, choose, memory_weights,
                              split_layers)
 
@@ -65,7 +66,8 @@ def load_parallel(settings: Settings, target: str, group: mx.distributed.Group) 
     from engine.pipeline_llama import load_model
 
     path = local_model_path(target)
-    probe, config = load_model(path, lazy=True, strict=False)  # the classes only: no weight is read
+    # the classes only: no weight is read
+    probe, config = load_model(path, lazy=True, strict=False, **remote_code(settings))
     layers = len(probe.model.layers) if hasattr(getattr(probe, "model", None), "pipeline") else 0
     can = abilities(probe, config, group.size())
     del probe
@@ -73,10 +75,12 @@ def load_parallel(settings: Settings, target: str, group: mx.distributed.Group) 
     if note:
         log.info("%s", note)
     if mode == TENSOR:
-        model, tokenizer, config = sharded_load(target, tensor_group=group, return_config=True)
+        # sharded_load's tokenizer runs the folder's code unless told otherwise
+        model, tokenizer, config = sharded_load(target, tensor_group=group, return_config=True,
+                                                tokenizer_config=remote_code(settings), **remote_code(settings))
         return model, tokenizer, config, Layout(TENSOR, note=note)
     split = _split(settings, layers, can, group)
-    return (*_pipeline_load(path, group, split), Layout(PIPELINE, split, note))
+    return (*_pipeline_load(settings, path, group, split), Layout(PIPELINE, split, note))
 
 
 def _split(settings: Settings, layers: int, can: Abilities, group: mx.distributed.Group) -> list[int]:
@@ -112,14 +116,15 @@ def _gather_memory(group: mx.distributed.Group) -> tuple[list[int], list[str]]:
     return [m for m, _ in values], [str(h) for _, h in values]
 
 
-def _pipeline_load(path: Path, group: mx.distributed.Group, split: list[int]) -> tuple[Any, Any, dict]:
+def _pipeline_load(settings: Settings, path: Path, group: mx.distributed.Group,
+                   split: list[int]) -> tuple[Any, Any, dict]:
     """sharded_load(pipeline_group=...) with the split given: mlx-lm's loader splits evenly only."""
     from mlx_lm.utils import load_tokenizer
 
     from engine.pipeline_llama import load_model
 
-    model, config = load_model(path, lazy=True)
-    tokenizer = load_tokenizer(path, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id", None))
+    model, config = load_model(path, lazy=True, **remote_code(settings))
+    tokenizer = load_tokenizer(path, remote_code(settings), eos_token_ids=config.get("eos_token_id", None))
     if split == split_layers(len(model.model.layers), [1.0] * group.size()):
         model.model.pipeline(group)  # mlx-lm's own split, for the models whose pipeline() takes no split
     else:
@@ -138,7 +143,7 @@ def verdict(settings: Settings, ranks: int) -> tuple[int, str]:
 
     try:
         path = local_model_path(str(resolve(settings)), download=False)
-        model, config = load_model(path, lazy=True, strict=False)
+        model, config = load_model(path, lazy=True, strict=False, **remote_code(settings))
     except (ModelError, OSError, ValueError, KeyError) as exc:
         return VERDICT_UNKNOWN, f"the parallel mode of MODEL={settings.MODEL} cannot be told here: {exc}"
     try:

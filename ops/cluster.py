@@ -22,6 +22,7 @@ from config import REPO_ROOT, Settings
 from ops import host_faults
 from ops.parallel_check import parallel_refusal
 from ops.rank0_ports import listening
+from ops.remote import rsync, ssh
 from ops.speculative_check import speculative_refusal
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -29,7 +30,6 @@ PROBE = Path(__file__).resolve().parent / "hostprobe.py"
 MACFACTS = PROBE.parent / "macfacts.py"  # shipped with it
 # what a rank resolves its Hugging Face cache from when HUB_CACHE is not set (forwarded to it by ops/rank_env.py)
 HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE")
-SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
 PROBE_TIMEOUT = 60  # seconds per host (ssh included)
 # Never copied by sync (and, being excluded, never deleted on the other side either).
 SYNC_EXCLUDES = (".venv/", ".git/", "run/", "logs/", ".cache/", "__pycache__/", "*.pyc", ".pytest_cache/", "node_modules/")
@@ -161,7 +161,7 @@ def run_probe(host: Host, args: list[str]) -> tuple[dict | None, str]:
     else:
         venv = shlex.quote(str(REPO_ROOT / ".venv" / "bin" / "python"))
         remote = f'p={venv}; [ -x "$p" ] || p=python3; exec "$p" - {shlex.join(args)}'
-        cmd = ["ssh", *SSH_OPTIONS, host.name, remote]
+        cmd = ssh(host.name, remote)
         stdin = shipped_probe()
     try:
         r = subprocess.run(cmd, input=stdin, capture_output=True, timeout=PROBE_TIMEOUT)
@@ -296,11 +296,10 @@ def sync(settings: Settings) -> int:
     for h in remote:
         print(f"sync: {root}/ -> {h.name}:{root}/")
         steps = [
-            ["ssh", *SSH_OPTIONS, h.name, f"mkdir -p {shlex.quote(root)}"],
-            ["rsync", "-az", "--delete", *excludes, "-e", shlex.join(["ssh", *SSH_OPTIONS]), f"{root}/",
-             f"{h.name}:{root}/"],
+            ssh(h.name, f"mkdir -p {shlex.quote(root)}"),
+            rsync(["-az", "--delete", *excludes], f"{root}/", h.name, f"{root}/"),
             # the ranks run .venv/bin/python there: install or update it when pyproject.toml changed
-            ["ssh", *SSH_OPTIONS, h.name, remote_setup(root)],
+            ssh(h.name, remote_setup(root)),
         ]
         for cmd in steps:
             if subprocess.run(cmd).returncode != 0:

@@ -44,6 +44,7 @@ class EngineCtl:
         self.settings = layout.settings
         self.pids = PidFile(layout.engine_pid)
         self.stopped_at = layout.run_dir / "engine.stopped-at"
+        self.failed = ""  # why the last launch() failed, in one sentence (a switch rolls back with it)
 
     def info(self):
         """Rank 0's Info, or None when it does not answer."""
@@ -98,9 +99,10 @@ class EngineCtl:
             say(f"engine ready after {time.monotonic() - started:.0f}s")
             return True
         if not group_alive(pid):
-            say("the engine exited during start-up")
+            self.failed = "the engine exited during start-up"
         else:
-            say(f"engine rank 0 did not answer within {limit}s (ENGINE_START_TIMEOUT)")
+            self.failed = f"engine rank 0 did not answer within {limit}s (ENGINE_START_TIMEOUT)"
+        say(self.failed)
         return False
 
     def refuse_taken_ring_ports(self) -> None:
@@ -160,11 +162,13 @@ class EngineCtl:
                              f"./launch.sh download {model} (it fetches the model once and copies it to every host)")
 
     def say_why(self, pid: int) -> None:
-        """The supervisor's verdict on the failed start, last, so the reason is not left in the log above."""
+        """The supervisor's verdict on the failed start (its typed record), last, so the reason is not left in the
+        log above; kept in self.failed."""
         state = read_state(state_path(self.settings.run_dir), pid)
         failure = state.last_failure if state is not None else None
         if failure is not None:
-            say(f"the engine did not start: {failure.summary}" + (f": {failure.detail}" if failure.detail else ""))
+            self.failed = failure.summary + (f": {failure.detail}" if failure.detail else "")
+            say(f"the engine did not start: {self.failed}")
             if failure.hint:
                 say(failure.hint)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 # KEY=..., optionally after `export`, as python-dotenv reads an assignment
@@ -85,10 +86,40 @@ def update(path: Path, changes: dict[str, str | None]) -> None:
         text, mode = path.read_text(), path.stat().st_mode & 0o777
     except FileNotFoundError:
         text, mode = "", 0o600
+    _replace(path, rewrite(text, changes).encode(), mode)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A .env as it was: its bytes (None: there was none) and permissions."""
+
+    path: Path
+    data: bytes | None
+    mode: int = 0o600
+
+
+def save(path: Path) -> Saved:
+    """path's bytes and permissions, so that restore() can put them back exactly (a switch that rolls back)."""
+    path = path.resolve()
+    try:
+        return Saved(path, path.read_bytes(), path.stat().st_mode & 0o777)
+    except FileNotFoundError:
+        return Saved(path, None)
+
+
+def restore(saved: Saved) -> None:
+    """The file as save() found it, byte for byte (removed if there was none), atomically."""
+    if saved.data is None:
+        saved.path.unlink(missing_ok=True)
+    else:
+        _replace(saved.path, saved.data, saved.mode)
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".env.")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(rewrite(text, changes))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -20,7 +20,7 @@ from config import REPO_ROOT, Settings
 from config.hub_cache import Manifest, repo_folder, snapshot_folder, write_manifest
 from config.hub_store import COMPLETE, Incoming, RankStore, items
 from ipc.spread import test_hook
-from ops.cluster import SSH_OPTIONS
+from ops.remote import rsync, ssh
 from ops.progress import Progress, human_bytes
 
 LOCAL = {"127.0.0.1", "localhost", "::1"}
@@ -102,7 +102,7 @@ def _remote(host: str, verb: str, cache: Path, manifest: Manifest) -> dict:
     remote = (f"cd {root} && p=.venv/bin/python; [ -x \"$p\" ] || p=python3; "
               f"exec \"$p\" -m config.hub_store {verb} {shlex.quote(str(cache))}")
     try:
-        r = subprocess.run(["ssh", *SSH_OPTIONS, host, remote], input=manifest.to_json().encode(),
+        r = subprocess.run(ssh(host, remote), input=manifest.to_json().encode(),
                            capture_output=True, timeout=REMOTE_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise SpreadError(f"host {host} did not finish checking its cache within {REMOTE_TIMEOUT:.0f} s") from None
@@ -130,15 +130,14 @@ def rsync_files(src_cache: Path, manifest: Manifest) -> list[str]:
 def rsync_command(host: str, src_cache: Path, cache: Path, manifest: Manifest) -> list[str]:
     src = repo_folder(src_cache, manifest.repo)
     dest = repo_folder(cache, manifest.repo)
-    return ["rsync", "-a", "--partial", "--files-from=-", "-e", shlex.join(["ssh", *SSH_OPTIONS]),
-            f"{src}/", f"{host}:{shlex.quote(str(dest))}/"]
+    return rsync(["-a", "--partial", "--files-from=-"], f"{src}/", host, f"{dest}/")
 
 
 def _rsync_to(host: str, src_cache: Path, cache: Path, manifest: Manifest, need: int, progress: Progress) -> None:
     files = "\n".join(rsync_files(src_cache, manifest)).encode()
     dest = shlex.quote(str(repo_folder(cache, manifest.repo)))
     # macOS's own rsync (2.6.9, or openrsync) has no --mkpath
-    if subprocess.run(["ssh", *SSH_OPTIONS, host, f"mkdir -p {dest}"]).returncode != 0:
+    if subprocess.run(ssh(host, f"mkdir -p {dest}")).returncode != 0:
         raise SpreadError(f"ssh {host} could not create {dest}")
     for attempt in (1, 2):
         r = subprocess.run(rsync_command(host, src_cache, cache, manifest), input=files)

@@ -1,8 +1,10 @@
 """`./launch.sh switch MODEL [--served-name NAME]`: serve another model while the API keeps running.
 
-Checked first (every rank's cache holds a repo id whole; a folder, demo or zoo name is valid), then written
-into .env, then the engine alone restarts with it. Meanwhile the API answers 503 engine_unavailable, and
-afterwards names the new model: it takes the served name from the engine's Info.
+Checked first (every rank's cache holds a repo id whole; a folder, demo or zoo name is valid; with an engine
+running, rank 0's host builds the model lazily and its tokenizer, as the load would), then written into .env,
+then the engine alone restarts with it. Meanwhile the API answers 503 engine_unavailable, and afterwards names
+the new model: it takes the served name from the engine's Info. If the new model does not come up, the switch
+rolls back by itself: .env as it was, byte for byte, and the previous model started again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from ops.commands import Services
 from ops.hostprobe import GENERATED, generated_models
 from ops.layout import Die, Layout, say
 from ops.models import host_places
+from ops.verdict import child_refusal
+
+LOAD_CHECK_TIMEOUT = 120  # seconds: importing mlx-lm, building the model without weights and its tokenizer
 
 
 def switch(settings: Settings, model: str, served_name: str) -> int:
@@ -41,14 +46,62 @@ def switch(settings: Settings, model: str, served_name: str) -> int:
     with services.locked():
         # what a start would refuse (a folder or cached repo that cannot load here) before .env names it
         services.engine.refuse_broken_model()
-        _write_env(settings, model, served_name, changes, forwarded, new)
+        if services.engine.pids.running() is not None:
+            # what only building it tells (a tokenizer that does not build, weights that do not fit the config),
+            # while the running engine still serves
+            if (why := child_refusal(["-m", "engine.loadcheck"], LOAD_CHECK_TIMEOUT, {**os.environ, **forwarded})):
+                raise Die(1, f"cannot switch to {model}: {why}; {settings.model_name} keeps serving, .env unchanged")
+        env_file = Path(os.environ.get("ENV_FILE") or REPO_ROOT / ".env")
+        saved = envfile.save(env_file)
+        environ = {key: os.environ.get(key) for key in forwarded}
+        _write_env(env_file, settings, model, served_name, changes, forwarded, new)
         os.environ.update(forwarded)  # engine_ctl forwards the variables set here to every rank (--env)
-        return restart_with(new, services)
+        try:
+            return restart_with(new, services)
+        except Failed as failed:
+            # the new model did not come up: everything as it was, the previous model started again
+            envfile.restore(saved)
+            _put_back(environ)  # the previous engine's ranks get the environment it had (--env)
+            raise Die(1, roll_back(settings, Services(Layout(settings)), model, failed)) from None
 
 
-def _write_env(settings: Settings, model: str, served_name: str, changes: dict[str, str | None],
+def _put_back(environ: dict[str, str | None]) -> None:
+    for key, value in environ.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+class Failed(Exception):
+    """The engine did not come up on the new model; the message says what failed. interrupted: by a signal."""
+
+    def __init__(self, why: str, interrupted: bool = False):
+        super().__init__(why)
+        self.interrupted = interrupted
+
+
+def roll_back(old: Settings, services: Services, model: str, failed: Failed) -> str:
+    """The previous model started again (the engine was stopped for the new one); the sentence to exit with: what
+    became of the service, then what failed (the engine's own words, which end with the fix)."""
+    what = f"the switch to {model} failed"
+    if services.engine.pids.running() is not None and services.engine.info() is not None:
+        return f"{what} ({old.model_name} kept serving, .env is as it was): {failed}"  # refused before the stop
+    if failed.interrupted:
+        return (f"{what}: interrupted, so nothing was started again (.env is as it was: ./launch.sh restart-engine "
+                f"serves {old.MODEL})")
+    say(f"the engine did not start with MODEL={model}: starting {old.MODEL} again")
+    api_pid = services.api.pids.running()
+    if services.restart_engine(locked=True) != 0:
+        return (f"{what}, and {old.MODEL} did not start again either ({services.engine.failed or 'see above'}; "
+                f".env is as it was: fix that and run ./launch.sh restart-engine): {failed}")
+    if api_pid is not None:
+        services.api.wait_ready(api_pid, "200")  # its next answers name the previous model again
+    return f"{what} and was rolled back ({old.model_name} serves again, .env is as it was): {failed}"
+
+
+def _write_env(env_file: Path, settings: Settings, model: str, served_name: str, changes: dict[str, str | None],
                forwarded: dict[str, str], new: Settings) -> None:
-    env_file = Path(os.environ.get("ENV_FILE") or REPO_ROOT / ".env")
     try:
         envfile.update(env_file, changes)
     except (OSError, ValueError) as exc:
@@ -64,7 +117,7 @@ def _write_env(settings: Settings, model: str, served_name: str, changes: dict[s
 
 def restart_with(new: Settings, services: Services) -> int:
     """The engine restarted on the new settings (as restart-engine, under the caller's launch lock); the API,
-    untouched, learns the new name."""
+    untouched, learns the new name. Raises Failed when the engine does not come up."""
     api_pid = services.api.pids.running()
     if services.engine.pids.running() is None and api_pid is None:
         say(f"nothing runs: ./launch.sh start serves {new.MODEL}")
@@ -73,12 +126,12 @@ def restart_with(new: Settings, services: Services) -> int:
     new.switch_file.write_text(json.dumps({"model": new.model_name}))
     try:
         code = services.restart_engine(locked=True)
+    except Die as exc:  # refused after the stop (a ring port taken meanwhile, the ranks cannot split the model)
+        raise Failed(str(exc)) from None
     finally:
         new.switch_file.unlink(missing_ok=True)
     if code != 0:
-        say(f"the engine did not start with MODEL={new.MODEL} (see above); .env names it now: fix the cause and run "
-            "./launch.sh restart-engine, or ./launch.sh switch back to the previous model")
-        return code
+        raise Failed(services.engine.failed or "see above", interrupted=code == 130)
     # /health makes the API ask the engine again, so its next answers name the new model at once
     if api_pid is not None and services.api.wait_ready(api_pid, "200"):
         say(f"switched: the API (pid {api_pid}, not restarted) serves {new.model_name}")

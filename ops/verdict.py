@@ -8,18 +8,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from config import REPO_ROOT
 
 REFUSED = 3  # engine.sharding.VERDICT_REFUSED and engine.speculative.preflight.VERDICT_REFUSED
 
 
-def child_refusal(args: list[str], timeout: float) -> str | None:
+def child_refusal(args: list[str], timeout: float, env: Mapping[str, str] | None = None) -> str | None:
     """The sentence `python <args>` refuses with; None when it accepts, or when it cannot tell (it failed, ran
-    past `timeout`, or printed no verdict): the engine's own load then says what is wrong."""
+    past `timeout`, or printed no verdict): the engine's own load then says what is wrong. env: the child's
+    environment (default ours)."""
     try:
         r = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
+                           timeout=timeout, stdin=subprocess.DEVNULL, env=env)
         answer = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None

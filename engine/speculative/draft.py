@@ -22,7 +22,7 @@ import msgspec
 
 from config import Settings
 from engine.mlx_compat import hf_tokenizer
-from engine.model import ModelError, load_errors_explained, refuse_broken_folder, resolve
+from engine.model import ModelError, load_errors_explained, refuse_broken_folder, remote_code, resolve
 
 # A first call may carry a whole agent prompt: fed in chunks, as mlx-lm prefills, so the draft's activations
 # stay bounded.
@@ -76,7 +76,7 @@ def load_draft(settings: Settings) -> tuple[Any, Any, str]:
     try:
         refuse_broken_folder(draft, path)
         with load_errors_explained(draft, path):
-            model, tokenizer = mlx_load(str(path))
+            model, tokenizer = mlx_load(str(path), tokenizer_config=remote_code(settings), **remote_code(settings))
     except ModelError as exc:
         raise ModelError(f"DRAFT_MODEL={settings.DRAFT_MODEL!r}: {exc}") from exc
     # Rejected drafts are trimmed off: a plain KVCache trims at any length (a sliding window's cache cannot once

@@ -7,14 +7,13 @@ read, no weights. Prints one JSON line {"verdict", "text"} and exits with the ve
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 
 import msgspec
 
 from config import Settings
 
-VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN = 0, 3, 4
+from engine.verdicts import VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN, answer
 
 
 def verdict(settings: Settings) -> tuple[int, str]:
@@ -60,8 +59,10 @@ def _module(mode: str):
 def _tokenizers(settings: Settings, module, target, draft) -> tuple[int, str]:
     from mlx_lm.utils import load_tokenizer
 
+    from engine.model import remote_code
+
     try:
-        target_tok, draft_tok = load_tokenizer(target), load_tokenizer(draft)
+        target_tok, draft_tok = (load_tokenizer(folder, remote_code(settings)) for folder in (target, draft))
     except Exception as exc:  # transformers raises anything on a broken folder
         return VERDICT_REFUSED, f"DRAFT_MODEL={settings.DRAFT_MODEL!r}: its tokenizer does not load: {exc}"
     why = module.tokenizer_mismatch(draft_tok, target_tok, settings.DRAFT_MODEL, settings.MODEL)
@@ -69,16 +70,7 @@ def _tokenizers(settings: Settings, module, target, draft) -> tuple[int, str]:
 
 
 def main() -> int:
-    from config import ConfigError, load_settings
-
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        print(json.dumps({"verdict": VERDICT_UNKNOWN, "text": str(exc)}))
-        return VERDICT_UNKNOWN
-    code, text = verdict(settings)
-    print(json.dumps({"verdict": code, "text": text}))
-    return code
+    return answer(verdict)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from tests.harness import MODEL_CACHE, REPO, free_port, short_dir
 SSH_STUB = """#!/usr/bin/env bash
 printf 'ssh %s\\n' "$*" >>"$STUB_LOG"
 while [[ $1 == -o ]]; do shift 2; done
+[[ $1 == -- ]] && shift
 host=$1; shift
 case $host in
     unreachable*) echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255 ;;

@@ -1,5 +1,6 @@
 """`launch.sh switch` on a running stack: the engine alone restarts on a repo id from the Hugging Face cache, the
-API process stays, answers 503 engine_unavailable meanwhile, then names the new model; `models` lists it."""
+API process stays, answers 503 engine_unavailable meanwhile, then names the new model; `models` lists it. A model
+that cannot load is refused while the old engine serves, or, where only a rank's load tells, rolled back."""
 
 from __future__ import annotations
 
@@ -26,23 +27,92 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 
-def lay_out_repo(hub, folder) -> None:
+def lay_out_repo(hub, folder, repo: str = REPO_ID) -> None:
     """A generated model in the layout `download` leaves: the snapshot, refs/main, the manifest last."""
-    snap = snapshot_folder(hub, REPO_ID, COMMIT)
+    snap = snapshot_folder(hub, repo, COMMIT)
     shutil.copytree(folder, snap)
     files = sorted(p for p in snap.rglob("*") if p.is_file())
-    write_manifest(hub, Manifest(repo=REPO_ID, revision="main", commit=COMMIT, files=tuple(
+    write_manifest(hub, Manifest(repo=repo, revision="main", commit=COMMIT, files=tuple(
         ManifestFile(str(p.relative_to(snap)), p.stat().st_size, sha256_file(p)) for p in files)))
 
 
-def watch(url: str, stop: threading.Event, seen: list) -> None:
-    """Chat completions and model lists back to back, each answer's status, error code and Retry-After kept."""
+def watch(url: str, stop: threading.Event, seen: list, chats: list | None = None) -> None:
+    """Chat completions and model lists back to back, each answer's status, error code and Retry-After kept;
+    chats: (time, status) of each chat completion."""
     with httpx.Client(base_url=url, timeout=30) as http:
         while not stop.is_set():
             for r in (http.post("/v1/chat/completions", json={"model": "default", **CHAT}), http.get("/v1/models")):
                 code = r.json().get("error", {}).get("code") if r.status_code != 200 else None
                 seen.append((r.request.url.path, r.status_code, code, r.headers.get("retry-after")))
+                if chats is not None and r.request.url.path == "/v1/chat/completions":
+                    chats.append((time.monotonic(), r.status_code))
             time.sleep(0.05)
+
+
+def broken(demo, tmp, what: str):
+    """demo-tiny with a tokenizer.json that is JSON but no tokenizer, or a config its weights do not fit."""
+    folder = tmp / what
+    shutil.copytree(demo, folder)
+    if what == "tokenizer":
+        (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0", "truncation": None}))
+    else:
+        config = json.loads((folder / "config.json").read_text())
+        config["intermediate_size"] *= 2
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+# what a rewrite would change: an assignment's spacing, the missing last newline; .env is restored byte for byte
+ENV_TEXT = b"# mine\nLOG_LEVEL = INFO   # kept as written\nDRAIN_TIMEOUT=10"
+
+
+def still_serving(launch: Launch, api_pid: int) -> None:
+    """The old model answers through the same API process."""
+    assert launch.group("api") == api_pid
+    assert (launch.root / "empty.env").read_bytes() == ENV_TEXT
+    assert [m["id"] for m in httpx.get(launch.url + "/v1/models", timeout=10).json()["data"]] == ["demo-tiny"]
+    r = httpx.post(launch.url + "/v1/chat/completions", json={"model": "demo-tiny", **CHAT}, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == "demo-tiny", r.text
+
+
+def refused_while_serving(launch: Launch, api_pid: int, demo) -> None:
+    """What only building the model tells is found before the running engine stops: no outage at all."""
+    engine_pid = launch.group("engine")
+    for what, said in (("tokenizer", "/tokenizer does not load (KeyError: 'added_tokens')"),
+                       ("config", "/config/model.safetensors does not fit ")):
+        folder = broken(demo, launch.root, what)
+        r = launch.run("switch", str(folder), timeout=180)
+        assert r.returncode == 1, r.stdout + r.stderr
+        (sentence,) = [line for line in r.stderr.splitlines() if said in line]
+        assert sentence.endswith("; demo-tiny keeps serving, .env unchanged"), sentence
+        assert launch.group("engine") == engine_pid
+        still_serving(launch, api_pid)
+
+
+def rolled_back(launch: Launch, api_pid: int, demo, hubs) -> float:
+    """A repo whose copy in rank 1's cache has a broken tokenizer passes rank 0's checks; rank 1's load fails,
+    and the switch starts demo-tiny again by itself. Returns how long chat completions answered 503."""
+    lay_out_repo(hubs[0], demo, "org/broken")
+    lay_out_repo(hubs[1], broken(demo, launch.root, "tokenizer"), "org/broken")
+    stop, seen, chats = threading.Event(), [], []
+    watcher = threading.Thread(target=watch, args=(launch.url, stop, seen, chats), daemon=True)
+    watcher.start()
+    try:
+        wait_for(lambda: len(chats) >= 1, 30, "the watcher's first answer")
+        r = launch.run("switch", "org/broken", timeout=300)
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr + launch.log_tail()
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("launch.sh: the switch to org/broken failed and was rolled back (demo-tiny serves again, "
+                           f".env is as it was): rank 1 could not load the model: the tokenizer in {hubs[1]}/"), last
+    assert last.endswith(" does not load (KeyError: 'added_tokens'): copy tokenizer.json and tokenizer_config.json "
+                         "again from the original model"), last
+    still_serving(launch, api_pid)
+    assert {status for _, status in chats} == {200, 503}, sorted(set(seen))
+    down = [t for t, status in chats if status == 503]
+    return down[-1] - down[0]
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -51,12 +121,18 @@ def test_switch_serves_a_cached_repo_id_with_the_same_api_process(ranks: int):
     launch = Launch(MODEL="demo-tiny", HOSTS=",".join(["127.0.0.1"] * ranks))
     hubs = [launch.root / f"hub{rank}" for rank in range(ranks)]
     launch.env["HUB_CACHE_PER_RANK"] = ",".join(map(str, hubs))
+    (launch.root / "empty.env").write_bytes(ENV_TEXT)
     launch.start()
     stop, seen = threading.Event(), []
     watcher = threading.Thread(target=watch, args=(launch.url, stop, seen), daemon=True)
     try:
         api_pid = launch.group("api")
         (demo,) = MODEL_CACHE.glob("demo-tiny-v*")
+        if ranks == 1:
+            refused_while_serving(launch, api_pid, demo)
+        else:
+            outage = rolled_back(launch, api_pid, demo, hubs)
+            print(f"rollback outage: chat completions answered 503 for {outage:.1f} s")
         lay_out_repo(hubs[0], demo)
         if ranks == 2:  # on rank 0 only: refused, naming rank 1's cache
             r = launch.run("switch", REPO_ID)
@@ -99,7 +175,7 @@ def test_switch_serves_a_cached_repo_id_with_the_same_api_process(ranks: int):
         assert (doc["served"], doc["engine"]) == (REPO_ID, "up")
         assert [place["ranks"] for place in doc["hosts"]] == [[rank] for rank in range(ranks)]
         for place in doc["hosts"]:
-            (cached,) = place["models"]
+            (cached,) = [m for m in place["models"] if m["repo"] == REPO_ID]
             assert (cached["repo"], cached["commit"], cached["complete"]) == (REPO_ID, COMMIT, True)
         assert json.loads((launch.root / "run" / "models.json").read_text())["served"] == REPO_ID
     finally:

@@ -17,9 +17,11 @@ from config.hub_cache import Manifest, manifest_path, repo_folder, snapshot_fold
 from tests.harness import REPO, short_dir
 from tests.hub_model import COMMIT, REPO_ID, flip_a_byte, hub_model, identical
 
-# The remote host "mac-2" runs here: the stub drops ssh's options and host and runs the command.
+# The remote host "mac-2" runs here: the stub drops ssh's options (up to `--`) and host, and runs the command in
+# a shell, as sshd does with the words ssh sends.
 SSH_STUB = """#!/usr/bin/env bash
 while [[ $1 == -o ]]; do shift 2; done
+[[ $1 == -- ]] && shift
 shift
 exec sh -c "$*"
 """
@@ -27,8 +29,9 @@ exec sh -c "$*"
 
 @pytest.fixture
 def caches() -> tuple[Path, Path, Manifest]:
+    """Rank 1's cache has a space in its path: rsync must hand the remote path over as it is."""
     root = short_dir("spread-rs-")
-    return root / "r0", root / "r1", hub_model(root / "r0", links=True)
+    return root / "r0", root / "rank 1", hub_model(root / "r0", links=True)
 
 
 def spread(r0: Path, r1: Path, hosts: str, **more: str) -> subprocess.CompletedProcess:
