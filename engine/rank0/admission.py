@@ -42,7 +42,9 @@ class Admission:
     def requests(self, gen: Generate, tokens: list[int], outbox: Any, deadline: float) -> list[Request]:
         """The choices of gen, ready for the scheduler; raises Refused."""
         p = gen.params
-        max_tokens = min(p.max_tokens, self.context_length - len(tokens))
+        # max_tokens 0 (completions with echo): the batch samples one token after the prompt, which is dropped
+        score_only = p.max_tokens == 0
+        max_tokens = min(max(1, p.max_tokens), self.context_length - len(tokens))
         room = self.kv.room(len(tokens), p.n)
         if p.max_tokens_default and room is not None:  # no limit from the client: as many as the budget holds
             max_tokens = max(1, min(max_tokens, room))
@@ -65,6 +67,8 @@ class Admission:
         initial = "normal" if answer else self.rules.initial_state(tokens, chat)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         echo = self.tokenizer.decode(tokens) if gen.echo and not chat else ""
+        # echo with logprobs: the prompt's own logprobs come first (engine/lockstep/prompt_logprobs.py)
+        prompt_logprobs = p.top_logprobs if gen.echo and p.logprobs and not chat else -1
         out = []
         for i in range(p.n):
             detok = self.tokenizer.detokenizer
@@ -77,13 +81,13 @@ class Admission:
                 seed=(seed + i) & 0xFFFFFFFF,
                 logit_bias=p.logit_bias, repetition_penalty=p.repetition_penalty,
                 presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                logprobs=p.logprobs, grammar=grammar,
+                logprobs=p.logprobs and not score_only, grammar=grammar, prompt_logprobs=prompt_logprobs,
             )
             out.append(Request(
                 insert=insert, outbox=outbox, prompt_tokens=len(tokens), deadline=deadline,
                 detok=detok, splitter=TextSplitter(self.rules, machine, initial, tools, gen.parallel_tool_calls),
                 group=gen.request_id, index=i, top_logprobs=p.top_logprobs,
-                texts=self.texts if p.logprobs else None, echo=echo, tenant=gen.cache_salt,
+                texts=self.texts if p.logprobs else None, echo=echo, tenant=gen.cache_salt, score_only=score_only,
             ))
         return out
 
