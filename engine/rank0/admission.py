@@ -20,6 +20,7 @@ from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.reasoning import ReasoningLevels, template_source
 from engine.rank0.scheduler import Request
 from engine.rank0.text_only import ClientText
+from engine.rank0.tool_prompt import renders_tools, with_tools_described
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,12 @@ class Prompter:
         self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars, kv)
         self.client_text = ClientText(tokenizer)
         self.reasoning = ReasoningLevels(template_source(mlx_compat.hf_tokenizer(tokenizer)))
+        # a template without tool syntax gets the tools (and a history's calls) in the messages instead
+        self.renders_tools = renders_tools(lambda messages, tools: tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True))
+        if not self.renders_tools:
+            log.info("the chat template has no tool syntax: tools are described in the system message, calls "
+                     "read and enforced in the %s envelope", self.admission.rules.parser_name)
 
     def tokens(self, gen: Generate) -> list[int]:
         """The prompt's token ids; raises Refused."""
@@ -174,6 +181,8 @@ class Prompter:
             marked = self.client_text.marked(messages, tools)
             if marked is not None:
                 messages, tools = marked
+            if not self.renders_tools:
+                messages = with_tools_described(messages, tools)
             text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt, **options)
         except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
