@@ -7,10 +7,9 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
-from tests.harness import Stack, short_dir
+from tests.harness import serving, short_dir
 from tests.plain_chatml import plain_chatml_model
 
 WEATHER = {"type": "object", "properties": {"location": {"type": "string"},
@@ -25,12 +24,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def plain(demo_tiny):
-    s = Stack(extra={"MODEL": str(plain_chatml_model(demo_tiny, short_dir("chatml-") / "model"))})
-    procs = [s.start_engine(), s.start_api()]
-    with openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=60) as client:
-        yield s, client
-    for p in reversed(procs):
-        p.stop()
+    with serving(str(plain_chatml_model(demo_tiny, short_dir("chatml-") / "model"))) as served:
+        yield served
 
 
 def test_a_forced_call_names_the_right_function_with_arguments_its_schema_accepts(plain):
