@@ -53,7 +53,7 @@ def main() -> int:
         settings.API_HOST,
         settings.API_PORT,
         settings.socket_path,
-        ", API key required" if settings.API_KEY or settings.API_KEYS_FILE else "",
+        ", API key required" if settings.API_KEY or settings.API_KEYS_FILE or settings.ADMIN_API_KEYS_FILE else "",
     )
     try:
         sock = listen(settings.API_HOST, settings.API_PORT, take_over=args.take_over)

@@ -169,7 +169,7 @@ def request_id_header(record: AccessRecord) -> tuple[bytes, bytes]:
 
 
 # Frequent probes stay out of the INFO log unless they fail.
-_QUIET_PATHS = ("/health", "/metrics", "/dashboard/state")
+_QUIET_PATHS = ("/health", "/health/detail", "/metrics", "/dashboard/state")
 
 
 def _log(d: Completed) -> None:

@@ -59,7 +59,9 @@ def create_app(settings: Settings) -> Starlette:
     anthropic_auth = api_key_guard(settings, x_api_key=True)
     return Starlette(
         routes=[
-            Route("/health", Health(settings, engine).endpoint, methods=["GET"]),
+            # open; its details only where the ops routes are open too (no key, or PROTECT_OPS_ROUTES=false)
+            Route("/health", Health(settings, engine, detailed=not ops).endpoint, methods=["GET"]),
+            Route("/health/detail", Health(settings, engine).endpoint, methods=["GET"], middleware=ops),
             openapi_route(served),
             Route("/v1/messages", anthropic.messages, methods=["POST"], middleware=anthropic_auth),
             Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"], middleware=anthropic_auth),

@@ -52,6 +52,14 @@ class Unauthorized(APIError):
         return {"WWW-Authenticate": "Bearer"}
 
 
+class Forbidden(APIError):
+    """A valid key that may not read this route (a tenant's key on an operator's route)."""
+
+    status = 403
+    type = "permission_error"
+    code = "operator_key_required"
+
+
 class NotFound(APIError):
     status = 404
     type = "invalid_request_error"

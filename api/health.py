@@ -56,6 +56,7 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "backend": info.backend,
         "parallel": info.parallel,
         "pipeline_layers": info.pipeline_layers,
+        "parallel_note": info.parallel_note,
         "engine_pid": info.engine_pid,
         "uptime": round(info.uptime, 1),
         "step": info.step,
@@ -99,18 +100,31 @@ async def check(engine: EngineClient, settings: Settings, api_started: float) ->
         return 503, {"status": "unavailable", "api": "ok", "engine": f"unreachable: {exc.message}", **head}
     verdict = engine_verdict(info, settings.HEALTH_STALL_SECONDS)
     ok = verdict == "ok"
-    body = {"status": "ok" if ok else "unavailable", "api": "ok", "engine": verdict, **head, **details(info)}
+    body = {"status": "ok" if ok else "unavailable", "api": "ok", "engine": verdict, **head,
+            **({"test_hooks": True} if info.test_hooks else {}), **details(info)}
     return (200 if ok else 503), body
 
 
-class Health:
-    """GET /health: 200 only when the engine answers and its step loop and every rank are progressing."""
+def summary(body: dict[str, Any]) -> dict[str, Any]:
+    """What a load balancer needs and anyone may read: the verdicts without the ranks' hosts, pids or traffic."""
+    # test_hooks: an engine that reads test-only fault hooks must not pass unnoticed as a serving one
+    return {"status": body["status"], "api": body["api"], "engine": body["engine"].partition(":")[0],
+            **({"test_hooks": True} if body.get("test_hooks") else {})}
 
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
+
+class Health:
+    """GET /health: 200 only when the engine answers and its step loop and every rank are progressing.
+
+    detailed: the whole body (the ranks, their hosts and pids, every tenant's traffic); else only the summary,
+    for an open /health in front of several tenants.
+    """
+
+    def __init__(self, settings: Settings, engine: EngineClient, detailed: bool = True) -> None:
         self.settings = settings
         self.engine = engine
+        self.detailed = detailed
         self.started = time.monotonic()
 
     async def endpoint(self, request: Request) -> Response:
         status, body = await check(self.engine, self.settings, self.started)
-        return json_response(body, status)
+        return json_response(body if self.detailed else summary(body), status)

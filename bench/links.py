@@ -5,10 +5,10 @@ Run by hand (it starts two local ranks over the ring backend with mlx.launch) or
     python -m bench.links [--rounds 10]
     mlx.launch --hosts 127.0.0.1,127.0.0.1 --backend ring -- python -m bench.links --worker
 
-Each round probes every pair the engine would (ring: neighbours) at several bandwidth-probe sizes, on a
-stream of its own as the engine's model stream; rank 0 prints per size the median latency and bandwidth
-the probe reports, and its cost: wall time on the measuring rank and bytes sent (one way, plus the
-one-byte round trips).
+Each round probes every pair the engine would (ring: neighbours) at several bandwidth-probe sizes, beside a
+model stream made as mlx-lm makes its generation stream, and gathers the figures through the plan channel;
+rank 0 prints per size the median latency and bandwidth the probe reports, and its cost: wall time on the
+measuring rank and bytes sent (one way, plus the one-byte round trips).
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ SIZES = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
 def worker(rounds: int, backend: str) -> int:
     import mlx.core as mx
 
+    from engine.lockstep.channel import PlanChannel
     from engine.lockstep.link_pairs import LATENCY_BUDGET, LATENCY_ROUNDS, ROW_PER_PAIR, link_pairs
     from engine.lockstep.link_probe import probe
 
     group = mx.distributed.init(strict=True, backend=backend)
     rank, size = group.rank(), group.size()
-    stream = mx.new_stream(mx.default_device())
+    stream = mx.new_thread_local_stream(mx.default_device())  # the GPU on a Mac: never a collective's stream
+    channel = PlanChannel(group, 4096, stream)
     pairs = link_pairs(size, backend)
     if rank == 0:
         print(f"{size} ranks over {backend}, pairs {pairs}, {rounds} rounds per size "
@@ -51,9 +53,7 @@ def worker(rounds: int, backend: str) -> int:
             t0 = time.perf_counter()
             row = probe(pairs, nbytes, rank, group, stream)
             wall = time.perf_counter() - t0
-            table = mx.zeros((size, len(row)), dtype=mx.int32)
-            table[rank] = mx.array(row, dtype=mx.int32)
-            rows = mx.distributed.all_sum(table, group=group, stream=stream).tolist()
+            rows = channel.gather(row)
             lat_ns, bw_kib, cost_us = rows[0][:ROW_PER_PAIR]
             figures.append((lat_ns / 1e9, bw_kib * 1024.0, cost_us / 1e6, wall))
         if rank == 0:

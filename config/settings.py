@@ -58,6 +58,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     API_PORT: Port = 8000
     API_KEY: str = ""
     API_KEYS_FILE: str = ""
+    ADMIN_API_KEYS_FILE: str = ""
     PROTECT_OPS_ROUTES: bool = True
     HTTP_HEADER_TIMEOUT: Seconds = 10.0
     HTTP_KEEP_ALIVE_TIMEOUT: Seconds = 5.0
@@ -74,8 +75,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # jaccl: seconds between an engine stop and the next start, for the RDMA driver to release the old ranks'
     # queue pairs and memory (EBUSY otherwise)
     JACCL_COOLDOWN: Annotated[float, Meta(ge=0)] = 10.0
-    # how several ranks share the model: tensor (every rank a slice of every layer) or pipeline (whole layers)
-    PARALLEL: Literal["tensor", "pipeline"] = "tensor"
+    # how several ranks share the model: tensor (every rank a slice of every layer), pipeline (whole layers), or
+    # auto (tensor where mlx-lm's shard() can split the model over the ranks, else pipeline)
+    PARALLEL: Literal["auto", "tensor", "pipeline"] = "auto"
     # pipeline: layers per rank in rank order (e.g. 20,12); empty: in proportion to each host's memory
     PIPELINE_LAYERS: str = ""
     # a cap on requests that set no max_tokens; 0: none (they run to the context's end or the KV budget's)
@@ -195,7 +197,7 @@ HINTS = {
     "JACCL_COOLDOWN": "a number of seconds >= 0 (raise it when a jaccl start after a stop fails with EBUSY)",
     "LOG_LEVEL": "one of DEBUG, INFO, WARNING, ERROR",
     "BACKEND": "one of ring, jaccl, mpi",
-    "PARALLEL": "one of tensor, pipeline",
+    "PARALLEL": "one of auto, tensor, pipeline",
     "SPECULATIVE": "one of off, ngram, draft, mtp",
     "NUM_DRAFT_TOKENS": "an integer from 1 to 16 (draft tokens proposed per sequence and step)",
     "MAX_TOKENS_DEFAULT": "0 (no cap) or a positive integer",

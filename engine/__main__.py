@@ -239,7 +239,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     from engine.rank0.server import MULTIRANK_DIRECT_CONNECTIONS, EngineServer
     from engine.rank0.validate import Limits
     from engine.ranks import RankReports
-    from ipc import Info
+    from ipc import Info, test_hooks
 
     loaded, tokenizer = joined.loaded, joined.loaded.tokenizer
     counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
@@ -260,6 +260,9 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                           PrefixIndex(cache_budget, batch.prefix.cuts), kv)
     backend = settings.BACKEND if joined.size > 1 else "single"
     spec_mode = settings.SPECULATIVE if proposer is not None else "off"
+    if test_hooks.ENABLED:
+        logging.getLogger("engine").warning("%s=1: test-only fault hooks are read (never set it when serving)",
+                                            test_hooks.SWITCH)
 
     def info() -> Info:
         return Info(model=settings.model_name, model_path=loaded.path, context_length=loaded.context_length,
@@ -275,9 +278,11 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
                     kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured,
                     parallel=loaded.parallel, pipeline_layers=list(loaded.pipeline_split),
+                    parallel_note=loaded.parallel_note,
                     links=links.snapshot(), spec_mode=spec_mode, spec_draft_tokens=settings.NUM_DRAFT_TOKENS,
                     spec_proposed_tokens=stats.spec_proposed, spec_accepted_tokens=stats.spec_accepted,
-                    spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted)
+                    spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted,
+                    test_hooks=test_hooks.ENABLED)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)

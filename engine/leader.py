@@ -27,13 +27,10 @@ from engine.rank0.scheduler import Scheduler, Submit, Withdraw
 from engine.rank0.server import EngineServer
 from engine.ranks import RankReports, local_row
 from engine.speculative.propose import Proposer
+from engine.speculative.schedule import DraftSchedule
 from engine.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
-
-# With a proposer and several ranks: after a round of proposals that found nothing, the next 1, 2, 4... plans (at
-# most this many) are sent ahead again, undrafted, so plain chat keeps the overlap of plan and forward pass.
-MAX_PLANS_AHEAD = 8
 
 
 @dataclass
@@ -73,9 +70,7 @@ class Leader(StepLoop):
         self.links = links  # the probe schedule and the figures of the last probe
         # speculative decoding: what proposes drafts (None: plain decoding), and at most how many per sequence
         self.proposer = proposer
-        self.draft_tokens = draft_tokens
-        self.dry_rounds = 0  # consecutive rounds of proposals that found no draft
-        self.plans_ahead = 0  # plans still to send ahead before proposing again
+        self.draft_schedule = DraftSchedule(proposer, draft_tokens, watchdog.beat) if proposer is not None else None
         self.drafting = True  # the last plan said the next one comes after the step (next_after)
 
     @property
@@ -188,43 +183,14 @@ class Leader(StepLoop):
             plan = msgspec.structs.replace(plan, report=True)
         if self.links is not None:
             plan = self.links.attach(plan, now, busy(sched, self.inbound))
-        if self.proposer is not None and not plan.idle and not plan.shutdown:
+        if self.draft_schedule is not None and not plan.idle and not plan.shutdown:
             # one rank keeps the schedule of several (drafted or not, step by step), so that a seeded sampled answer,
             # which depends on the drafts it was verified with, is the same on any number of ranks
-            plan = self._speculate(plan, after and self.drafting)
+            plan = self.draft_schedule.speculate(plan, after and self.drafting, self.batch.histories)
             self.drafting = plan.next_after
         elif plan.idle:
             self.drafting = True  # from idle, the next plan is made when work comes
         return plan
-
-    def _speculate(self, plan: Plan, after: bool) -> Plan:
-        """Drafts for a plan made after the step, and how the next plan travels: after this step while proposals
-        find drafts (or a sequence joins), else sent ahead for a few plans before proposing again."""
-        for rid in plan.removes:  # the sequences that finish in a step are forgotten after it (_count_drafts)
-            self.proposer.forget(rid)
-        histories = self._histories(plan) if after else {}
-        drafts = self._drafts(plan, histories) if histories else {}
-        if plan.inserts:
-            self.dry_rounds = self.plans_ahead = 0
-        elif histories:  # a round of proposals (none while every sequence still prefills)
-            self.dry_rounds = 0 if drafts else self.dry_rounds + 1
-            self.plans_ahead = min(2 ** (self.dry_rounds - 1), MAX_PLANS_AHEAD) if self.dry_rounds else 0
-        elif not after:
-            self.plans_ahead = max(0, self.plans_ahead - 1)
-        log.debug("plan %d, made %s the step: drafts for %d sequence(s), the next plan %s", plan.step,
-                  "after" if after else "ahead of", len(drafts), "after" if self.plans_ahead == 0 else "ahead")
-        return msgspec.structs.replace(plan, drafts=drafts, next_after=self.plans_ahead == 0)
-
-    def _histories(self, plan: Plan) -> dict[str, list[int]]:
-        """The sequences that decode in this plan's step: never one it removes, nor one still prefilling (it has
-        no next input yet)."""
-        gone = set(plan.removes)
-        return {rid: h for rid, h in self.batch.histories().items() if rid not in gone}
-
-    def _drafts(self, plan: Plan, histories: dict[str, list[int]]) -> dict[str, list[int]]:
-        self.watchdog.beat(f"proposing drafts for plan {plan.step}")
-        proposed = self.proposer.propose(histories, self.draft_tokens)
-        return {rid: list(d[:self.draft_tokens]) for rid, d in proposed.items() if d and rid in histories}
 
     def _probe_due(self, now: float) -> bool:
         """Rank 0, idle: whether to wake the ranks for a link probe now."""

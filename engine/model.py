@@ -36,6 +36,7 @@ class LoadedModel:
     parallel: str = "single"  # engine.parallel: single, tensor or pipeline
     # pipeline: the layers each rank holds, rank 0 first (empty: every rank holds every layer)
     pipeline_split: tuple[int, ...] = ()
+    parallel_note: str = ""  # why not tensor parallel, where PARALLEL=auto chose otherwise (status shows it)
 
 
 def resolve(settings: Settings, rank: int = 0) -> Path:
@@ -121,7 +122,7 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
                        vocab_size=vocab_size(config) or len(tokenizer),
                        facts=model_facts(target, config, tokenizer), parallel=layout.mode,
-                       pipeline_split=tuple(layout.split))
+                       pipeline_split=tuple(layout.split), parallel_note=layout.note)
 
 
 # -- a bad model folder: one sentence naming the file and what to do, the same on every rank ----------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+AUTO = "auto"  # tensor where mlx-lm's shard() can split the model over the ranks, else pipeline
 TENSOR = "tensor"
 PIPELINE = "pipeline"
 SINGLE = "single"  # one rank holds the whole model
@@ -23,40 +24,64 @@ class ParallelRefused(Exception):
 
 @dataclass(frozen=True)
 class Abilities:
-    """What mlx-lm can do with a model_type: shard it, pipeline it, and give pipeline ranks unequal shares."""
+    """What mlx-lm can do with a model_type: shard it, pipeline it, and give pipeline ranks unequal shares.
+
+    unsplit: why shard() cannot split this model over the ranks at hand, as a clause (a head count they do not
+    divide); empty when it can. shard() itself divides counts with // and would fail every request instead."""
 
     model_type: str
     tensor: bool
     pipeline: bool
     uneven: bool = False
+    unsplit: str = ""
 
 
 def choose(requested: str, ranks: int, can: Abilities) -> tuple[str, str]:
-    """(mode, note): the mode the ranks run, and a line to log when it is not the one requested.
+    """(mode, note): the mode the ranks run, and a line to log and show in status when it is not tensor as
+    PARALLEL=auto would have it.
 
-    PARALLEL=tensor is the default, so a model mlx-lm can only pipeline gets pipeline; PARALLEL=pipeline
-    is always a deliberate choice (capacity, unequal Macs), so a model without it is refused, not switched."""
+    PARALLEL=auto (the default) runs tensor where it can and pipeline otherwise; PARALLEL=tensor and
+    PARALLEL=pipeline are deliberate choices (decode speed; capacity, unequal Macs), so a model that cannot
+    run that way is refused in one sentence, not switched."""
     if ranks <= 1:
         return SINGLE, ""
     arch = can.model_type
     if requested == PIPELINE:
         if can.pipeline:
             return PIPELINE, ""
-        if can.tensor:
+        if can.tensor and not can.unsplit:
             raise ParallelRefused(
                 f"MODEL's architecture {arch} cannot run in pipeline parallel on {ranks} ranks: mlx-lm's {arch} "
                 "model has no pipeline(); set PARALLEL=tensor (it supports tensor parallelism), or serve it on one "
                 "host (HOSTS with a single entry)")
-        raise _neither(arch, ranks)
-    if can.tensor:
+        raise _neither(can, ranks)
+    if can.tensor and not can.unsplit:
         return TENSOR, ""
+    why = _no_tensor(can, ranks)
+    if requested == TENSOR:
+        if not can.pipeline:
+            raise _neither(can, ranks)
+        raise ParallelRefused(f"PARALLEL=tensor cannot run MODEL on {ranks} ranks: {why}; set PARALLEL=pipeline "
+                              "(or auto) to split its layers instead")
     if can.pipeline:
-        return PIPELINE, (f"{arch} has no tensor parallelism in mlx-lm (no shard()): running it in pipeline "
-                          f"parallel, each of the {ranks} ranks holding whole layers (PARALLEL=pipeline)")
-    raise _neither(arch, ranks)
+        return PIPELINE, f"{why}: running it in pipeline parallel, each of the {ranks} ranks holding whole layers"
+    raise _neither(can, ranks)
 
 
-def _neither(arch: str, ranks: int) -> ParallelRefused:
+def _no_tensor(can: Abilities, ranks: int) -> str:
+    """Why the ranks cannot hold slices of every layer, as a clause."""
+    if not can.tensor:
+        return f"{can.model_type} has no tensor parallelism in mlx-lm (no shard())"
+    return can.unsplit
+
+
+def _neither(can: Abilities, ranks: int) -> ParallelRefused:
+    arch = can.model_type
+    if can.tensor:  # shard() exists but cannot split this model over these ranks
+        return ParallelRefused(
+            f"MODEL's architecture {arch} cannot run on {ranks} ranks: {_no_tensor(can, ranks)}, and mlx-lm's "
+            f"{arch} model has no pipeline() to split its layers instead; serve it on a number of hosts that "
+            "divides them, or on one host (HOSTS with a single entry)")
     return ParallelRefused(
         f"MODEL's architecture {arch} cannot run on {ranks} ranks: mlx-lm can neither shard it (no shard(), for "
         "tensor parallelism) nor split its layers (no pipeline(), for pipeline parallelism); serve it on one host "

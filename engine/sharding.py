@@ -1,5 +1,5 @@
-"""Load a model over several ranks: tensor-parallel slices (mlx-lm's shard()) or pipeline stages
-(its pipeline()), as engine/parallel.py decides from what mlx-lm's class for the model can do.
+"""Load a model over several ranks: tensor-parallel slices (mlx-lm's shard()) or pipeline stages (its pipeline();
+engine/pipeline_llama.py's for llama), as engine/parallel.py decides from what the model can do on these ranks.
 
     python -m engine.sharding [--ranks N]   # launch.sh start/check: the mode MODEL would run in, or why not
 """
@@ -36,6 +36,7 @@ class Layout:
 
     mode: str
     split: list[int] = field(default_factory=list)
+    note: str = ""  # why the mode is not the one PARALLEL asked for (the log line; status shows it too)
 
     @property
     def most_layers(self) -> int:
@@ -43,34 +44,39 @@ class Layout:
         return max(self.split, default=0)
 
 
-def abilities(model: Any, config: dict) -> Abilities:
-    """What mlx-lm can do with this (lazily built) model, asked as sharded_load asks it."""
+def abilities(model: Any, config: dict, ranks: int) -> Abilities:
+    """What mlx-lm can do with this (lazily built, disposable: it may be sharded here) model on `ranks` ranks,
+    asked as sharded_load asks it, and whether shard() divides it evenly over them."""
+    from engine.split_probe import unsplit
+
     inner = getattr(model, "model", None)
     pipeline = getattr(inner, "pipeline", None)
     uneven = pipeline is not None and "split" in inspect.signature(pipeline).parameters
-    return Abilities(model_type=str(config.get("model_type", "?")), tensor=hasattr(model, "shard"),
-                     pipeline=pipeline is not None, uneven=uneven)
+    tensor = hasattr(model, "shard")
+    return Abilities(model_type=str(config.get("model_type", "?")), tensor=tensor, pipeline=pipeline is not None,
+                     uneven=uneven, unsplit=unsplit(model, ranks) if tensor and ranks > 1 else "")
 
 
 def load_parallel(settings: Settings, target: str, group: mx.distributed.Group) -> tuple[Any, Any, dict, Layout]:
     """(model, tokenizer, config, layout) of this rank; raises ParallelRefused, OSError or ValueError."""
-    from mlx_lm.utils import load_model, sharded_load
+    from mlx_lm.utils import sharded_load
 
     from engine.mlx_compat import local_model_path
+    from engine.pipeline_llama import load_model
 
     path = local_model_path(target)
     probe, config = load_model(path, lazy=True, strict=False)  # the classes only: no weight is read
-    can = abilities(probe, config)
-    layers = len(probe.model.layers) if can.pipeline else 0
+    layers = len(probe.model.layers) if hasattr(getattr(probe, "model", None), "pipeline") else 0
+    can = abilities(probe, config, group.size())
     del probe
     mode, note = choose(settings.PARALLEL, group.size(), can)
     if note:
         log.info("%s", note)
     if mode == TENSOR:
         model, tokenizer, config = sharded_load(target, tensor_group=group, return_config=True)
-        return model, tokenizer, config, Layout(TENSOR)
+        return model, tokenizer, config, Layout(TENSOR, note=note)
     split = _split(settings, layers, can, group)
-    return (*_pipeline_load(path, group, split), Layout(PIPELINE, split))
+    return (*_pipeline_load(path, group, split), Layout(PIPELINE, split, note))
 
 
 def _split(settings: Settings, layers: int, can: Abilities, group: mx.distributed.Group) -> list[int]:
@@ -108,7 +114,9 @@ def _gather_memory(group: mx.distributed.Group) -> tuple[list[int], list[str]]:
 
 def _pipeline_load(path: Path, group: mx.distributed.Group, split: list[int]) -> tuple[Any, Any, dict]:
     """sharded_load(pipeline_group=...) with the split given: mlx-lm's loader splits evenly only."""
-    from mlx_lm.utils import load_model, load_tokenizer
+    from mlx_lm.utils import load_tokenizer
+
+    from engine.pipeline_llama import load_model
 
     model, config = load_model(path, lazy=True)
     tokenizer = load_tokenizer(path, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id", None))
@@ -124,10 +132,9 @@ def _pipeline_load(path: Path, group: mx.distributed.Group, split: list[int]) ->
 
 def verdict(settings: Settings, ranks: int) -> tuple[int, str]:
     """(VERDICT_*, sentence) for MODEL on `ranks` ranks, from mlx-lm's class for it; no weights are read."""
-    from mlx_lm.utils import load_model
-
     from engine.mlx_compat import local_model_path
     from engine.model import ModelError, resolve
+    from engine.pipeline_llama import load_model
 
     try:
         path = local_model_path(str(resolve(settings)), download=False)
@@ -135,7 +142,7 @@ def verdict(settings: Settings, ranks: int) -> tuple[int, str]:
     except (ModelError, OSError, ValueError, KeyError) as exc:
         return VERDICT_UNKNOWN, f"the parallel mode of MODEL={settings.MODEL} cannot be told here: {exc}"
     try:
-        mode, note = choose(settings.PARALLEL, ranks, abilities(model, config))
+        mode, note = choose(settings.PARALLEL, ranks, abilities(model, config, ranks))
     except ParallelRefused as exc:
         return VERDICT_REFUSED, str(exc)
     return VERDICT_OK, note or mode

@@ -151,6 +151,8 @@ class Info(Msg):
     # layers: pipeline_layers per rank, rank 0 first), "single" (one rank; "" from an engine older than this field)
     parallel: str = ""
     pipeline_layers: list[int] = []
+    # why the ranks run in this mode rather than tensor parallel when PARALLEL=auto chose it ("": tensor, or asked)
+    parallel_note: str = ""
     # the links between ranks as last probed (empty: one rank, or no probe yet)
     links: list[LinkState] = []
     # speculative decoding (SPECULATIVE; "off" also where the model's caches cannot verify drafts), the most draft
@@ -163,6 +165,8 @@ class Info(Msg):
     spec_accepted_tokens: int = 0
     spec_forward_passes: int = 0
     spec_emitted_tokens: int = 0
+    # MCS_TEST_HOOKS=1 on rank 0: the test-only fault hooks (ipc/test_hooks.py) are read
+    test_hooks: bool = False
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -6,15 +6,15 @@ Rank 0 writes one SpreadResult as JSON to the path ops gives it; ops reads it on
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 import msgspec
 
+from ipc.result_file import ResultFile
+from ipc.test_hooks import hook
+
 # "<host> <pid>" of the ops process that started the spread: rank 0 ends the spread when it is gone.
 PARENT_ENV = "MCS_SPREAD_PARENT"
-# Test hooks, read only by the spreading programs (each "RANK:NUMBER"); see engine/spread/hooks.py.
-TEST_HOOKS = ("MCS_SPREAD_TEST_FREE_BYTES", "MCS_SPREAD_TEST_PAUSE", "MCS_SPREAD_TEST_EXIT")
 # The line rank 0 prints once every rank has joined (ops then quiets mlx.launch's stdin loop).
 JOINED = "spread: every rank joined"
 
@@ -30,24 +30,14 @@ class SpreadResult(msgspec.Struct, frozen=True, kw_only=True):
     via: str = ""  # "sendrecv" or "allsum"
 
 
-def test_hook(name: str, rank: int, environ: Mapping[str, str] = os.environ) -> int | None:
-    """NUMBER when the test hook `name` ("RANK:NUMBER,...") is set for this rank."""
-    for entry in environ.get(name, "").split(","):
+def test_hook(name: str, rank: int, environ: Mapping[str, str] | None = None) -> int | None:
+    """NUMBER when the test hook `name` ("RANK:NUMBER,...") is set for this rank, and MCS_TEST_HOOKS=1."""
+    for entry in hook(name, environ).split(","):
         who, _, number = entry.partition(":")
         if who.strip() == str(rank) and number.strip().isdigit():
             return int(number)
     return None
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(SpreadResult)
-
-
-def encode_result(result: SpreadResult) -> bytes:
-    """The result as JSON."""
-    return _encoder.encode(result)
-
-
-def decode_result(data: bytes) -> SpreadResult:
-    """Raises msgspec.ValidationError / DecodeError when data is not a result."""
-    return _decoder.decode(data)
+RESULT = ResultFile(SpreadResult)
+encode_result, decode_result = RESULT.encode, RESULT.decode

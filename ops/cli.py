@@ -33,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "download":
             cmd.add_argument("source", metavar="REPO_OR_FOLDER", help="a hub repo id (ORG/NAME) or a local folder")
             cmd.add_argument("--revision", help="a branch, tag or commit of the repo (default: main)")
+        if name == "check":
+            cmd.add_argument("--links", action="store_true", help="start every rank (no model), meet over the "
+                             "plan channel as the engine does and measure every link")
         if name == "models":
             cmd.add_argument("--json", action="store_true", help="print the list as JSON")
         if name == "switch":
@@ -48,6 +51,10 @@ def run(command: str, args: argparse.Namespace) -> int:
         print(f"configuration error: {exc}", file=sys.stderr)
         raise Die(2, "fix the setting above (in .env or the environment; .env.example describes every variable)") \
             from None
+    if command == "check" and args.links:
+        from ops.link_check import link_check
+
+        return link_check(settings)
     if command == "check":
         return cluster.check(settings)
     if command == "sync":

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from config import Settings
+from ipc import test_hooks
 
 PREFIXES = ("HF_", "MLX_")
 # mlx.launch sets these for each rank itself; ours must never stand in for them
@@ -22,8 +23,9 @@ SECRETS = frozenset({"API_KEY", "HF_TOKEN"})
 
 
 def forwarded(settings: Settings, environ: Mapping[str, str] = os.environ, extra: Iterable[str] = ()) -> list[str]:
-    """The names of environ that go to every rank: settings, HF_* and MLX_* variables, and `extra`."""
-    names = {*type(settings).__struct_fields__, *extra}
+    """The names of environ that go to every rank: settings, HF_* and MLX_* variables, `extra`, and the test hooks
+    under MCS_TEST_HOOKS=1."""
+    names = {*type(settings).__struct_fields__, *extra, *test_hooks.forwarded(environ)}
     return sorted(key for key in environ if (key in names or key.startswith(PREFIXES))
                   and key not in SECRETS and key not in LAUNCHER_SET)
 

@@ -54,6 +54,8 @@ def describe_info(i: Info) -> str:
                      f"  host {_size(used)} of {_size(r.host_memory_total)} used"
                      f"  prefix cache {_size(r.prompt_cache_bytes)}"
                      + (f"  NOT ANSWERING for {r.unanswered:.0f}s (frozen or gone)" if r.unanswered >= 1 else ""))
+    if i.parallel_note:  # PARALLEL=auto chose pipeline: why, so nobody wonders where tensor's speed went
+        lines.insert(2, f"            {i.parallel_note}")
     lines += [_link(link) for link in i.links]
     if i.ranks > 1 and not i.links:
         lines.append("  links     not probed yet (the engine probes them when idle, about once a minute)")

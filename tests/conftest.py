@@ -14,6 +14,20 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """needs_tool(present, what): skip where the tool is missing; under CI=true, where .ci/run installs it, fail, so
+    that a run without it cannot pass green."""
+    for mark in item.iter_markers("needs_tool"):
+        present, what = mark.args
+        if present:
+            continue
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{what} is missing and CI=true: .ci/run installs it (see its output), so this test must "
+                        "run, not skip", pytrace=False)
+        pytest.skip(f"{what} is missing (.ci/run installs it)")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     folder = run_dir_made()
     if folder is not None and exitstatus == 0 and not os.environ.get("KEEP_TEST_DIRS"):

@@ -273,7 +273,10 @@ function renderRequests(state) {
 async function poll() {
   try {
     const res = await fetch("/dashboard/state", { headers: authHeaders(), cache: "no-store" });
-    if (res.status === 401) {
+    if (res.status === 401 || res.status === 403) {
+      // 403: a tenant's key; the page needs an operator's (the message says which setting)
+      const body = await res.json().catch(() => ({}));
+      $("key-why").textContent = (body.error && body.error.message) || "This server needs an API key.";
       $("key-bar").hidden = false;
       return;
     }

@@ -7,22 +7,23 @@ and on any number of ranks.
 
 from __future__ import annotations
 
-import os
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from engine.decoding.constrained import GrammarError, Grammars
 from engine.lockstep.plan import Insert
+from ipc.test_hooks import hook
 
 
 def failpoint_seed(kind: str) -> int | None:
-    """Tests only: ENGINE_FAILPOINT="<kind>:<seed>" makes requests with that seed fail inside the step.
+    """Tests only (with MCS_TEST_HOOKS=1): ENGINE_FAILPOINT="<kind>:<seed>" makes requests with that seed fail
+    inside the step.
 
     "sampler": the request's sampler raises from its third token on, as a value mlx-lm rejects would;
     "step": the whole batched step raises (engine/lockstep/batch.py), losing every request in it.
     """
-    mode, _, seed = os.environ.get("ENGINE_FAILPOINT", "").partition(":")
+    mode, _, seed = hook("ENGINE_FAILPOINT").partition(":")
     return int(seed) if mode == kind and seed.isdigit() else None
 
 
@@ -64,7 +65,7 @@ class SeededSampler:
     def _next_key(self) -> mx.array:
         key = mx.random.key((self.seed << 20) + self.count)
         self.count += 1
-        if self.seed == _FAIL_SEED and self.count > 2:
+        if _FAIL_SEED is not None and self.seed == _FAIL_SEED and self.count > 2:
             raise RuntimeError("failpoint: the sampler of a request with ENGINE_FAILPOINT's seed")
         return key
 

@@ -1,8 +1,9 @@
 """The plan channel: plans from rank 0 to all ranks through mx.distributed.all_sum on fixed-size buffers.
 
-A plan can be sent ahead (`post`, later `collect`): its first buffer's all_sum is queued on the model's
-stream before the next forward pass, so it is summed as soon as the pass before it ends, and the ranks
-read it while that next pass computes. Waiting for a plan after queuing a pass would otherwise make
+A plan can be sent ahead (`post`, later `collect`): its first buffer's all_sum is queued beside the model's
+work (engine/lockstep/beside.py: on the CPU stream the model's own all_sums take) before the next forward
+pass, so it is summed as soon as the pass before it ends, and the ranks read it while that next pass
+computes. Waiting for a plan after queuing a pass would otherwise make
 every step wait for the previous one to finish before the next one's graph is even built.
 """
 
@@ -14,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.lockstep import plan as plans
+from engine.lockstep.beside import beside
 from engine.lockstep.plan import Plan
 
 
@@ -29,9 +31,9 @@ class PlanChannel:
     """Broadcasts plans from rank 0 to all ranks with fixed-size all_sum buffers."""
 
     def __init__(self, group: mx.distributed.Group | None, buffer_bytes: int, stream=None):
-        # The plan must travel on the model's stream: mlx-lm evaluates the next forward step
-        # asynchronously, and a collective on another stream could interleave with the
-        # model's own all_sums in a different order on each rank.
+        # The model's stream (mlx-lm's generation stream, the GPU on a Mac): never handed to a collective, which
+        # is built under it with no stream instead, so it queues behind the model's own all_sums on the CPU
+        # stream they take (engine/lockstep/beside.py), in the same order on every rank.
         self.stream = stream
         self.group = group
         self.size = group.size() if group is not None else 1
@@ -41,8 +43,8 @@ class PlanChannel:
 
     def all_sum(self, buf: bytes) -> bytes:
         """One buffer of buffer_bytes summed over every rank."""
-        out = mx.distributed.all_sum(mx.array(np.frombuffer(buf, dtype=np.uint8)), group=self.group,
-                                     stream=self.stream)
+        with beside(self.stream):
+            out = mx.distributed.all_sum(mx.array(np.frombuffer(buf, dtype=np.uint8)), group=self.group)
         mx.eval(out)
         self.collectives += 1
         return np.asarray(out).tobytes()
@@ -53,7 +55,8 @@ class PlanChannel:
             return [list(row)]
         table = np.zeros((self.size, len(row)), dtype=np.int32)
         table[self.rank] = row
-        out = mx.distributed.all_sum(mx.array(table), group=self.group, stream=self.stream)
+        with beside(self.stream):
+            out = mx.distributed.all_sum(mx.array(table), group=self.group)
         mx.eval(out)
         self.collectives += 1
         return np.asarray(out).tolist()
@@ -76,8 +79,8 @@ class PlanChannel:
             return Pending(None, plan)
         zeros = bytes(self.buffer_bytes)
         buf = next(plans.chunks(plan, self.buffer_bytes)) if self.rank == 0 else zeros
-        out = mx.distributed.all_sum(mx.array(np.frombuffer(buf, dtype=np.uint8)), group=self.group,
-                                     stream=self.stream)
+        with beside(self.stream):
+            out = mx.distributed.all_sum(mx.array(np.frombuffer(buf, dtype=np.uint8)), group=self.group)
         mx.async_eval(out)
         self.collectives += 1
         return Pending(out, plan)

@@ -15,19 +15,17 @@ import io
 import os
 import socket
 import sys
-import tempfile
 from pathlib import Path
 
-from config import ConfigError, load_settings
 from config.hub_cache import Manifest, write_manifest
 from config.hub_store import COMPLETE, RankStore, free_bytes, items
 from ipc.lifecycle import ExitCause
-from ipc.spread import JOINED, SpreadResult, encode_result, test_hook
+from ipc.spread import JOINED, RESULT, SpreadResult, test_hook
 from ops.progress import Progress
 
 from engine.spread.hooks import ChunkHooks
 from engine.spread.plan import Plan
-from engine.spread.watch import Deadline
+from engine.spread.watch import Deadline, start
 
 HASH_FLOOR = 50e6  # bytes/s any host hashes at least: the check phase's deadline grows with the model
 JOIN_SECONDS = 120.0  # for every rank to start and meet (ssh, python start-up, the ring's connections)
@@ -44,24 +42,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # mlx.launch's forwarding loop spins while a rank's stdin stays in its select set (see ops/spread.py)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
     args = parse(sys.argv[1:] if argv is None else argv)
-    rank = int(os.environ.get("MLX_RANK", "0"))
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        print(f"spread rank {rank}: configuration error: {exc}", file=sys.stderr, flush=True)
-        return ExitCause.CONFIG
-    deadline = Deadline(rank)
-    deadline.beat("joining the other ranks", JOIN_SECONDS)
+    started = start("spread", JOIN_SECONDS)
+    if isinstance(started, int):
+        return started
+    settings, deadline = started
     import mlx.core as mx  # after the deadline runs: a rank that cannot even import ends in time
 
     from engine.spread.wire import Wire
 
     mx.set_default_device(mx.cpu)
-    wire = Wire(mx.distributed.init(strict=True))
+    # the backend the engine runs (JACCL's RDMA on Macs), never "any": MLX would pick whatever it finds first
+    wire = Wire(mx.distributed.init(strict=True, backend=settings.BACKEND))
     rank = deadline.rank = wire.rank
     try:
         spread(wire, settings, args, deadline)
@@ -133,11 +125,7 @@ def _finish(rank: int, args, result: SpreadResult, progress) -> None:
         return
     if progress is not None:
         progress.done(result.message) if result.ok else progress.failed(result.message)
-    path = Path(args.result)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(encode_result(result))
-    os.replace(tmp, path)
+    RESULT.write(Path(args.result), result)
 
 
 if __name__ == "__main__":

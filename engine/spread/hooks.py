@@ -1,4 +1,5 @@
-"""Test hooks of the spreading programs, set in the environment (each "RANK:NUMBER"; parsed by ipc.spread.test_hook).
+"""Test hooks of the spreading programs, set in the environment with MCS_TEST_HOOKS=1 (each "RANK:NUMBER"; parsed
+by ipc.spread.test_hook, ignored without the switch).
 
 MCS_SPREAD_TEST_FREE_BYTES  that rank reports NUMBER free bytes instead of its disk's (the space check; the
                             rsync transport, ops/spread_rsync.py, reads it too)

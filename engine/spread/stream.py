@@ -19,7 +19,7 @@ class Streamer:
     def __init__(self, wire: Wire, args, store: RankStore, plan: Plan, deadline, stall: float, hooks: ChunkHooks):
         self.wire, self.store, self.plan = wire, store, plan
         self.chunk = args.chunk_bytes
-        self.via = pick_via(args.via, wire.size)
+        self.via = pick_via(args.via)
         self.deadline, self.stall, self.hooks = deadline, stall, hooks
         self.bytes_sent = 0
         self.files_sent = 0

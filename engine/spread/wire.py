@@ -1,12 +1,13 @@
 """Bytes between the spreading ranks: small broadcasts and tables through all_sum, blobs in chunks.
 
-A blob travels from rank 0 either by send/recv to the one rank of a two-rank group (the ring backend
-supports it; on bare 64 MiB buffers over loopback here about twice an all_sum's bytes per second, as
-an all_sum moves every byte through a reduce and a gather), or, with more ranks, by an all_sum where
-rank 0 contributes the bytes and the others zeros, as mlx_lm.share does, so every rank receives it at
-once whatever the topology. Every
+A blob travels from rank 0 by an all_sum where rank 0 contributes the bytes and the others zeros, as
+mlx_lm.share does (the path measured at several GB/s over Thunderbolt with JACCL), so every rank receives
+it at once whatever the topology; or, asked for (`--via sendrecv`), by send/recv to each receiver, which
+on bare loopback here moves about twice an all_sum's bytes per second (an all_sum moves every byte through
+a reduce and a gather; bench/README.md has the table) but is the less trodden path on JACCL. Every
 rank knows each chunk's length from the manifest, so no length travels. The next chunk's transfer is
-queued before the current one is written (or read, on rank 0), so disk and link work at once.
+queued before the current one is written (or read, on rank 0), so disk and link work at once. Nothing here
+names a stream: the spread runs with the CPU as default device, where MLX runs collectives.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import numpy as np
 VIAS = ("sendrecv", "allsum")
 
 
-def pick_via(via: str, size: int) -> str:
-    """"auto": send/recv between two ranks, all_sum for more."""
-    if via == "auto":
-        return "sendrecv" if size == 2 else "allsum"
-    return via
+def pick_via(via: str) -> str:
+    """"auto": all_sum, whatever the number of ranks."""
+    return "allsum" if via == "auto" else via
 
 
 class Wire:

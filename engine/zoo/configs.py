@@ -167,6 +167,13 @@ _BUILDERS: dict[str, Callable[[dict], dict]] = {
 }
 
 
+# A real checkpoint's shape, shrunk: SmolLM2's 9 query heads and 3 KV heads (hidden 576 = 9 x 64), as 9 x 8.
+# The widths divide by 2 and by 3, so on 2 ranks only the head counts stop tensor parallelism. Its dtypes
+# are SmolLM2's GGUF's too (store.py): float16 weights, float32 norms, so activations change dtype in layer 1.
+SHAPES = {"llama-9-heads": {"hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 8,
+                            "intermediate_size": 144, "torch_dtype": "float16"}}
+
+
 def config(family: str, vocab: int, eos_id: int, pad_id: int) -> dict:
     """The unquantized config.json of zoo family `family` (one of engine.zoo.names.FAMILIES)."""
     return _BUILDERS[family](_common(vocab, eos_id, pad_id))

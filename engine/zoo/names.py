@@ -16,6 +16,9 @@ TOOL_MODELS = tuple(TOOLS_PREFIX + name for name in TOOL_FORMATS)
 # by the family whose architecture they have.
 FORMAT_MODELS = {"gpt-oss-harmony": "gpt-oss", "deepseek-v3.1-tools": "deepseek-v3",
                  "deepseek-v3.2-tools": "deepseek-v3"}
-ZOO_MODELS = ARCH_MODELS + TOOL_MODELS + tuple(FORMAT_MODELS)
+# Models of a family in another real checkpoint's shape (engine/zoo/configs.py SHAPES), by that family:
+# llama-9-heads has SmolLM2's 9 query and 3 KV heads, which 2 ranks cannot split but 3 can.
+SHAPE_MODELS = {"llama-9-heads": "llama"}
+ZOO_MODELS = ARCH_MODELS + TOOL_MODELS + tuple(FORMAT_MODELS) + tuple(SHAPE_MODELS)
 # Every name MODEL=zoo-... accepts.
 SERVED_MODELS = ZOO_MODELS

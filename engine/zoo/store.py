@@ -7,8 +7,8 @@ from pathlib import Path
 
 from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
-from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, config
-from engine.zoo.names import FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, TOOLS_PREFIX
+from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, SHAPES, config
+from engine.zoo.names import FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS, TOOLS_PREFIX
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
@@ -22,7 +22,7 @@ VOCAB, FILLER_WORDS = 1024, 0
 def _generate(name: str, out: Path) -> dict:
     """Write every file of zoo model `name` into the existing directory `out`; return the marker."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
+    from mlx.utils import tree_flatten, tree_map_with_path
     from mlx_lm.utils import get_total_parameters, save_config
 
     from engine.zoo.weights import build
@@ -32,7 +32,7 @@ def _generate(name: str, out: Path) -> dict:
         model, cfg = _format_model(name, FORMAT_MODELS[name], out)
         size, eos_id = cfg["vocab_size"], cfg["eos_token_id"][0]
     else:
-        family = name.removesuffix(QUANTIZED_SUFFIX)
+        family = SHAPE_MODELS.get(name, name.removesuffix(QUANTIZED_SUFFIX))
         extra, tokenizer_options = (), {}
         if name.startswith(TOOLS_PREFIX):  # a tool-call format's model: the small Qwen3, the family's tokenizer
             from engine.zoo import tool_families
@@ -43,9 +43,13 @@ def _generate(name: str, out: Path) -> dict:
         vocab = write_tokenizer(out, VOCAB, FILLER_WORDS, CONTEXT_LENGTH, **tokenizer_options)
         eos_id = vocab[IM_END]
         size = VOCAB + len(extra)
-        model, cfg = build(config(family, size, eos_id, vocab[ENDOFTEXT]), HIDDEN,
-                           quiet_ids(vocab, tuple(text for text, _ in extra)),
+        cfg = config(family, size, eos_id, vocab[ENDOFTEXT]) | SHAPES.get(name, {})
+        hidden = SHAPES.get(name, {}).get("hidden_size", HIDDEN)
+        model, cfg = build(cfg, hidden, quiet_ids(vocab, tuple(text for text, _ in extra)),
                            quantized=name.endswith(QUANTIZED_SUFFIX))
+        if name in SHAPES:  # the checkpoint's dtypes: float16 weights around float32 norms
+            model.update(tree_map_with_path(lambda path, v: v if "norm" in path else v.astype(mx.float16),
+                                            model.parameters()))
     tensors = dict(sorted(tree_flatten(model.parameters())))
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
     save_config(cfg, out / "config.json")  # mlx-lm's own writer: sorted keys, its quantization entries
@@ -56,7 +60,7 @@ def _generate(name: str, out: Path) -> dict:
         "parameters": get_total_parameters(model),
         "vocab_size": size,
         "eos_token_id": eos_id,
-        "dtype": "float32",
+        "dtype": cfg.get("torch_dtype", "float32"),
         "quantization": cfg.get("quantization"),
     }
     # Written last: a directory without it is unfinished and never used.

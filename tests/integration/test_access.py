@@ -38,7 +38,9 @@ def keyed(stack, tmp_path_factory):
     """A second API on the session's engine, with API_KEY and an API_KEYS_FILE."""
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("# one key per line\n\nfile-key-1\n  file-key-2  \n")
-    s = Stack(root=stack.root, extra={"API_KEY": "env-key", "API_KEYS_FILE": str(keys)})
+    admin = keys.with_name("admin.txt")
+    admin.write_text("ops-key\n")
+    s = Stack(root=stack.root, extra={"API_KEY": "env-key", "API_KEYS_FILE": str(keys), "ADMIN_API_KEYS_FILE": str(admin)})
     api = s.start_api()
     yield s
     api.stop()
@@ -76,17 +78,21 @@ def test_health_and_the_openapi_document_stay_open(keyed):
     assert "security" not in doc["paths"]["/health"]["get"]
 
 
-def test_metrics_follow_protect_ops_routes(keyed):
+def test_metrics_need_an_operators_key(keyed):
     assert httpx.get(keyed.base_url + "/metrics", timeout=10).status_code == 401
     r = httpx.get(keyed.base_url + "/metrics", headers={"Authorization": "Bearer file-key-2"}, timeout=10)
+    assert r.status_code == 403
+    r = httpx.get(keyed.base_url + "/metrics", headers={"Authorization": "Bearer ops-key"}, timeout=10)
     assert r.status_code == 200
 
 
-def test_dashboard_shell_loads_in_a_browser_but_its_data_needs_the_key(keyed):
+def test_dashboard_shell_loads_in_a_browser_but_its_data_needs_the_operators_key(keyed):
     page = httpx.get(keyed.base_url + "/dashboard", timeout=10)
     assert page.status_code == 200 and "<html" in page.text.lower()
     assert httpx.get(keyed.base_url + "/dashboard/state", timeout=10).status_code == 401
     r = httpx.get(keyed.base_url + "/dashboard/state", headers={"Authorization": "Bearer file-key-2"}, timeout=10)
+    assert r.status_code == 403
+    r = httpx.get(keyed.base_url + "/dashboard/state", headers={"Authorization": "Bearer ops-key"}, timeout=10)
     assert r.status_code == 200 and "ranks" in r.text
 
 

@@ -11,10 +11,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-pytestmark = pytest.mark.skipif(
-    not os.access(CHROMIUM, os.X_OK),
-    reason=f"{CHROMIUM} is missing: apt-get install chromium (.ci/run installs it)",
-)
+pytestmark = pytest.mark.needs_tool(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} (apt-get install chromium)")
 
 LAST_REPLY = "() => [...document.querySelectorAll('.msg.assistant, .msg.error')].pop()"
 

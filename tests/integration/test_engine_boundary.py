@@ -6,13 +6,16 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import math
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
 
 from ipc import Delta, Error, Finish, Generate, SamplingParams, Started
 from tests import wire
-from tests.harness import Stack, wait_for
+from tests.harness import REPO, Stack, wait_for
 
 CHAT = [{"role": "user", "content": "hello there"}]
 
@@ -141,7 +144,7 @@ def stream_text(base_url: str, body: dict) -> tuple[int, str, list[dict]]:
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.multirank)])
 @pytest.mark.parametrize("mode", ["sampler", "step"])
 def test_a_request_that_fails_inside_the_step_ends_alone_with_an_error_and_the_engine_serves_on(mode, ranks):
-    s = Stack(extra={"ENGINE_FAILPOINT": f"{mode}:{FAIL_SEED}"})
+    s = Stack(extra={"ENGINE_FAILPOINT": f"{mode}:{FAIL_SEED}", "MCS_TEST_HOOKS": "1"})
     engine, api = s.start_engine(ranks=ranks), s.start_api()
     try:
         innocent = {"model": "default", "messages": [{"role": "user", "content": "a long answer please"}],
@@ -165,9 +168,20 @@ def test_a_request_that_fails_inside_the_step_ends_alone_with_an_error_and_the_e
         assert stream_text(s.base_url, innocent) == solo
         served_normally(s.socket)  # on two ranks, rank 0 cannot step without rank 1: both survived
         assert wire.info(s.socket).ranks == ranks
+        assert httpx.get(s.base_url + "/health", timeout=10).json()["test_hooks"] is True  # never unnoticed
     finally:
         api.stop()
         engine.stop()
+
+
+def test_a_stray_failpoint_without_the_test_switch_fails_nothing():
+    """What the sampler compares each token with and the batch each step with, as a rank reads them at its start."""
+    probe = ("import os; from engine.decoding.sampling import _FAIL_SEED, failpoint_seed; "
+             f"os.environ['ENGINE_FAILPOINT'] = 'step:{FAIL_SEED}'; print(_FAIL_SEED, failpoint_seed('step'))")
+    env = {k: v for k, v in os.environ.items() if k != "MCS_TEST_HOOKS"}
+    r = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**env, "ENGINE_FAILPOINT": f"sampler:{FAIL_SEED}"})
+    assert r.returncode == 0 and r.stdout.split() == ["None", "None"], r.stdout + r.stderr
 
 
 # ---- admission: capacity counts sequences, bursts into an idle engine fit ------------------------

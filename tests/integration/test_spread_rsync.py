@@ -53,8 +53,7 @@ def sent(proc: subprocess.CompletedProcess) -> int:
 
 HOSTS = [pytest.param("127.0.0.1,127.0.0.1", id="local-copy"),
          pytest.param("127.0.0.1,mac-2", id="rsync-over-ssh",
-                      marks=pytest.mark.skipif(shutil.which("rsync") is None,
-                                               reason="rsync is not installed (.ci/run installs Debian's)"))]
+                      marks=pytest.mark.needs_tool(shutil.which("rsync") is not None, "rsync (apt-get install rsync)"))]
 
 
 @pytest.mark.parametrize("hosts", HOSTS)
@@ -71,7 +70,7 @@ def test_rsync_transport_copies_verifies_and_replaces_a_damaged_file(caches, hos
 
 def test_rsync_transport_refuses_a_full_disk_before_copying(caches):
     r0, r1, manifest = caches
-    proc = spread(r0, r1, "127.0.0.1,127.0.0.1", MCS_SPREAD_TEST_FREE_BYTES="1:1000")
+    proc = spread(r0, r1, "127.0.0.1,127.0.0.1", MCS_SPREAD_TEST_FREE_BYTES="1:1000", MCS_TEST_HOOKS="1")
     assert proc.returncode == 1
     assert "host 127.0.0.1 (rank 1) needs" in proc.stderr and "(1000 bytes) free" in proc.stderr
     assert not repo_folder(r1, REPO_ID).exists()

@@ -1,6 +1,7 @@
 """mlx-lm alone, one rank of it under mlx.launch: load MODEL pipelined (sharded_load(pipeline_group=...)), or
 with MODE `tensor` sharded (sharded_load(tensor_group=...)), and write the greedy tokens of each prompt, as
-mlx_lm.generate gives them, to OUT (rank 0).
+mlx_lm.generate gives them, to OUT (rank 0). MODE `whole`: one process, mlx_lm.load, no mlx.launch (the
+reference for a model mlx-lm cannot pipeline, since a pipeline computes every layer whole).
 
     mlx.launch --hosts 127.0.0.1,127.0.0.1 --backend ring -- python mlx_lm_pipelined.py MODEL PROMPTS OUT [MODE]
 
@@ -16,15 +17,18 @@ import sys
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
-from mlx_lm.utils import sharded_load
+from mlx_lm.utils import load, sharded_load
 
 
 def main() -> int:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # keep mlx.launch's stdin forwarding quiet
     model_path, prompts_file, out = sys.argv[1:4]
     mode = sys.argv[4] if len(sys.argv) > 4 else "pipeline"
-    group = mx.distributed.init(strict=True, backend="ring")
-    model, tokenizer = sharded_load(model_path, **{f"{mode}_group": group})
+    if mode == "whole":
+        group, (model, tokenizer) = None, load(model_path)
+    else:
+        group = mx.distributed.init(strict=True, backend="ring")
+        model, tokenizer = sharded_load(model_path, **{f"{mode}_group": group})
     with open(prompts_file) as f:
         prompts = json.load(f)
     results = []
@@ -35,8 +39,9 @@ def main() -> int:
         tokens = [r.token for r in steps if not (r.finish_reason == "stop" and r is steps[-1])]
         results.append({"tokens": tokens, "text": tokenizer.decode(tokens)})
     # generate_step evaluates one step ahead: no rank may leave while another still exchanges that step
-    mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
-    if group.rank() == 0:
+    if group is not None:
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
+    if group is None or group.rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)
     return 0

@@ -14,8 +14,8 @@ import pytest
 from tests.harness import Stack, wait_for
 from tests.integration.test_dashboard import CHROMIUM, CHROMIUM_ARGS
 
-pytestmark = [pytest.mark.multirank, pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                                                        reason=f"{CHROMIUM} is missing: apt-get install chromium")]
+pytestmark = [pytest.mark.multirank,
+              pytest.mark.needs_tool(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} (apt-get install chromium)")]
 
 MODELS = {"updated": time.time(), "served": "org/tiny-model", "hosts": [
     {"host": "mac-a", "ranks": [0], "cache": "/cache/a", "models": [

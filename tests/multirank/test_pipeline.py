@@ -12,6 +12,8 @@ import json
 import re
 import subprocess
 
+from pathlib import Path
+
 import openai
 import pytest
 
@@ -29,9 +31,10 @@ CACHE_OFF = {"PROMPT_CACHE_BYTES": "0"}
 
 
 def _model_path(name: str):
+    """A zoo model by name (without "zoo-"), or a model folder by its absolute path."""
     from engine.zoo import ensure_zoo_model
 
-    return ensure_zoo_model(name, MODEL_CACHE)
+    return Path(name) if Path(name).is_absolute() else ensure_zoo_model(name, MODEL_CACHE)
 
 
 def _prompts(name: str) -> list[list[int]]:
@@ -57,13 +60,16 @@ def _with_index(name: str, folder):
     return folder
 
 
-def mlx_lm_pipelined(name: str, tmp_path, mode: str = "pipeline") -> list[str]:
-    """The greedy answers of mlx-lm's own pipelined (or, mode "tensor", sharded) load of the zoo model on two ranks."""
+def mlx_lm_pipelined(name: str, tmp_path, mode: str = "pipeline", ranks: int = 2) -> list[str]:
+    """The greedy answers of mlx-lm's own pipelined (or, mode "tensor", sharded; "whole", one process) load of the
+    model on `ranks` ranks."""
     prompts, out = tmp_path / "prompts.json", tmp_path / "out.json"
     prompts.write_text(json.dumps([{"tokens": t, "max_tokens": m} for t, m in zip(_prompts(name), MAX_TOKENS)]))
-    cmd = [MLX_LAUNCH, "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--starting-port",
-           str(free_port_run(2)), "--cwd", str(REPO), "--", PYTHON, str(REPO / "tests/multirank/mlx_lm_pipelined.py"),
-           str(_with_index(name, tmp_path / name)), str(prompts), str(out), mode]
+    script = [PYTHON, str(REPO / "tests/multirank/mlx_lm_pipelined.py"),
+              str(_with_index(name, tmp_path / Path(name).name)), str(prompts), str(out), mode]
+    cmd = script if mode == "whole" else [
+        MLX_LAUNCH, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring", "--starting-port",
+        str(free_port_run(ranks)), "--cwd", str(REPO), "--", *script]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert out.exists(), r.stdout[-2000:] + r.stderr[-2000:]
     return [row["text"] for row in json.loads(out.read_text())]
@@ -75,9 +81,10 @@ def chat(client, content: str, max_tokens: int) -> str:
     return r.choices[0].message.content
 
 
-def serve(name: str, **extra: str):
-    s = Stack(extra={"MODEL": "zoo-" + name, "HOSTS": "127.0.0.1,127.0.0.1", **extra})
-    engine = s.start_engine(ranks=2)
+def serve(name: str, ranks: int = 2, **extra: str):
+    model = name if Path(name).is_absolute() else "zoo-" + name
+    s = Stack(extra={"MODEL": model, "HOSTS": ",".join(["127.0.0.1"] * ranks), **extra})
+    engine = s.start_engine(ranks=ranks)
     api = s.start_api()
     client = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
     return s, engine, api, client
@@ -97,9 +104,9 @@ def clean_log(engine) -> str:
     return log
 
 
-def answers(name: str, **extra: str) -> tuple[list[str], list[str], str, dict]:
-    """(one by one, all at once, engine log, Info) of the chats on two ranks."""
-    s, engine, api, client = serve(name, **extra)
+def answers(name: str, ranks: int = 2, **extra: str) -> tuple[list[str], list[str], str, dict]:
+    """(one by one, all at once, engine log, Info) of the chats on `ranks` ranks."""
+    s, engine, api, client = serve(name, ranks, **extra)
     try:
         alone = [chat(client, c, m) for c, m in zip(CHATS, MAX_TOKENS)]
         with cf.ThreadPoolExecutor(len(CHATS)) as pool:  # continuous batching: one batch, every row its own

@@ -69,7 +69,7 @@ def test_a_killed_spread_resumes_without_resending_what_arrived(caches):
     # rank 0 pauses after config.json, generation_config.json and 2 chunks of model.safetensors
     with open(r0.parent / "killed.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "ops.spread", REPO_ID, "--chunk-bytes", str(CHUNK)],
-                                cwd=REPO, env=env(r0, r1, MCS_SPREAD_TEST_PAUSE="0:4"), stdout=log,
+                                cwd=REPO, env=env(r0, r1, MCS_SPREAD_TEST_PAUSE="0:4", MCS_TEST_HOOKS="1"), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         def arrived() -> bool:
@@ -99,7 +99,7 @@ def test_a_flipped_byte_on_rank_1_is_found_and_replaced(caches):
 
 def test_a_rank_without_room_is_refused_before_anything_is_copied(caches):
     r0, r1, manifest = caches
-    proc = spread(r0, r1, MCS_SPREAD_TEST_FREE_BYTES="1:1000")
+    proc = spread(r0, r1, MCS_SPREAD_TEST_FREE_BYTES="1:1000", MCS_TEST_HOOKS="1")
     assert proc.returncode == 1
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("spread: host")]
     assert f"host 127.0.0.1 (rank 1) needs" in line and f"({manifest.total_bytes} bytes)" in line
@@ -111,7 +111,7 @@ def test_a_rank_without_room_is_refused_before_anything_is_copied(caches):
 
 def test_a_rank_that_dies_ends_the_spread_with_a_sentence(caches):
     r0, r1, manifest = caches
-    proc = spread(r0, r1, MCS_SPREAD_TEST_EXIT="1:3")
+    proc = spread(r0, r1, MCS_SPREAD_TEST_EXIT="1:3", MCS_TEST_HOOKS="1")
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1].startswith("spread: the spread failed: rank 1 (127.0.0.1) was killed by "
                                                    "SIGKILL"), proc.stderr[-2000:]

@@ -62,7 +62,8 @@ def test_package_imports_nothing_forbidden(package: str) -> None:
 # The engine's logic that unit tests drive without MLX: the plan and its chunking, scheduling, admission, link pairs.
 MLX_FREE_ENGINE = ["engine.lockstep.link_pairs", "engine.lockstep.plan", "engine.lockstep.results", "engine.rank0.errors",
                    "engine.rank0.lanes", "engine.rank0.links", "engine.rank0.piece", "engine.rank0.scheduler",
-                   "engine.rank0.validate", "engine.parallel"]
+                   "engine.rank0.validate", "engine.parallel", "engine.speculative.ngram",
+                   "engine.speculative.schedule"]
 
 IMPORT_ONE = """
 import importlib, json, sys

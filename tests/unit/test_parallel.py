@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from config import ConfigError, load_settings
-from engine.parallel import (PIPELINE, SINGLE, TENSOR, Abilities, ParallelRefused, checked_split, choose,
+from engine.parallel import (AUTO, PIPELINE, SINGLE, TENSOR, Abilities, ParallelRefused, checked_split, choose,
                              memory_weights, split_layers)
 from engine.rank0.kv_budget import token_bytes
 
@@ -16,28 +16,36 @@ BOTH = Abilities("deepseek_v3", tensor=True, pipeline=True, uneven=True)
 SHARD_ONLY = Abilities("gpt_oss", tensor=True, pipeline=False)
 PIPELINE_ONLY = Abilities("qwen3_next", tensor=False, pipeline=True, uneven=True)
 NEITHER = Abilities("gemma3_text", tensor=False, pipeline=False)
+# what shard() divides unevenly, as engine/split_probe.py words it (SmolLM2's shape on 2 ranks)
+NINE_HEADS = ("tensor parallel needs 9 attention heads (self_attn.n_heads) and 3 KV heads (self_attn.n_kv_heads) "
+              "divisible by 2 ranks")
+UNEVEN_BOTH = Abilities("llama", tensor=True, pipeline=True, uneven=True, unsplit=NINE_HEADS)
+UNEVEN_SHARD_ONLY = Abilities("gpt_oss", tensor=True, pipeline=False,
+                              unsplit="tensor parallel needs 8 KV heads (self_attn.num_key_value_heads) divisible "
+                                      "by 3 ranks")
 
 
 def test_one_rank_runs_any_model_whole():
-    for can in (BOTH, SHARD_ONLY, PIPELINE_ONLY, NEITHER):
-        for requested in (TENSOR, PIPELINE):
+    for can in (BOTH, SHARD_ONLY, PIPELINE_ONLY, NEITHER, UNEVEN_BOTH, UNEVEN_SHARD_ONLY):
+        for requested in (AUTO, TENSOR, PIPELINE):
             assert choose(requested, 1, can) == (SINGLE, "")
 
 
 def test_tensor_is_the_default_and_pipeline_runs_when_asked():
+    assert choose(AUTO, 2, BOTH) == (TENSOR, "")
     assert choose(TENSOR, 2, BOTH) == (TENSOR, "")
     assert choose(PIPELINE, 2, BOTH) == (PIPELINE, "")
     assert choose(TENSOR, 4, SHARD_ONLY) == (TENSOR, "")
 
 
 def test_a_model_mlx_lm_cannot_shard_is_pipelined_with_a_line_saying_so():
-    mode, note = choose(TENSOR, 2, PIPELINE_ONLY)
+    mode, note = choose(AUTO, 2, PIPELINE_ONLY)
     assert mode == PIPELINE
     assert "qwen3_next has no tensor parallelism in mlx-lm" in note and "pipeline parallel" in note
 
 
 def test_a_model_that_can_do_neither_is_refused_with_the_architecture_why_and_what_to_do():
-    for requested in (TENSOR, PIPELINE):
+    for requested in (AUTO, TENSOR, PIPELINE):
         with pytest.raises(ParallelRefused) as refused:
             choose(requested, 2, NEITHER)
         text = str(refused.value)
@@ -85,10 +93,10 @@ def test_settings_name_the_variable_and_the_accepted_values(tmp_path: Path):
     env = tmp_path / ".env"
     env.write_text("")
     two = {"HOSTS": "127.0.0.1,127.0.0.1"}
-    assert load_settings({}, env).PARALLEL == "tensor"
+    assert load_settings({}, env).PARALLEL == "auto"
     s = load_settings({**two, "PARALLEL": "pipeline", "PIPELINE_LAYERS": "3, 1"}, env)
     assert s.PARALLEL == "pipeline" and s.pipeline_layers == [3, 1]
-    with pytest.raises(ConfigError, match=r"PARALLEL='pipe' is not valid: expected one of tensor, pipeline"):
+    with pytest.raises(ConfigError, match=r"PARALLEL='pipe' is not valid: expected one of auto, tensor, pipeline"):
         load_settings({"PARALLEL": "pipe"}, env)
     with pytest.raises(ConfigError, match=r"PIPELINE_LAYERS='3,0' is not valid: expected comma-separated positive"):
         load_settings({**two, "PARALLEL": "pipeline", "PIPELINE_LAYERS": "3,0"}, env)
@@ -104,3 +112,47 @@ def test_a_pipeline_rank_holds_its_layers_with_all_their_heads():
     assert token_bytes(config, 2, "bfloat16") == whole // 2  # tensor: half the heads on each rank
     assert token_bytes(config, 2, "bfloat16", pipeline_layers=24) == whole // 2  # pipeline: half the layers
     assert token_bytes(config, 2, "bfloat16", pipeline_layers=36) == 36 * 2 * 4 * 128 * 2
+
+
+def one_sentence(text: str) -> bool:
+    return text.count(". ") == 0 and "\n" not in text
+
+
+def test_heads_the_ranks_cannot_divide_are_pipelined_by_default_saying_why():
+    mode, note = choose(AUTO, 2, UNEVEN_BOTH)
+    assert mode == PIPELINE
+    assert note == NINE_HEADS + ": running it in pipeline parallel, each of the 2 ranks holding whole layers"
+    assert choose(PIPELINE, 2, UNEVEN_BOTH) == (PIPELINE, "")
+
+
+def test_tensor_asked_explicitly_of_heads_the_ranks_cannot_divide_is_refused_not_switched():
+    with pytest.raises(ParallelRefused) as refused:
+        choose(TENSOR, 2, UNEVEN_BOTH)
+    text = str(refused.value)
+    assert one_sentence(text)
+    assert text == (f"PARALLEL=tensor cannot run MODEL on 2 ranks: {NINE_HEADS}; set PARALLEL=pipeline (or auto) "
+                    "to split its layers instead")
+
+
+def test_heads_the_ranks_cannot_divide_without_a_pipeline_are_refused_in_one_sentence():
+    for requested in (AUTO, TENSOR, PIPELINE):
+        with pytest.raises(ParallelRefused) as refused:
+            choose(requested, 3, UNEVEN_SHARD_ONLY)
+        text = str(refused.value)
+        assert one_sentence(text)
+        assert text.startswith("MODEL's architecture gpt_oss cannot run on 3 ranks: tensor parallel needs 8 KV heads")
+        assert "mlx-lm's gpt_oss model has no pipeline()" in text
+        assert "serve it on a number of hosts that divides them, or on one host" in text
+
+
+def test_status_and_health_say_why_the_ranks_run_pipelined():
+    from api.health import details
+    from ipc.messages import Info
+    from ops.status import describe_info
+
+    note = NINE_HEADS + ": running it in pipeline parallel, each of the 2 ranks holding whole layers"
+    info = Info(model="m", model_path="/m", context_length=4096, ranks=2, backend="ring", created=0, engine_pid=1,
+                parallel=PIPELINE, pipeline_layers=[1, 1], parallel_note=note)
+    lines = describe_info(info).splitlines()
+    assert "(pipeline parallel: layers 1 + 1)" in lines[1] and lines[2].strip() == note
+    assert details(info)["parallel_note"] == note

@@ -66,3 +66,11 @@ def test_the_verifications_answer(monkeypatch, answer, why):
     fake.can_verify = lambda model: answer
     monkeypatch.setitem(sys.modules, "engine.speculative.rollback", fake)
     assert cannot_verify(object()) == why
+
+
+def test_preflight_names_a_proposer_this_build_lacks(monkeypatch):
+    from engine.speculative import preflight
+
+    monkeypatch.setitem(sys.modules, "engine.speculative.mtp", None)  # as a build without the module imports it
+    assert preflight._module("mtp") == ("SPECULATIVE=mtp is not available in this build (engine.speculative.mtp is "
+                                        "missing); set SPECULATIVE=ngram or off")

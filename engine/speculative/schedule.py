@@ -1,0 +1,63 @@
+"""Rank 0's drafting schedule: which sequences get drafts in a plan, and whether the next plan is made after the
+step (so drafts can continue its tokens) or sent ahead of it. Free of MLX: it sees the batch only through the
+histories it is handed, so unit tests drive it with plain token lists."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import msgspec
+
+from engine.lockstep.plan import Plan
+from engine.speculative.propose import Proposer
+
+log = logging.getLogger(__name__)
+
+# With a proposer and several ranks: after a round of proposals that found nothing, the next 1, 2, 4... plans (at
+# most this many) are sent ahead again, undrafted, so plain chat keeps the overlap of plan and forward pass.
+MAX_PLANS_AHEAD = 8
+
+
+class DraftSchedule:
+    """Drafts for the plans rank 0 makes, and when the next plan travels."""
+
+    def __init__(self, proposer: Proposer, draft_tokens: int, beat: Callable[[str], None] = lambda what: None):
+        self.proposer = proposer
+        self.draft_tokens = draft_tokens  # at most this many per sequence
+        self.beat = beat  # the watchdog's: proposing may take a while (a draft model's forward passes)
+        self.dry_rounds = 0  # consecutive rounds of proposals that found no draft
+        self.plans_ahead = 0  # plans still to send ahead before proposing again
+
+    def speculate(self, plan: Plan, after: bool, histories: Callable[[], dict[str, list[int]]]) -> Plan:
+        """Drafts for a plan made after the step, and how the next plan travels: after this step while proposals
+        find drafts (or a sequence joins), else sent ahead for a few plans before proposing again.
+
+        histories: the batch's decoding sequences (each one's tokens, last its next input), asked only when needed.
+        """
+        for rid in plan.removes:  # the sequences that finish in a step are forgotten after it (Leader._count_drafts)
+            self.proposer.forget(rid)
+        decoding = self._decoding(plan, histories()) if after else {}
+        drafts = self._drafts(plan, decoding) if decoding else {}
+        if plan.inserts:
+            self.dry_rounds = self.plans_ahead = 0
+        elif decoding:  # a round of proposals (none while every sequence still prefills)
+            self.dry_rounds = 0 if drafts else self.dry_rounds + 1
+            self.plans_ahead = min(2 ** (self.dry_rounds - 1), MAX_PLANS_AHEAD) if self.dry_rounds else 0
+        elif not after:
+            self.plans_ahead = max(0, self.plans_ahead - 1)
+        log.debug("plan %d, made %s the step: drafts for %d sequence(s), the next plan %s", plan.step,
+                  "after" if after else "ahead of", len(drafts), "after" if self.plans_ahead == 0 else "ahead")
+        return msgspec.structs.replace(plan, drafts=drafts, next_after=self.plans_ahead == 0)
+
+    @staticmethod
+    def _decoding(plan: Plan, histories: dict[str, list[int]]) -> dict[str, list[int]]:
+        """The sequences that decode in this plan's step: never one it removes (one still prefilling has no
+        history: it has no next input yet)."""
+        gone = set(plan.removes)
+        return {rid: h for rid, h in histories.items() if rid not in gone}
+
+    def _drafts(self, plan: Plan, histories: dict[str, list[int]]) -> dict[str, list[int]]:
+        self.beat(f"proposing drafts for plan {plan.step}")
+        proposed = self.proposer.propose(histories, self.draft_tokens)
+        return {rid: list(d[:self.draft_tokens]) for rid, d in proposed.items() if d and rid in histories}
