@@ -12,7 +12,7 @@ import pytest
 
 from bench.perplexity import api_logprobs, inprocess_logprobs, model_folder, perplexity
 from engine.load_errors import ModelError
-from tests.harness import MODEL_CACHE, REPO, serving
+from tests.harness import MODEL_CACHE, serving
 
 REAL_MODEL = os.environ.get("REAL_MODEL", "smollm2-135m")
 WEATHER = [{"type": "function", "function": {
@@ -20,6 +20,10 @@ WEATHER = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "The city"}},
                    "required": ["location"]}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# plain English (72 tokens): short, since this CPU prefills the 4-bit model at a few tokens a second
+PROSE = ("Paris is the capital and largest city of France. It is known for its museums, its cafes and the Eiffel "
+         "Tower, which was built for the World's Fair of 1889. Every year millions of visitors walk along the river "
+         "Seine, visit the Louvre and climb the hill of Montmartre to see the city from above.")
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +54,8 @@ def test_the_weather_in_paris_is_a_get_weather_call_for_paris(real):
 
 def test_perplexity_through_the_api_equals_mlx_lm_in_process_on_real_text(real):
     folder, client = real
-    text = (REPO / "README.md").read_text()[:3000]
-    served, local = api_logprobs(client, text)[1], inprocess_logprobs(folder, text)
+    served, local = api_logprobs(client, PROSE)[1], inprocess_logprobs(folder, PROSE)
     assert len(served) == len(local)
     assert math.isclose(perplexity(served), perplexity(local), rel_tol=1e-3)
-    assert perplexity(served) < 100  # English read by a real model, not random weights' ~vocabulary-sized guess
+    # SmolLM2-135M-Instruct reads it at about 8.5 (mlx-lm); random weights guess at about the vocabulary's size
+    assert perplexity(served) < 30
