@@ -74,6 +74,37 @@ def batch_caches(gen: Any) -> list[list[Any]]:
     return [gen._prompt_batch.prompt_cache, gen._generation_batch.prompt_cache]
 
 
+def tap_prefill(gen: Any, on_logits) -> None:
+    """Have a BatchGenerator call on_logits(uids, fed, lengths, logits) after each prefill forward pass: the
+    sequences' uids, each one's tokens in its cache before the pass, the tokens it fed in the pass and the pass's
+    logits (batch, tokens, vocabulary; right padded). mlx-lm's PromptProcessingBatch.prompt drops them."""
+    batch = gen._prompt_batch  # kept for the generator's life: filtered and extended, never replaced
+    prompt = type(batch).prompt
+
+    def prompt_keeping_logits(tokens: list[list[int]]) -> None:
+        model = batch.model
+        before = [len(t) for t in batch.tokens]
+        left = [len(t) for t in tokens]
+
+        def forward(inputs, cache=None):
+            logits = model(inputs, cache=cache)
+            width = inputs.shape[1]
+            fed = [min(width, n) for n in left]
+            on_logits(list(batch.uids), list(before), fed, logits)
+            for i, n in enumerate(fed):
+                before[i] += n
+                left[i] -= n
+            return logits
+
+        batch.model = forward
+        try:
+            prompt(batch, tokens)
+        finally:
+            batch.model = model
+
+    batch.prompt = prompt_keeping_logits
+
+
 def step_with_decoding(gen: Any, decode) -> list:
     """One BatchGenerator step whose decoding half is decode(generation batch) -> responses instead of mlx-lm's
     own one-token step; prefill and the move of prefilled prompts into decoding happen as in gen.next()."""

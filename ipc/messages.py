@@ -240,10 +240,11 @@ class TopLogprob(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """The sampled token at one position, with the most likely alternatives when asked."""
+    """The sampled token at one position, with the most likely alternatives when asked (logprob None: a prompt's
+    first token, which nothing predicts)."""
 
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int]
     top: list[TopLogprob] = []
 

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,6 +148,21 @@ class Stack:
             raise RuntimeError(f"API exited with {proc.popen.returncode}:\n{proc.log_tail()}")
         proc.stop()
         raise RuntimeError(f"API did not answer on {self.base_url} within {timeout:.0f} s:\n{proc.log_tail()}")
+
+
+@contextmanager
+def serving(model: str, timeout: float = 180.0) -> Iterator[tuple[Stack, object]]:
+    """An engine (one rank) and an API serving MODEL=model, and the official client to them; stopped after."""
+    import openai
+
+    s = Stack(extra={"MODEL": model})
+    procs = [s.start_engine(timeout=timeout), s.start_api()]
+    try:
+        with openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=300) as client:
+            yield s, client
+    finally:
+        for p in reversed(procs):
+            p.stop()
 
 
 def assert_engine_logs_clean(stack: Stack) -> None:

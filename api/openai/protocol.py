@@ -19,6 +19,8 @@ Stop = str | Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(max_length
 # JSON object keys are token ids as strings ("50256"); msgspec turns them into ints.
 LogitBias = dict[TokenId, Annotated[float, Meta(ge=-100, le=100)]]
 N = Annotated[int, Meta(ge=1, le=128)]
+# legacy completions: 0 with echo scores the prompt and generates nothing (lm-evaluation-harness, vLLM)
+CompletionMaxTokens = Annotated[int, Meta(ge=0)]
 
 
 # ---------------------------------------------------------------- requests
@@ -150,7 +152,7 @@ class CompletionRequest(Struct, kw_only=True):
     frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
     logprobs: TopLogprobs | None = None
-    max_tokens: MaxTokens | None = None
+    max_tokens: CompletionMaxTokens | None = None
     n: N | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
@@ -168,6 +170,9 @@ class CompletionRequest(Struct, kw_only=True):
 
     def __post_init__(self) -> None:
         _check_stream_options(self.stream, self.stream_options)
+        if self.max_tokens == 0 and not self.echo:
+            raise ParamError("max_tokens 0 generates nothing; it is for scoring a prompt, together with echo "
+                             "(and logprobs): set echo to true, or max_tokens to at least 1", "max_tokens")
 
 
 def _check_stream_options(stream: bool | None, options: StreamOptions | None) -> None:
@@ -287,8 +292,9 @@ class ChatCompletionChunk(Struct, kw_only=True):
 
 class CompletionLogprobs(Struct, kw_only=True):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
+    # null for an echoed prompt's first token (nothing predicts it), as OpenAI and vLLM answer
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 

@@ -124,6 +124,7 @@ def _completion_logprobs(entries: list[TokenLogprob], offset: int) -> Completion
     return CompletionLogprobs(
         tokens=[e.token for e in entries],
         token_logprobs=[e.logprob for e in entries],
-        top_logprobs=[{t.token: t.logprob for t in e.top} for e in entries],
+        # an echoed prompt's first token has no logprob and no alternatives (null, as OpenAI answers)
+        top_logprobs=[None if e.logprob is None else {t.token: t.logprob for t in e.top} for e in entries],
         text_offset=offsets,
     )

@@ -80,10 +80,10 @@ def completion_generate(req: CompletionRequest, request_id: str, settings: Setti
     if req.best_of is not UNSET and req.best_of is not None and req.best_of == (req.n or 1):
         req.best_of = None  # best_of equal to n picks nothing: n plain choices
     refuse_unsupported(req, REFUSED_COMPLETION)
-    if req.echo and req.logprobs is not None:
+    if req.echo and req.logprobs is not None and (req.n or 1) > 1:
         raise InvalidRequest(
-            "Unsupported parameter: 'echo' together with 'logprobs' needs the prompt's logprobs, which this "
-            "server does not compute.", param="echo", code="unsupported_parameter")
+            "Unsupported parameter: 'n' above 1 together with 'echo' and 'logprobs' (the prompt's logprobs are the "
+            "same for every choice); send n=1, or one request per choice.", param="n", code="unsupported_parameter")
     return ipc.Generate(
         request_id=request_id,
         kind="completion",

@@ -14,6 +14,7 @@ from engine.lockstep.boundaries import Boundaries
 from engine.lockstep.buffers import cache_arrays
 from engine.lockstep.plan import Plan, Store, fingerprint, token_checksum
 from engine.lockstep.prefix import PrefixEntries, model_cuts
+from engine.lockstep.prompt_logprobs import PromptLogprobs
 from engine.lockstep.results import StepResults
 from engine.speculative.rollback import can_verify
 from engine.speculative.verify import verify
@@ -90,6 +91,9 @@ class LockstepBatch:
         self.eos = eos_token_ids
         self.prefill_budget = prefill_tokens_per_step
         self.max_batch = max_batch
+        # Sequences whose prompt's logprobs were asked (completions with echo and logprobs): every rank computes
+        # them in the prefill passes (engine/lockstep/prompt_logprobs.py)
+        self.prompt_logprobs = PromptLogprobs()
         self.gen = self._generator()
         self.uid_of: dict[str, int] = {}
         self.rid_of: dict[int, str] = {}
@@ -120,7 +124,7 @@ class LockstepBatch:
         self.vocab = getattr(getattr(model, "args", None), "vocab_size", None) or 1 << 31
 
     def _generator(self) -> BatchGenerator:
-        return BatchGenerator(
+        gen = BatchGenerator(
             self.model,
             stop_tokens=[[t] for t in sorted(self.eos)],
             completion_batch_size=self.max_batch,
@@ -129,6 +133,8 @@ class LockstepBatch:
             prefill_batch_size=self.max_batch,
             prefill_step_size=self.prefill_budget,
         )
+        mlx_compat.tap_prefill(gen, self.prompt_logprobs.on_logits)
+        return gen
 
     def reset(self, reason: str) -> None:
         """Drop every request (all ranks do the same, at the same step): a failure left the generator unusable."""
@@ -140,6 +146,7 @@ class LockstepBatch:
             self.gen.close()
         except Exception:  # the old generator may be half-updated; its state is discarded either way
             log.debug("closing the failed generator raised", exc_info=True)
+        self.prompt_logprobs = PromptLogprobs()
         self.gen = self._generator()
         self.uid_of.clear()
         self.rid_of.clear()
@@ -210,6 +217,7 @@ class LockstepBatch:
                         self.prefix.put(removed_stores[rid].entry, cache, removed_stores[rid].length, len(tokens))
             for uid in uids:
                 self.rid_of.pop(uid, None)
+            self.prompt_logprobs.forget(uids)
             self.order = [rid for rid in self.order if rid not in gone]
             self.wants_logprobs -= gone
             self.keep -= gone
@@ -309,6 +317,8 @@ class LockstepBatch:
             self.reused[ins.rid] = n
             if ins.logprobs:
                 self.wants_logprobs.add(ins.rid)
+            if ins.prompt_logprobs >= 0:
+                self.prompt_logprobs.ask(uid, ins.tokens, ins.prompt_logprobs)
             if ins.keep:
                 self.keep.add(ins.rid)
             at = [ins.keep_at] if 0 < ins.keep_at < len(ins.tokens) else []
@@ -341,8 +351,12 @@ class LockstepBatch:
             self.reset(_reason(exc))
             responses = []
         finished = set()
+        for uid, rows in self.prompt_logprobs.take().items():
+            if uid in self.rid_of:
+                out.prompt_rows[self.rid_of[uid]] = rows
         for r in responses:
             rid = self.rid_of[r.uid]
+            self.prompt_logprobs.forget((r.uid,))  # its prompt is done: decoding feeds no more of it
             if r.finish_reason is not None:
                 finished.add(rid)
                 self.uid_of.pop(rid, None)
@@ -387,6 +401,7 @@ class LockstepBatch:
 
     def _drop_failed(self, finished: set[str]) -> None:
         uids = [self.uid_of.pop(rid) for rid in self.failed if rid in self.uid_of]
+        self.prompt_logprobs.forget(uids)
         if uids:
             try:
                 self.gen.remove(uids)

@@ -55,6 +55,9 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     keep_prompt: bool = False
     # ...and its state after its first keep_at tokens (0: none): where its prompt parts from other prompts
     keep_at: int = 0
+    # its prompt's logprobs, with this many alternatives per token (-1: not asked): every rank computes them in
+    # the prefill passes, rank 0 reports them (completions with echo and logprobs)
+    prompt_logprobs: int = -1
 
 
 class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

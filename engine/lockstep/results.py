@@ -7,6 +7,17 @@ from typing import Any
 
 
 @dataclass
+class PromptRows:
+    """Logprobs of consecutive prompt tokens, each given the tokens before it: of the token at start + 1 + j, its
+    own (chosen[j]) and the most likely alternatives (top_ids[j], top_values[j]; empty lists when none asked)."""
+
+    start: int
+    chosen: list[float]
+    top_ids: list[list[int]]
+    top_values: list[list[float]]
+
+
+@dataclass
 class StepResults:
     """One step's outcome on this rank.
 
@@ -27,3 +38,6 @@ class StepResults:
     accepted: int = 0
     drafted: set[str] = field(default_factory=set)
     reused: dict[str, int] = field(default_factory=dict)
+    # requests that asked for their prompt's logprobs: the rows this step's prefill computed
+    # (engine/lockstep/prompt_logprobs.py PromptRows), in prompt order
+    prompt_rows: dict[str, list[PromptRows]] = field(default_factory=dict)

@@ -20,6 +20,7 @@ from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.reasoning import ReasoningLevels, template_source
 from engine.rank0.scheduler import Request
 from engine.rank0.text_only import ClientText
+from engine.rank0.tool_prompt import renders_tools, with_tools_described
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ class Admission:
     def requests(self, gen: Generate, tokens: list[int], outbox: Any, deadline: float) -> list[Request]:
         """The choices of gen, ready for the scheduler; raises Refused."""
         p = gen.params
-        max_tokens = min(p.max_tokens, self.context_length - len(tokens))
+        # max_tokens 0 (completions with echo): the batch samples one token after the prompt, which is dropped
+        score_only = p.max_tokens == 0
+        max_tokens = min(max(1, p.max_tokens), self.context_length - len(tokens))
         room = self.kv.room(len(tokens), p.n)
         if p.max_tokens_default and room is not None:  # no limit from the client: as many as the budget holds
             max_tokens = max(1, min(max_tokens, room))
@@ -65,6 +68,8 @@ class Admission:
         initial = "normal" if answer else self.rules.initial_state(tokens, chat)
         seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(4), "little")
         echo = self.tokenizer.decode(tokens) if gen.echo and not chat else ""
+        # echo with logprobs: the prompt's own logprobs come first (engine/lockstep/prompt_logprobs.py)
+        prompt_logprobs = p.top_logprobs if gen.echo and p.logprobs and not chat else -1
         out = []
         for i in range(p.n):
             detok = self.tokenizer.detokenizer
@@ -77,13 +82,13 @@ class Admission:
                 seed=(seed + i) & 0xFFFFFFFF,
                 logit_bias=p.logit_bias, repetition_penalty=p.repetition_penalty,
                 presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                logprobs=p.logprobs, grammar=grammar,
+                logprobs=p.logprobs and not score_only, grammar=grammar, prompt_logprobs=prompt_logprobs,
             )
             out.append(Request(
                 insert=insert, outbox=outbox, prompt_tokens=len(tokens), deadline=deadline,
                 detok=detok, splitter=TextSplitter(self.rules, machine, initial, tools, gen.parallel_tool_calls),
                 group=gen.request_id, index=i, top_logprobs=p.top_logprobs,
-                texts=self.texts if p.logprobs else None, echo=echo, tenant=gen.cache_salt,
+                texts=self.texts if p.logprobs else None, echo=echo, tenant=gen.cache_salt, score_only=score_only,
             ))
         return out
 
@@ -138,6 +143,12 @@ class Prompter:
         self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars, kv)
         self.client_text = ClientText(tokenizer)
         self.reasoning = ReasoningLevels(template_source(mlx_compat.hf_tokenizer(tokenizer)))
+        # a template without tool syntax gets the tools (and a history's calls) in the messages instead
+        self.renders_tools = renders_tools(lambda messages, tools: tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True))
+        if not self.renders_tools:
+            log.info("the chat template has no tool syntax: tools are described in the system message, calls "
+                     "read and enforced in the %s envelope", self.admission.rules.parser_name)
 
     def tokens(self, gen: Generate) -> list[int]:
         """The prompt's token ids; raises Refused."""
@@ -170,6 +181,8 @@ class Prompter:
             marked = self.client_text.marked(messages, tools)
             if marked is not None:
                 messages, tools = marked
+            if not self.renders_tools:
+                messages = with_tools_described(messages, tools)
             text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt, **options)
         except Exception as exc:  # jinja raises arbitrary errors for bad message sequences

@@ -13,10 +13,9 @@ from typing import Any
 import mlx.core as mx
 
 from engine import mlx_compat
+from engine.rank0.prompt_logprobs import floor as _floor
 from ipc.messages import TokenLogprob, TopLogprob
 
-# JSON has no -inf; OpenAI writes tokens that cannot occur with this floor.
-FLOOR = -9999.0
 _SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -74,8 +73,3 @@ def extract(texts: TokenTexts, asks: list[tuple[int, mx.array, int]]) -> list[To
         text, raw = texts.get(tok)
         out.append(TokenLogprob(token=text, logprob=_floor(lp.item()), bytes=raw, top=alternatives))
     return out
-
-
-def _floor(value: float) -> float:
-    """A number OpenAI's schema accepts: -inf (a masked token) and NaN (an overflowed row) become FLOOR."""
-    return value if value >= FLOOR else FLOOR  # NaN compares false

@@ -17,6 +17,7 @@ from mlx_lm.generate import TextStateMachine
 from engine import toolformats
 from engine.rank0.cut_call import cut_call, with_cut_call
 from engine.rank0.piece import Piece
+from engine.rank0.tool_prompt import FALLBACK_FORMAT
 from engine.toolformats.base import ToolFormat
 from engine.toolformats.mlx_parsed import MlxParsed
 from ipc.messages import ToolCall
@@ -90,11 +91,12 @@ class OutputRules:
 
 
 def _tool_format(tokenizer: Any) -> ToolFormat | None:
-    """The format's module, or mlx-lm's parser alone for a format without one (parsed, never forced)."""
+    """The format's module, or mlx-lm's parser alone for a format without one (parsed, never forced); a model with
+    no tool-call format gets the JSON envelope its system prompt describes (engine/rank0/tool_prompt.py)."""
     fmt = toolformats.for_tokenizer(tokenizer)
     if fmt is None and tokenizer.has_tool_calling:
         fmt = MlxParsed(toolformats.format_name(tokenizer))
-    return fmt
+    return fmt if fmt is not None else toolformats.format_named(FALLBACK_FORMAT)
 
 
 class TextSplitter:

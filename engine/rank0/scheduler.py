@@ -20,6 +20,7 @@ from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
+from engine.rank0.prompt_logprobs import ENTRIES_PER_EVENT, entries, first_entry
 from engine.rank0.prefix_index import SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
@@ -57,6 +58,10 @@ class Request:
     top_logprobs: int = 0
     texts: Any = None  # engine/rank0/logprobs.py TokenTexts, set when the request asked for logprobs
     echo: str = ""  # completions with echo: the prompt text, sent before the first token
+    # completions with echo and logprobs: the prompt's entries so far (the echo waits for them all)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # max_tokens 0 (with echo): the prompt alone is the answer; the one token the batch samples is dropped
+    score_only: bool = False
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
     done: bool = False
@@ -208,7 +213,9 @@ class Scheduler:
             req = self.waiting.popleft()
             self.running[req.rid] = req
             if self.prefix.enabled:
-                entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant)
+                # a prompt whose logprobs are asked is computed whole (an entry holds KV, not logits); its KV is
+                # still kept for the prompts after it
+                entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant) if not _scores(req) else (0, 0)
                 req.cached_tokens = reuse  # what the lookup promises; the step's results say what was reused
                 # where its entry could not be cut back to the prompt, the prompt's end is kept apart: a next turn
                 # extends the prompt, not the answer as it was sampled
@@ -259,6 +266,8 @@ class Scheduler:
         """Whether req shares a long prefix with a prompt still being prefilled, beyond what the cache holds:
         then that prompt's KV is kept when its prefill ends, and req waits to start from it. Concurrent
         requests with one system prompt compute it once."""
+        if _scores(req):
+            return False  # it reuses nothing
         limit = len(req.insert.tokens) - 1
         _, cached = self.prefix.best(req.key, limit, req.tenant)
         for other in self.running.values():
@@ -325,17 +334,26 @@ class Scheduler:
         for rid, reason in results.failed.items():
             self._fail(self.running.pop(rid, None), reason)  # every rank has already dropped it
         self._logprobs(results)
+        self._prompt_logprobs(results)
         for rid, token, finish in results.tokens:
             req = self.running.get(rid)
             if req is None:
                 continue
             req.sampled.append(token)
+            if len(req.sampled) == 1 and not req.done:
+                self._echo(req)
             if len(req.sampled) == 1 and (req.insert.keep_prompt or (finish is None and req.rid in self.wanted)):
                 self._prompt_done(req)
             if finish is not None:
                 self.running.pop(rid)  # the batch already dropped it on every rank
                 self._keep(req)
             if req.done:
+                continue
+            if req.score_only:  # max_tokens 0: the token sampled after the prompt is no part of the answer
+                req.logprobs = []
+                self._close(req, None, "length")
+                if finish is None:
+                    self.to_remove.append(rid)
                 continue
             try:
                 self._output(req, token, finish)
@@ -357,7 +375,8 @@ class Scheduler:
             if reused != req.cached_tokens:
                 self.prefix.unhit(req.cached_tokens, reused)
                 req.cached_tokens = reused
-            self._send(req, Piece(content=req.echo))
+            # an echo with logprobs waits for them (_echo)
+            self._send(req, Piece(content="" if _scores(req) else req.echo))
 
     def _output(self, req: Request, token: int, finish: str | None) -> None:
         req.completion_tokens += 1
@@ -412,6 +431,28 @@ class Scheduler:
         for req, entry in zip(owners, self.extract(texts, asks)):
             req.logprobs.append(entry)
 
+    def _prompt_logprobs(self, results: StepResults) -> None:
+        """Keep the prompt logprobs this step's prefill computed for the requests that asked."""
+        for rid, rows in results.prompt_rows.items():
+            req = self.running.get(rid)
+            if req is not None and not req.done and req.texts is not None:
+                if not req.prompt_logprobs:
+                    req.prompt_logprobs.append(first_entry(req.texts, req.insert.tokens[0]))
+                req.prompt_logprobs.extend(entries(req.texts, req.insert.tokens, rows))
+
+    def _echo(self, req: Request) -> None:
+        """Its prompt is done (its first token came): an echo with logprobs goes out now, with them."""
+        if not _scores(req):
+            return
+        scored, req.prompt_logprobs = req.prompt_logprobs, []
+        if not scored:  # a one-token prompt: no prefill pass, only its first token
+            scored = [first_entry(req.texts, req.insert.tokens[0])]
+        held, req.logprobs = req.logprobs, []
+        for i in range(0, len(scored), ENTRIES_PER_EVENT):
+            req.logprobs = scored[i:i + ENTRIES_PER_EVENT]
+            self._send(req, Piece(content=req.echo if i == 0 else ""))
+        req.logprobs = held
+
     def _send(self, req: Request, piece: Piece) -> None:
         logprobs, req.logprobs = req.logprobs, []
         self.events.append((req.outbox, Delta(
@@ -445,3 +486,8 @@ class Scheduler:
     def _count(self) -> None:
         self.counters.active = len(self.running)
         self.kv_reserved = self._reserved()
+
+
+def _scores(req: Request) -> bool:
+    """Whether req asked for its prompt's logprobs."""
+    return req.insert.prompt_logprobs >= 0

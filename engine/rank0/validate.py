@@ -59,7 +59,7 @@ def check(gen: Generate, limits: Limits) -> Generate:
     if not REQUEST_ID.fullmatch(gen.request_id):
         raise Refused(f"request_id {_show(gen.request_id)} is not valid: use 1 to 128 letters, digits or "
                       "'_.:-' (no '/', which names the choices of a request)", "request_id")
-    params = _sampling(gen.params, limits)
+    params = _sampling(gen.params, limits, echo=gen.echo and gen.kind == "completion")
     if gen.kind == "chat":
         _messages(gen.messages)
         _tools(gen.tools, gen.tool_choice)
@@ -100,9 +100,10 @@ def check_detokenize(msg: Detokenize, limits: Limits) -> None:
                       f"tokens[{i}]")
 
 
-def _sampling(p: SamplingParams, limits: Limits) -> SamplingParams:
-    if p.max_tokens < 1:
-        raise Refused(f"max_tokens must be at least 1, got {p.max_tokens}", "max_tokens")
+def _sampling(p: SamplingParams, limits: Limits, echo: bool = False) -> SamplingParams:
+    if p.max_tokens < (0 if echo else 1):
+        raise Refused(f"max_tokens must be at least 1 (0 only for a completion with echo), got {p.max_tokens}",
+                      "max_tokens")
     if not 1 <= p.n <= MAX_CHOICES:
         raise Refused(f"n must be from 1 to {MAX_CHOICES}, got {p.n}", "n")
     if p.n > limits.capacity:

@@ -140,3 +140,19 @@ def test_the_decoding_view_reads_the_lookahead_mlx_lm_keeps_and_a_replaced_step_
     assert mlx_compat.batch_occupancy(gen)[2] == 0, "the waiting prompt should have started its prefill"
     assert "next" not in vars(mlx_compat.decoding_batch(gen)), "mlx-lm's own step should be back"
     gen.close()
+
+
+def test_tap_prefill_hands_over_every_prefill_pass_with_what_each_sequence_fed(loaded):
+    # prompt logprobs come from these passes' logits (engine/lockstep/prompt_logprobs.py)
+    model, tok = loaded
+    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=16)
+    passes = []
+    mlx_compat.tap_prefill(gen, lambda uids, before, fed, logits: passes.append((uids, before, fed, logits.shape)))
+    a, b = gen.insert([list(range(5, 45)), list(range(5, 15))], max_tokens=[2, 2])
+    for _ in range(6):
+        gen.next()
+    vocab = model.args.vocab_size
+    # every prompt token but the last (fed by decoding) once, in order, right padded to the pass's width
+    assert passes == [([a, b], [0, 0], [16, 9], (2, 16, vocab)), ([a], [16], [16], (1, 16, vocab)),
+                      ([a], [32], [7], (1, 7, vocab))]
+    gen.close()

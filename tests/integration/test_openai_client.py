@@ -105,7 +105,8 @@ def test_over_long_prompt_is_context_length_exceeded(client, stack):
     info = stack.probe()
     prompt = list(range(5, 6)) * (info["context_length"] + 10)
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model="default", prompt=prompt, max_tokens=4)
+        # a scoring request (echo, logprobs, max_tokens 0), as evaluation tools send: refused like any other
+        client.completions.create(model="default", prompt=prompt, echo=True, logprobs=5, max_tokens=0)
     assert err.value.code == "context_length_exceeded"
     # and the engine keeps serving
     r = client.completions.create(model="default", prompt="hi", max_tokens=2)

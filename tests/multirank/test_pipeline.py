@@ -17,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from bench.perplexity import api_logprobs, inprocess_logprobs
 from ops.procs import free_port_run
 from tests.harness import MLX_LAUNCH, MODEL_CACHE, PYTHON, REPO, Stack
 from tests.launch_stack import Launch
@@ -164,10 +165,14 @@ def test_a_model_with_both_modes_served_pipelined_answers_as_mlx_lm_with_the_pre
         cached = [client.chat.completions.create(model="default", max_tokens=12, temperature=0, messages=turn)
                   for _ in range(2)]
         on = [chat(client, c, m) for c, m in zip(CHATS, MAX_TOKENS)]
+        # prompt logprobs: the last stage's logits reach every rank (all_gather); rank 0 reports them
+        scored = api_logprobs(client, " ".join(CHATS * 8))[1]
     finally:
         stop(client, api, engine)
     log = clean_log(engine)
     assert on == reference
+    local = inprocess_logprobs(_model_path(name), " ".join(CHATS * 8))
+    assert len(scored) == len(local) and max(abs(a - b) for a, b in zip(scored[1:], local[1:])) < 1e-3
     assert cached[0].choices[0].message.content == cached[1].choices[0].message.content
     s2, engine2, api2, client2 = serve(name, PARALLEL="pipeline", **CACHE_OFF)
     try:

@@ -8,7 +8,8 @@ import re
 import openai
 import pytest
 
-from tests.harness import Stack
+from bench.perplexity import api_logprobs, inprocess_logprobs, model_folder
+from tests.harness import MODEL_CACHE, REPO, Stack
 
 pytestmark = pytest.mark.multirank
 
@@ -17,6 +18,8 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from t
 PROMPTS = [" ".join(WORDS[(i * 5 + k) % len(WORDS)] for k in range(1 + 3 * i)) for i in range(16)]
 # A prompt whose plan is larger than one 4096-byte broadcast buffer (sent in several chunks).
 LONG_PROMPT = [(7 * k) % 900 + 10 for k in range(2500)]
+# scored through the API (prompt logprobs) while the batch decodes: more than one prefill chunk
+SCORED = (REPO / "docs" / "openai.md").read_text()[:2400]
 
 
 def greedy(client, content: str) -> str:
@@ -61,9 +64,12 @@ def test_two_ranks_match_one_rank_and_survive_concurrency(outputs_one_rank):
         # Concurrent requests share the batch and still give each prompt its own output.
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             long_future = pool.submit(greedy_long, client)
+            scored = pool.submit(api_logprobs, client, SCORED)  # every rank computes the prompt's logits alike
             got = dict(zip(PROMPTS, pool.map(lambda p: greedy(client, p), PROMPTS)))
             assert long_future.result() == single_long
         assert got == single
+        served, local = scored.result()[1], inprocess_logprobs(model_folder("demo-tiny", MODEL_CACHE), SCORED)
+        assert len(served) == len(local) and max(abs(a - b) for a, b in zip(served[1:], local[1:])) < 1e-3
         # Seeded sampling is identical on every rank (a desync would end the engine).
         kw = dict(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=16,
                   temperature=0.9, seed=7)

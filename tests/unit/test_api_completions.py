@@ -55,7 +55,7 @@ async def test_streaming_shape(engine, client):
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"echo": True, "logprobs": 1}, "echo")],
+    [({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"echo": True, "logprobs": 1, "n": 2}, "n")],
 )
 async def test_unsupported_parameters_are_refused(engine, client, extra, param):
     r = await client.post("/v1/completions", json={"model": "test-model", "prompt": "x", **extra})
