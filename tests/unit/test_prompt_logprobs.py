@@ -45,10 +45,11 @@ def rows(start: int, values: list[float], top: int = 1) -> PromptRows:
 def test_the_echo_waits_for_the_prompts_logprobs_and_carries_them_before_the_first_token() -> None:
     sched = Scheduler(8, {EOS}, Counters(), extract)
     admitted(sched, scorer("a", [11, 12, 13, 14]))
+    assert [m for _, m in sched.take_events()] == []  # the client hears of it once the inserting step ran
+    # two prefill steps: positions 0-1 predict tokens 12, 13; position 2 predicts 14 (the last, fed by decoding)
+    sched.absorb(StepResults(reused={"a": 0}, prompt_rows={"a": [rows(0, [-1.0, -2.0])]}))
     (joined,) = [m for _, m in sched.take_events()]
     assert joined.text == "" and joined.logprobs == []  # not the echo yet: its logprobs are not known
-    # two prefill steps: positions 0-1 predict tokens 12, 13; position 2 predicts 14 (the last, fed by decoding)
-    sched.absorb(StepResults(prompt_rows={"a": [rows(0, [-1.0, -2.0])]}))
     sched.absorb(StepResults(prompt_rows={"a": [rows(2, [-3.0])]}))
     assert [m for _, m in sched.take_events()] == []
     sched.absorb(StepResults(tokens=[("a", 5, None)], logprob_rows={"a": ["row"]}))
