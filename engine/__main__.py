@@ -131,7 +131,7 @@ def _join(settings, watchdog) -> Joined:
     """Join the group (several ranks) and load this rank's shard; raises ModelError."""
     import mlx.core as mx
 
-    from engine.model import load
+    from engine.loading import load
 
     group, rank = None, _rank_from_env()
     if "MLX_RANK" in os.environ:
