@@ -26,7 +26,7 @@ from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
 from engine.rank0.lanes import TokenizerLanes
 from engine.rank0.outbox import DONE, Outbox
-from engine.rank0.scheduler import Counters, Submit, Withdraw
+from engine.rank0.requests import Counters, Submit, Withdraw
 from ipc import (
     ConnectionClosed,
     Detokenize,
