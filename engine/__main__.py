@@ -131,7 +131,7 @@ def _join(settings, watchdog) -> Joined:
     """Join the group (several ranks) and load this rank's shard; raises ModelError."""
     import mlx.core as mx
 
-    from engine.model import load
+    from engine.loading import load
 
     group, rank = None, _rank_from_env()
     if "MLX_RANK" in os.environ:
@@ -240,7 +240,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     from engine.rank0.admission import Prompter
     from engine.rank0.logprobs import extract
     from engine.rank0.prefix_index import PrefixIndex, prefix_info, prompt_cache_budget
-    from engine.rank0.scheduler import Counters, Scheduler
+    from engine.rank0.requests import Counters
+    from engine.rank0.scheduler import Scheduler
     from engine.rank0.server import MULTIRANK_DIRECT_CONNECTIONS, EngineServer
     from engine.rank0.validate import Limits
     from engine.ranks import RankReports

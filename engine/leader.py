@@ -23,7 +23,8 @@ from engine.lockstep.plan import Plan
 from engine.lockstep.results import StepResults
 from engine.rank0 import errors
 from engine.rank0.links import LinkProbes, busy
-from engine.rank0.scheduler import Scheduler, Submit, Withdraw
+from engine.rank0.requests import Submit, Withdraw
+from engine.rank0.scheduler import Scheduler
 from engine.rank0.server import EngineServer
 from engine.ranks import RankReports, local_row
 from engine.speculative.propose import Proposer

@@ -1,9 +1,8 @@
-"""Resolve MODEL to a folder and load it: whole on one rank; on several, tensor slices or pipeline stages."""
+"""Resolve MODEL to a folder, and refuse a folder that cannot load with one sentence (engine/loading.py loads it)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +13,7 @@ import mlx.core as mx
 from config import Settings
 from config.hub_cache import locate, split_model
 from config.model_folder import folder_problem
-from engine.facts import model_facts
 from engine.load_errors import ModelError, explain
-from engine.mlx_compat import hf_tokenizer
 from ipc.messages import ModelFacts
 
 DEMO_PREFIX = "demo-"
@@ -108,33 +105,6 @@ def vocab_size(config: dict) -> int:
         return config["vocab_size"]
     text = config.get("text_config") or {}
     return vocab_size(text) if text else 0
-
-
-def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
-    """Load on every rank: whole on one, in the parallel mode engine.parallel chooses on several."""
-    from mlx_lm import load as mlx_load
-
-    from engine.parallel import SINGLE
-    from engine.sharding import Layout, load_parallel
-
-    rank = group.rank() if group is not None else int(os.environ.get("MLX_RANK", "0") or 0)
-    target = resolve(settings, rank)
-    refuse_broken_folder(settings, target)
-    with load_errors_explained(settings, target):
-        refuse_mismatched_weights(settings, target, group)
-        if group is not None and group.size() > 1:
-            model, tokenizer, config, layout = load_parallel(settings, str(target), group)
-        else:
-            model, tokenizer, config = mlx_load(str(target), tokenizer_config=remote_code(settings),
-                                                return_config=True, **remote_code(settings))
-            layout = Layout(SINGLE)
-    # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
-    # check would log that running such a prompt "will result in indexing errors" when it never runs.
-    hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
-    return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
-                       vocab_size=vocab_size(config) or len(tokenizer),
-                       facts=model_facts(target, config, tokenizer), parallel=layout.mode,
-                       pipeline_split=tuple(layout.split), parallel_note=layout.note)
 
 
 # -- a bad model folder: one sentence naming the file and what to do, the same on every rank ----------------

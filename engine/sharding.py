@@ -39,11 +39,6 @@ class Layout:
     split: list[int] = field(default_factory=list)
     note: str = ""  # why the mode is not the one PARALLEL asked for (the log line; status shows it too)
 
-    @property
-    def most_layers(self) -> int:
-        """The layers of the rank holding the most (0: every rank holds every layer)."""
-        return max(self.split, default=0)
-
 
 def abilities(model: Any, config: dict, ranks: int) -> Abilities:
     """What mlx-lm can do with this (lazily built, disposable: it may be sharded here) model on `ranks` ranks,

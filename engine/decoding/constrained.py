@@ -21,17 +21,13 @@ import mlx.core as mx
 import numpy as np
 
 from engine import mlx_compat
-from engine.decoding.finite import endless_ref
 from engine.decoding.grammar_error import GrammarError
+from engine.decoding.schema_options import JSON_OPTIONS, must_end
+from engine.decoding.tool_parts import ToolParts
 from engine.lockstep.plan import GRAMMAR_CACHE_SIZE
 
 log = logging.getLogger(__name__)
 
-# Compact separators and no free whitespace: a model cannot pad JSON with endless blanks, and the
-# text reads like json.dumps' default.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-# Tool schemas come from clients as they are: unknown keywords are ignored rather than refused.
-TOOL_OPTIONS: dict[str, Any] = {**JSON_OPTIONS, "lenient": True}
 # Compiling a grammar happens on every rank inside the step (a follower learns it from the plan), so
 # it holds up the whole batch: rank 0 refuses a grammar of more symbols than this (a 3,900-property
 # object has 31,000 and compiles in about a second here). A count, not a clock, so that whether a
@@ -103,7 +99,6 @@ class Grammars:
         several calls in a row. With choice "auto" and a json_schema, the output is either the JSON
         answer or tool calls. Raises GrammarError, naming the tool whose schema is at fault.
         """
-        from engine.decoding.tool_parts import ToolParts
 
         named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
         parts = ToolParts(self)
@@ -177,16 +172,6 @@ class Grammars:
     def _forget(self, grammar: str) -> None:
         with self._lock:
             self._compiled.pop(grammar, None)
-
-
-def must_end(schema: Any, what: str, param: str | None = None) -> None:
-    """Raise GrammarError when schema has no finite value (the grammar would run on without end)."""
-    ref = endless_ref(schema)
-    if ref is not None:
-        where = "the schema" if ref == "#" else f"{ref!r}"
-        raise GrammarError(f"{what}: no finite value can satisfy it: every value of {where} must contain "
-                           "another one, without end; make the recursive property optional (leave it out of "
-                           "required, or allow an empty array)", param)
 
 
 def _limit_or(error: str) -> str:

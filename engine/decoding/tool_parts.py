@@ -10,19 +10,27 @@ of every marker it must not contain (the format's end marker: the splitter would
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
-from engine.decoding.constrained import TOOL_OPTIONS, Grammars, must_end
 from engine.decoding.grammar_error import GrammarError
+from engine.decoding.schema_options import TOOL_OPTIONS, must_end
 
 # Characters with a meaning in llguidance's regex syntax (Rust's regex plus & and ~), and / that ends a lark regex.
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
 
 
+class Tokenizers(Protocol):
+    """What the parts need of engine/decoding/constrained.py's Grammars (named here, so neither imports the other)."""
+
+    tokenizer: Any
+
+    def ll_tokenizer(self) -> Any: ...
+
+
 class ToolParts:
     """GrammarParts for one grammar: the rules it adds and the schemas it used, for blaming a failure."""
 
-    def __init__(self, grammars: Grammars):
+    def __init__(self, grammars: Tokenizers):
         self.grammars = grammars
         self.rules: list[str] = []
         self.schemas: list[tuple[str, str, dict[str, Any]]] = []  # (what, param, schema)

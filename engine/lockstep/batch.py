@@ -119,7 +119,7 @@ class LockstepBatch:
         # states at a prompt's end or a shared prefix's (Insert.keep_prompt, keep_at), until a plan stores them
         self.boundaries = Boundaries()
         # Whether this model's caches can drop rejected drafts per sequence (engine/speculative/rollback.py)
-        self.verifies, self.why_not_verify = can_verify(model)
+        self.verifies = can_verify(model)[0]
         # token ids past it index past the embedding: a draft is cut there (a draft model may have a larger vocabulary)
         self.vocab = getattr(getattr(model, "args", None), "vocab_size", None) or 1 << 31
 

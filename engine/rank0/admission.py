@@ -18,7 +18,7 @@ from engine.rank0.kv_budget import KVBudget
 from engine.rank0.logprobs import TokenTexts
 from engine.rank0.output import OutputRules, TextSplitter
 from engine.rank0.reasoning import ReasoningLevels, template_source
-from engine.rank0.scheduler import Request
+from engine.rank0.requests import Request
 from engine.rank0.text_only import ClientText
 from engine.rank0.tool_prompt import renders_tools, with_tools_described
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized

@@ -72,10 +72,6 @@ class LinkProbes:
             return FIRST_BYTES
         return int(max(MIN_BYTES, min(MAX_BYTES, min(measured) * TARGET_SECONDS)))
 
-    def row(self, rank: int, figures: dict[int, list[int]]) -> list[int]:
-        """A rank's gather row, as engine/lockstep/link_probe.py builds it (figures by pair index)."""
-        return link_row(self.pairs, figures)
-
     def record(self, rows: list[list[int]], nbytes: int, now: float | None = None) -> None:
         """Rank 0: every rank's row from the gather after a probe of nbytes."""
         self._measured = time.monotonic() if now is None else now

@@ -7,10 +7,8 @@ passed in, so unit tests drive the scheduler with fakes.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -21,7 +19,8 @@ from engine.rank0 import errors
 from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
 from engine.rank0.prompt_logprobs import ENTRIES_PER_EVENT, entries, first_entry
-from engine.rank0.prefix_index import SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
+from engine.rank0.prefix_index import SHARE_MIN_TOKENS, PrefixIndex, common_prefix
+from engine.rank0.requests import Counters, Request, append_logprobs
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 
@@ -38,84 +37,6 @@ PARTING_MIN_TOKENS = 64
 # (sampled token, its logprob row, how many alternatives) per asking choice -> one TokenLogprob each;
 # the first argument is the choices' token texts (engine/rank0/logprobs.py: extract).
 ExtractLogprobs = Callable[[Any, list[tuple[int, Any, int]]], list[TokenLogprob]]
-
-
-@dataclass
-class Request:
-    """One choice of a generation as rank 0 tracks it, from submission to its last event.
-
-    A request with n choices is n of these sharing `group` (the wire's request id) and an outbox.
-    """
-
-    insert: Insert
-    outbox: Any  # anyio MemoryObjectSendStream, written only on the server's event loop
-    prompt_tokens: int
-    deadline: float
-    detok: Any  # mlx-lm's streaming detokenizer: add_token, finalize, last_segment
-    splitter: Any  # engine/rank0/output.py TextSplitter: feed, finish, stop_sequence
-    group: str = ""
-    index: int = 0
-    top_logprobs: int = 0
-    texts: Any = None  # engine/rank0/logprobs.py TokenTexts, set when the request asked for logprobs
-    echo: str = ""  # completions with echo: the prompt text, sent before the first token
-    # completions with echo and logprobs: the prompt's entries so far (the echo waits for them all)
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
-    # max_tokens 0 (with echo): the prompt alone is the answer; the one token the batch samples is dropped
-    score_only: bool = False
-    completion_tokens: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
-    done: bool = False
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    tenant: str = ""  # Generate.cache_salt: the prefix cache entries this request may reuse and share
-    sampled: list[int] = field(default_factory=list)  # every token the batch sampled (kept for the prefix cache)
-    _key: bytes | None = None
-
-    @property
-    def key(self) -> bytes:
-        """The prompt as token_bytes, for prefix comparisons (computed once)."""
-        if self._key is None:
-            self._key = token_bytes(self.insert.tokens)
-        return self._key
-
-    @property
-    def rid(self) -> str:
-        return self.insert.rid
-
-
-@dataclass
-class Submit:
-    """Socket thread -> step loop: every choice of one request, admitted or refused together."""
-
-    requests: list[Request]
-
-
-@dataclass
-class Withdraw:
-    """Socket thread -> step loop: the client of this request (every choice of it) has gone."""
-
-    rid: str
-
-
-@dataclass
-class Counters:
-    """Shared with the socket thread: how many sequences wait (admitted, not yet in the batch) and run."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    waiting: int = 0
-    active: int = 0
-
-    def admit(self, n: int, capacity: int) -> bool:
-        """Socket thread: reserve n sequences if running + waiting stays within capacity."""
-        with self.lock:
-            if self.waiting + self.active + n > capacity:
-                return False
-            self.waiting += n
-            return True
-
-    def unadmit(self, n: int) -> None:
-        """Socket thread: give back a reservation whose client left before its requests were submitted."""
-        with self.lock:
-            self.waiting -= n
 
 
 class Scheduler:
@@ -215,7 +136,7 @@ class Scheduler:
             if self.prefix.enabled:
                 # a prompt whose logprobs are asked is computed whole (an entry holds KV, not logits); its KV is
                 # still kept for the prompts after it
-                entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant) if not _scores(req) else (0, 0)
+                entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant) if not req.scores else (0, 0)
                 req.cached_tokens = reuse  # what the lookup promises; the step's results say what was reused
                 # where its entry could not be cut back to the prompt, the prompt's end is kept apart: a next turn
                 # extends the prompt, not the answer as it was sampled
@@ -266,7 +187,7 @@ class Scheduler:
         """Whether req shares a long prefix with a prompt still being prefilled, beyond what the cache holds:
         then that prompt's KV is kept when its prefill ends, and req waits to start from it. Concurrent
         requests with one system prompt compute it once."""
-        if _scores(req):
+        if req.scores:
             return False  # it reuses nothing
         limit = len(req.insert.tokens) - 1
         _, cached = self.prefix.best(req.key, limit, req.tenant)
@@ -333,7 +254,7 @@ class Scheduler:
         self._joined(results)
         for rid, reason in results.failed.items():
             self._fail(self.running.pop(rid, None), reason)  # every rank has already dropped it
-        self._logprobs(results)
+        append_logprobs(self.running, self.eos, self.extract, results)
         self._prompt_logprobs(results)
         for rid, token, finish in results.tokens:
             req = self.running.get(rid)
@@ -376,7 +297,7 @@ class Scheduler:
                 self.prefix.unhit(req.cached_tokens, reused)
                 req.cached_tokens = reused
             # an echo with logprobs waits for them (_echo)
-            self._send(req, Piece(content="" if _scores(req) else req.echo))
+            self._send(req, Piece(content="" if req.scores else req.echo))
 
     def _output(self, req: Request, token: int, finish: str | None) -> None:
         req.completion_tokens += 1
@@ -412,25 +333,6 @@ class Scheduler:
         if req.group:
             self.cancel(req.group, error)  # its other choices stop too: nobody reads them any more
 
-    def _logprobs(self, results: StepResults) -> None:
-        """Append this step's logprobs to the requests that asked (the EOS that ends a choice is not text)."""
-        rows = results.logprob_rows
-        if not rows:
-            return
-        asks, owners = [], []
-        nth: dict[str, int] = {}  # a speculative step gives a request several tokens, each with its row
-        for rid, token, finish in results.tokens:
-            req = self.running.get(rid)
-            i = nth[rid] = nth.get(rid, -1) + 1
-            if rid in rows and req is not None and not req.done and not (finish == "stop" and token in self.eos):
-                asks.append((token, rows[rid][i], req.top_logprobs))
-                owners.append(req)
-        texts = owners[0].texts if owners else None
-        if texts is None:
-            return
-        for req, entry in zip(owners, self.extract(texts, asks)):
-            req.logprobs.append(entry)
-
     def _prompt_logprobs(self, results: StepResults) -> None:
         """Keep the prompt logprobs this step's prefill computed for the requests that asked."""
         for rid, rows in results.prompt_rows.items():
@@ -442,7 +344,7 @@ class Scheduler:
 
     def _echo(self, req: Request) -> None:
         """Its prompt is done (its first token came): an echo with logprobs goes out now, with them."""
-        if not _scores(req):
+        if not req.scores:
             return
         scored, req.prompt_logprobs = req.prompt_logprobs, []
         if not scored:  # a one-token prompt: no prefill pass, only its first token
@@ -486,8 +388,3 @@ class Scheduler:
     def _count(self) -> None:
         self.counters.active = len(self.running)
         self.kv_reserved = self._reserved()
-
-
-def _scores(req: Request) -> bool:
-    """Whether req asked for its prompt's logprobs."""
-    return req.insert.prompt_logprobs >= 0

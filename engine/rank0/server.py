@@ -26,7 +26,7 @@ from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
 from engine.rank0.lanes import TokenizerLanes
 from engine.rank0.outbox import DONE, Outbox
-from engine.rank0.scheduler import Counters, Submit, Withdraw
+from engine.rank0.requests import Counters, Submit, Withdraw
 from ipc import (
     ConnectionClosed,
     Detokenize,
@@ -216,26 +216,9 @@ class EngineServer:
 
     async def _admit_and_stream(self, conn: FramedStream, gen: Generate) -> None:
         rid = gen.request_id
-        size = conn.last_frame_bytes
-        tokens: list[int] | None = None
         complaint: list[Msg] = []  # why the request ends early, for its client
-        async with anyio.create_task_group() as tg:
-            # A client that leaves while its prompt waits for a tokenizer slot takes it out of the queue.
-            tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
-            try:
-                tokens = await self._lanes.run(self.prompter.tokens, gen, size)
-            except Refused as exc:
-                complaint.append(exc.to(rid))
-            tg.cancel_scope.cancel()
-        if complaint or tokens is None:
-            if complaint:
-                await _send(conn, complaint[0])
-            return
-        ctx = self.prompter.context_length
-        if len(tokens) >= ctx:
-            await _send(conn, invalid_request(
-                f"This model's maximum context length is {ctx} tokens, but the prompt has {len(tokens)} tokens; "
-                "shorten the prompt", "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded", rid))
+        tokens = await self._prompt_tokens(conn, gen)
+        if tokens is None:
             return
         # Bounded: a client that stops reading must not make rank 0 hold its tokens without limit.
         send, receive = anyio.create_memory_object_stream(self.settings.OUTPUT_BUFFER_EVENTS)
@@ -284,15 +267,32 @@ class EngineServer:
                         self.settings.OUTPUT_BUFFER_EVENTS)
             complaint.insert(0, errors.client_not_reading(rid, self.settings.OUTPUT_BUFFER_EVENTS))
         if complaint:
-            with anyio.move_on_after(1.0, shield=True):
-                # the rest of a frame a write left half sent goes first, or the client could not read the error
-                rest = conn.unsent or outbox.tail
-                try:
-                    if rest:
-                        await conn.send_bytes(bytes(rest))
-                    await conn.send(complaint[0])
-                except ConnectionClosed:
-                    pass
+            await _complain(conn, outbox, complaint[0])
+
+    async def _prompt_tokens(self, conn: FramedStream, gen: Generate) -> list[int] | None:
+        """The prompt's tokens, or None when the client was answered already (refused, too long) or left."""
+        rid = gen.request_id
+        tokens: list[int] | None = None
+        complaint: list[Msg] = []
+        async with anyio.create_task_group() as tg:
+            # A client that leaves while its prompt waits for a tokenizer slot takes it out of the queue.
+            tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
+            try:
+                tokens = await self._lanes.run(self.prompter.tokens, gen, conn.last_frame_bytes)
+            except Refused as exc:
+                complaint.append(exc.to(rid))
+            tg.cancel_scope.cancel()
+        if complaint or tokens is None:
+            if complaint:
+                await _send(conn, complaint[0])
+            return None
+        ctx = self.prompter.context_length
+        if len(tokens) >= ctx:
+            await _send(conn, invalid_request(
+                f"This model's maximum context length is {ctx} tokens, but the prompt has {len(tokens)} tokens; "
+                "shorten the prompt", "messages" if gen.kind == "chat" else "prompt", "context_length_exceeded", rid))
+            return None
+        return tokens
 
     async def _relay(self, conn: FramedStream, receive, outbox: Outbox, rid: str, complaint: list[Msg]) -> bool:
         """Forward what the step thread could not write itself, until the request's end (DONE), giving the
@@ -336,6 +336,19 @@ class EngineServer:
 def _dispatch(events: list) -> None:
     for outbox, msg in events:
         outbox.put(msg)
+
+
+async def _complain(conn: FramedStream, outbox: Outbox, message: Msg) -> None:
+    """A request's error to its client, within a second; the rest of a frame a write left half sent goes first,
+    or the client could not read the error."""
+    with anyio.move_on_after(1.0, shield=True):
+        rest = conn.unsent or outbox.tail
+        try:
+            if rest:
+                await conn.send_bytes(bytes(rest))
+            await conn.send(message)
+        except ConnectionClosed:
+            pass
 
 
 async def _send(conn: FramedStream, msg) -> None:

@@ -16,7 +16,8 @@ from engine.lockstep.plan import Insert
 from engine.model import resolve
 from engine.rank0.piece import Piece
 from engine.rank0.prefix_index import PrefixIndex
-from engine.rank0.scheduler import Counters, Request, Scheduler
+from engine.rank0.requests import Counters, Request
+from engine.rank0.scheduler import Scheduler
 from ipc import Delta, Finish
 from tests.harness import MODEL_CACHE
 

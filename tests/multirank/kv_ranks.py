@@ -12,7 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from config import load_settings
 from engine.kv_measure import measure
-from engine.model import load
+from engine.loading import load
 
 
 def main(out: Path, tokens: int) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from engine.rank0 import validate
 from engine.rank0.errors import Refused
-from engine.rank0.scheduler import Counters
+from engine.rank0.requests import Counters
 from ipc import Detokenize, Generate, SamplingParams, Tokenize
 
 LIMITS = validate.Limits(vocab_size=1000, logits_size=1024, context_length=4096, max_batch=4, max_queue=4)

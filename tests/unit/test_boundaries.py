@@ -147,3 +147,17 @@ def test_lockstep_never_imports_rank0() -> None:
     bad = sorted(f"{path.relative_to(REPO_ROOT)}: {name}" for path in files for name in _imported(path)
                  if _matches(name, "engine.rank0"))
     assert not bad, f"engine/lockstep imports rank 0's modules: {bad}"
+
+
+def test_no_two_modules_import_each_other() -> None:
+    # A circle (even through an import inside a function) makes the pair one module in two files: which half
+    # loads first decides what works. A package and its own submodules are exempt (an __init__ re-exports).
+    modules = {}
+    for path in sorted(p for package in ("api", "config", "engine", "ipc", "ops") for p in
+                       (REPO_ROOT / package).rglob("*.py")):
+        name = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    imports = {name: _imported(path) & modules.keys() for name, path in modules.items()}
+    circles = sorted(f"{a} <-> {b}" for a in imports for b in imports[a]
+                     if a < b and a in imports[b] and not _matches(a, b) and not _matches(b, a))
+    assert not circles, f"modules that import each other (move what both need into a third): {circles}"

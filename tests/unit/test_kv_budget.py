@@ -17,7 +17,8 @@ from engine.lockstep.plan import Insert
 from engine.lockstep.results import StepResults
 from engine.rank0.kv_budget import KV_STEP, KVBudget, KVMemory, batch_bytes, memory_budget, steps, token_bytes
 from engine.rank0.prefix_index import PrefixIndex
-from engine.rank0.scheduler import Counters, Request, Scheduler
+from engine.rank0.requests import Counters, Request
+from engine.rank0.scheduler import Scheduler
 from ipc import Error, Finish
 from ipc.messages import Info, RankState
 from tests.unit.test_scheduler import EOS, Detok, TextSplitter, extract

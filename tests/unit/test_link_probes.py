@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import queue
 
-from engine.lockstep.link_pairs import encode, link_pairs
+from engine.lockstep.link_pairs import encode, link_pairs, link_row
 from engine.lockstep.results import StepResults
 from engine.rank0.links import FIRST_AFTER, FIRST_BYTES, MAX_BYTES, MIN_BYTES, PROBE_EVERY, LinkProbes, busy
 from tests.unit.test_scheduler import admit, make, plan, request
@@ -81,9 +81,9 @@ def test_figures_become_links_and_the_next_probe_is_sized_from_the_slowest() -> 
     links = LinkProbes(3, "ring", ["a", "b", "c"], start=0.0)
     assert links.pairs == [(0, 1), (0, 2), (1, 2)]
     # the lower rank of each pair measured it: rank 0 pairs 0 and 1, rank 1 pair 2
-    rows = [links.row(0, {0: encode(40e-6, 2e9, 0.003), 1: encode(50e-6, 1e9, 0.004)}),
-            links.row(1, {2: encode(1e-3, 100e6, 0.02)}),
-            links.row(2, {})]
+    rows = [link_row(links.pairs, {0: encode(40e-6, 2e9, 0.003), 1: encode(50e-6, 1e9, 0.004)}),
+            link_row(links.pairs, {2: encode(1e-3, 100e6, 0.02)}),
+            link_row(links.pairs, {})]
     links.record(rows, MIN_BYTES, now=10.0)
     got = links.snapshot(now=12.5)
     assert [(link.a, link.b, link.host_a, link.host_b) for link in got] == [(0, 1, "a", "b"), (0, 2, "a", "c"),
@@ -93,9 +93,9 @@ def test_figures_become_links_and_the_next_probe_is_sized_from_the_slowest() -> 
     assert all(link.age == 2.5 for link in got) and abs(got[2].probe_seconds - 0.02) < 1e-6
     # 100 MB/s is the slowest: a probe of about 20 ms of it
     assert 1.9e6 < links.probe_bytes() < 2.1e6 and FIRST_BYTES != links.probe_bytes()
-    links.record([links.row(0, {0: encode(1e-5, 1e6, 0.1), 1: encode(1e-5, 1e6, 0.1)}), links.row(1, {}),
-                  links.row(2, {})], MIN_BYTES, now=20.0)
+    links.record([link_row(links.pairs, {0: encode(1e-5, 1e6, 0.1), 1: encode(1e-5, 1e6, 0.1)}),
+                  link_row(links.pairs, {}), link_row(links.pairs, {})], MIN_BYTES, now=20.0)
     assert links.probe_bytes() == MIN_BYTES  # a slow (or unmeasured) link: never below the floor...
     fast = LinkProbes(2, "jaccl", HOSTS, start=0.0)
-    fast.record([fast.row(0, {0: encode(5e-6, 6e9, 0.001)}), fast.row(1, {})], MIN_BYTES)
+    fast.record([link_row(fast.pairs, {0: encode(5e-6, 6e9, 0.001)}), link_row(fast.pairs, {})], MIN_BYTES)
     assert fast.probe_bytes() == MAX_BYTES  # ...and a fast one never above the cap

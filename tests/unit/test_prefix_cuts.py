@@ -7,7 +7,8 @@ from __future__ import annotations
 from engine.lockstep.cuts import CacheCuts
 from engine.lockstep.results import StepResults
 from engine.rank0.prefix_index import PrefixIndex
-from engine.rank0.scheduler import Counters, Scheduler
+from engine.rank0.requests import Counters
+from engine.rank0.scheduler import Scheduler
 from tests.unit.test_prefix_index import SYSTEM, applied, extract, request, submit
 from tests.unit.test_scheduler import EOS
 

@@ -12,7 +12,8 @@ from engine.lockstep.plan import Insert
 from engine.lockstep.results import StepResults
 from engine.rank0.prefix_index import MIN_REUSE_TOKENS, PrefixIndex, prompt_cache_budget, token_bytes
 from engine.rank0.prefix_index import common_prefix as common_prefix_of_bytes
-from engine.rank0.scheduler import Counters, Request, Scheduler
+from engine.rank0.requests import Counters, Request
+from engine.rank0.scheduler import Scheduler
 from ipc import Finish
 from ipc.messages import RankState
 from tests.unit.test_scheduler import EOS, Detok, TextSplitter, extract

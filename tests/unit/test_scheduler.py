@@ -15,7 +15,8 @@ from engine.lockstep.results import StepResults
 from engine.rank0.errors import shutting_down
 from engine.rank0.piece import Piece
 from engine.rank0.prefix_index import PrefixIndex
-from engine.rank0.scheduler import Counters, Request, Scheduler
+from engine.rank0.requests import Counters, Request
+from engine.rank0.scheduler import Scheduler
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 

@@ -10,7 +10,8 @@ from engine.lockstep.plan import Insert
 from engine.lockstep.results import PromptRows, StepResults
 from engine.rank0.prefix_index import PrefixIndex
 from engine.rank0.prompt_logprobs import ENTRIES_PER_EVENT
-from engine.rank0.scheduler import Counters, Request, Scheduler
+from engine.rank0.requests import Counters, Request
+from engine.rank0.scheduler import Scheduler
 from ipc import Delta, Finish
 from ipc.messages import TokenLogprob, TopLogprob
 from tests.unit.test_scheduler import EOS, Detok, TextSplitter, extract

@@ -1,0 +1,42 @@
+"""Load MODEL on every rank: whole on one; on several, tensor slices or pipeline stages (engine/sharding.py).
+
+Apart from engine/model.py, which sharding.py reads to resolve the folder, so that neither imports the other."""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+from config import Settings
+from engine.facts import model_facts
+from engine.mlx_compat import hf_tokenizer
+from engine.model import (NO_TOKENIZER_LIMIT, LoadedModel, context_length, load_errors_explained,
+                          refuse_broken_folder, refuse_mismatched_weights, remote_code, resolve, vocab_size)
+from engine.sharding import Layout, load_parallel
+
+
+def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
+    """Load on every rank: whole on one, in the parallel mode engine.parallel chooses on several."""
+    from mlx_lm import load as mlx_load
+
+    from engine.parallel import SINGLE
+
+    rank = group.rank() if group is not None else int(os.environ.get("MLX_RANK", "0") or 0)
+    target = resolve(settings, rank)
+    refuse_broken_folder(settings, target)
+    with load_errors_explained(settings, target):
+        refuse_mismatched_weights(settings, target, group)
+        if group is not None and group.size() > 1:
+            model, tokenizer, config, layout = load_parallel(settings, str(target), group)
+        else:
+            model, tokenizer, config = mlx_load(str(target), tokenizer_config=remote_code(settings),
+                                                return_config=True, **remote_code(settings))
+            layout = Layout(SINGLE)
+    # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
+    # check would log that running such a prompt "will result in indexing errors" when it never runs.
+    hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
+    return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
+                       vocab_size=vocab_size(config) or len(tokenizer),
+                       facts=model_facts(target, config, tokenizer), parallel=layout.mode,
+                       pipeline_split=tuple(layout.split), parallel_note=layout.note)
