@@ -83,8 +83,10 @@ def _smollm2_whole() -> list[str]:
 def test_smollm2_on_two_ranks_pipelines_itself_and_answers_as_mlx_lm_alone():
     """The default model itself (9 heads, 3 KV heads), not a stand-in of its shape: PARALLEL=auto pipelines it."""
     reference = _smollm2_whole()
-    assert "Paris" in reference[0] and "Rome" in reference[1]
-    s = Stack(extra={"MODEL": "smollm2-135m", "HOSTS": "127.0.0.1,127.0.0.1"})
+    assert "Paris" in reference[0]  # a second chat, whatever it says, shares the batch
+    # A real model's first passes on a loaded 2-core host take tens of seconds (KV measure seen at 30 s, load
+    # average 15): the default 30 s deadline would end a live engine; a dead rank is another test's subject.
+    s = Stack(extra={"MODEL": "smollm2-135m", "HOSTS": "127.0.0.1,127.0.0.1", "WATCHDOG_TIMEOUT": "120"})
     engine, api = s.start_engine(ranks=2), s.start_api()
     client = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
     try:
