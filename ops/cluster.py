@@ -20,7 +20,7 @@ from pathlib import Path
 
 from config import REPO_ROOT, Settings
 from ops import host_faults
-from ops.parallel_check import parallel_refusal
+from ops.parallel_check import parallel_verdict
 from ops.rank0_ports import listening
 from ops.remote import rsync, ssh
 from ops.speculative_check import speculative_refusal
@@ -227,7 +227,7 @@ def judge(hosts: list[Host], settings: Settings, environ: Mapping[str, str] = os
 
 
 def render(hosts: list[Host], settings: Settings, global_faults: list[str],
-           model_faults: list[str] | None = None) -> str:
+           model_faults: list[str] | None = None, parallel: str = "") -> str:
     head = ("host", "ranks", "python", "mlx", "mlx-lm", "model", "verdict")
     rows = []
     for h in hosts:
@@ -238,6 +238,8 @@ def render(hosts: list[Host], settings: Settings, global_faults: list[str],
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     lines = [f"preflight: {len(hosts)} host(s), {sum(len(h.ranks) for h in hosts)} rank(s), backend {settings.BACKEND}, "
              f"model {settings.MODEL}, project {REPO_ROOT}", ""]
+    if parallel:  # the mode the ranks will run MODEL in, and why when PARALLEL=auto could not get tensor
+        lines[-1:-1] = [f"parallel: {parallel}"]
     for r in [head, *rows]:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
     faults = ([(h.name, x) for h in hosts for x in h.faults] + [("hostfile", x) for x in global_faults]
@@ -261,12 +263,13 @@ def check(settings: Settings) -> int:
             cf.ThreadPoolExecutor(len(hosts) + 1) as pool:
         global_faults += faults
         # the ranks together: can they run MODEL at all as PARALLEL says (asked here: mlx-lm decides alike anywhere)
-        refusal = pool.submit(parallel_refusal, settings, ranks)
+        parallel = pool.submit(parallel_verdict, settings, ranks)
         speculation = pool.submit(speculative_refusal, settings)
         list(pool.map(lambda h: probe_host(h, settings, reach), hosts))
     judge(hosts, settings)
-    model_faults = [why for why in (refusal.result(), speculation.result()) if why is not None]
-    print(render(hosts, settings, global_faults, model_faults))
+    refusal, mode = parallel.result()
+    model_faults = [why for why in (refusal, speculation.result()) if why is not None]
+    print(render(hosts, settings, global_faults, model_faults, mode))
     return 1 if global_faults or model_faults or any(h.faults for h in hosts) or not hosts else 0
 
 

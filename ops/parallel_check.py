@@ -9,16 +9,25 @@ engine applies when it loads.
 from __future__ import annotations
 
 from config import Settings
-from ops.verdict import child_refusal
+from ops.verdict import REFUSED, child_verdict
 
 VERDICT_TIMEOUT = 120  # seconds: importing mlx-lm and building the model's class without weights
 
 
-def parallel_refusal(settings: Settings, ranks: int) -> str | None:
-    """The sentence saying why MODEL cannot run on `ranks` ranks as configured; None when it can, or when
-    this host cannot tell (the model is not here: `check` reports that per host, the engine at load)."""
+ACCEPTED = 0  # engine.sharding.VERDICT_OK
+
+
+def parallel_verdict(settings: Settings, ranks: int) -> tuple[str | None, str]:
+    """(refusal, mode): the sentence saying why MODEL cannot run on `ranks` ranks as configured (None when it
+    can, or when this host cannot tell: the model is not here, which `check` reports per host, the engine at
+    load), and the mode it will run in, with why when PARALLEL=auto did not get tensor ("" when not told)."""
     if ranks <= 1:
-        return None
-    args = ["-m", "engine.sharding", "--ranks", str(ranks)]
-    return child_refusal(args, VERDICT_TIMEOUT)
+        return None, ""
+    code, text = child_verdict(["-m", "engine.sharding", "--ranks", str(ranks)], VERDICT_TIMEOUT)
+    return (text if code == REFUSED else None), (text if code == ACCEPTED else "")
+
+
+def parallel_refusal(settings: Settings, ranks: int) -> str | None:
+    """parallel_verdict's refusal alone (`launch.sh start`)."""
+    return parallel_verdict(settings, ranks)[0]
 
