@@ -1,6 +1,7 @@
 """Copy-heavy turns a coding agent really sends, as chat messages: rewrite a given file with one change, and
 repeat a JSON document with one field changed. A real model answers them mostly by copying its prompt, which
-is what prompt-lookup (ngram) speculation feeds on. `variant` makes each request's prompt distinct."""
+is what prompt-lookup (ngram) speculation feeds on. `variant` makes each request's prompt distinct at its end only,
+so a server's prefix cache serves the file from the first request on (prefill is not what these turns measure)."""
 
 from __future__ import annotations
 
@@ -55,14 +56,14 @@ if __name__ == "__main__":
 
 def rewrite_file(variant: int) -> str:
     """Ask for the whole file back with one function renamed."""
-    return (f"Here is the file tools/records_{variant}.py:\n\n```python\n{SOURCE}```\n\n"
+    return (f"Here is the file tools/records.py:\n\n```python\n{SOURCE}```\n\n"
             "Rename the function `total_size` to `sum_sizes` everywhere in this file. "
-            "Reply with the complete updated file only, in one ```python block.")
+            f"Reply with the complete updated file only, in one ```python block. (request {variant})")
 
 
-def document(variant: int) -> dict:
+def document() -> dict:
     return {
-        "id": f"svc-{variant}", "name": "inventory-api", "version": "2.3.1", "owner": "platform-team",
+        "id": "svc-7", "name": "inventory-api", "version": "2.3.1", "owner": "platform-team",
         "replicas": 3, "region": "eu-west-1",
         "resources": {"cpu": "500m", "memory": "512Mi"},
         "env": {"LOG_LEVEL": "info", "DB_HOST": "db.internal", "DB_PORT": "5432", "CACHE_TTL": "300"},
@@ -74,10 +75,10 @@ def document(variant: int) -> dict:
 
 def repeat_json(variant: int) -> str:
     """Ask for a JSON document back with one field changed."""
-    doc = json.dumps(document(variant), indent=2)
+    doc = json.dumps(document(), indent=2)
     return (f"Here is a service description:\n\n```json\n{doc}\n```\n\n"
             "Change \"replicas\" to 5 and leave everything else exactly as it is. "
-            "Reply with the complete updated JSON document only.")
+            f"Reply with the complete updated JSON document only. (request {variant})")
 
 
 TURNS = {"rewrite file": rewrite_file, "repeat JSON": repeat_json}

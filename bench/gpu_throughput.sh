@@ -2,8 +2,9 @@
 # Throughput at c = 1, 8, 32 on a Linux machine with one NVIDIA GPU and MLX's CUDA build: our server against
 # in-process mlx-lm (stream_generate, BatchGenerator) and mlx_lm.server, side by side, taking turns
 # (bench.interleaved), for SmolLM2-135M-Instruct and for a random-weight 4-bit model of Llama-3-8B's shape
-# (bench.random_checkpoint, made there: no download). Per-step overhead shows only at realistic step times, which
-# this 2-core CPU box cannot give. Not part of CI.
+# (bench.random_checkpoint, made there: no download); then SmolLM2's needle at 1k-8k tokens on 1 and 2 ranks
+# (bench.needle). Per-step overhead shows only at realistic step times, and an 8k prefill in seconds, which this
+# 2-core CPU box cannot give. Not part of CI.
 #
 #   bash bench/gpu_throughput.sh prepare   # here, with PyPI and the converted SmolLM2: .gpu-part1 .. .gpu-part4
 #   bash bench/gpu_throughput.sh stash     # there, calls 1-3 at once, carrying .gpu-part1, 2, 3 (one each)
@@ -89,14 +90,19 @@ export PYTHONUNBUFFERED=1 WATCHDOG_TIMEOUT=600 PY
 
 bench() { # MODEL-FOLDER LABEL: the interleaved run, bounded, its tables under a heading
     echo; echo "## $2 ($(date -u +%H:%M:%S), $(($SECONDS - began)) s in)"
-    timeout -k 10 "${LIMIT:-240}" $PY -m bench.interleaved --model "$1" --rounds "$ROUNDS" --max-tokens "$MAX_TOKENS" \
+    timeout -k 10 "${LIMIT:-120}" $PY -m bench.interleaved --model "$1" --rounds "$ROUNDS" --max-tokens "$MAX_TOKENS" \
         --concurrency "$CONCURRENCY" --quiet-wait 0 --out "$work/results" 2>&1 || echo "($2: exit $?)"
 }
 for folder in "${real[@]}"; do bench "$folder" "SmolLM2-135M-Instruct, 4-bit (its Q4_1 converted)"; done
 for shape in "${shapes[@]}"; do
     echo; echo "generating a random $shape, 4-bit"
-    timeout -k 10 300 $PY -m bench.random_checkpoint "$work/random-$shape" --shape "$shape" \
+    timeout -k 10 120 $PY -m bench.random_checkpoint "$work/random-$shape" --shape "$shape" \
         --tokenizer-from "$smollm2" || { echo "generating $shape failed"; continue; }
     bench "$work/random-$shape" "random-weight $shape, 4-bit"
 done
+if ((!dry)); then  # an 8k prompt takes this CPU box many minutes to prefill; a GPU a second
+    echo; echo "## needle, SmolLM2, 1 and 2 ranks ($(($SECONDS - began)) s in)"
+    timeout -k 10 "${NEEDLE_LIMIT:-90}" $PY -m bench.needle --model "$smollm2" --ranks 1,2 \
+        --lengths 1000,2000,4000,8000 --out "$work/results" 2>&1 | grep -v '^\[needle\]' || echo "(needle: exit $?)"
+fi
 echo; echo "done in $((SECONDS - began)) s"
