@@ -88,9 +88,9 @@ else
 fi
 export PYTHONUNBUFFERED=1 WATCHDOG_TIMEOUT=600 PY
 
-bench() { # MODEL-FOLDER LABEL: the interleaved run, bounded, its tables under a heading
+bench() { # MODEL-FOLDER LABEL: the interleaved run, bounded (SIGINT: it stops its servers), its tables under a heading
     echo; echo "## $2 ($(date -u +%H:%M:%S), $(($SECONDS - began)) s in)"
-    timeout -k 10 "${LIMIT:-120}" $PY -m bench.interleaved --model "$1" --rounds "$ROUNDS" --max-tokens "$MAX_TOKENS" \
+    timeout -s INT -k 20 "${LIMIT:-120}" $PY -m bench.interleaved --model "$1" --rounds "$ROUNDS" --max-tokens "$MAX_TOKENS" \
         --concurrency "$CONCURRENCY" --quiet-wait 0 --out "$work/results" 2>&1 || echo "($2: exit $?)"
 }
 for folder in "${real[@]}"; do bench "$folder" "SmolLM2-135M-Instruct, 4-bit (its Q4_1 converted)"; done
@@ -102,7 +102,7 @@ for shape in "${shapes[@]}"; do
 done
 if ((!dry)); then  # an 8k prompt takes this CPU box many minutes to prefill; a GPU a second
     echo; echo "## needle, SmolLM2, 1 and 2 ranks ($(($SECONDS - began)) s in)"
-    timeout -k 10 "${NEEDLE_LIMIT:-90}" $PY -m bench.needle --model "$smollm2" --ranks 1,2 \
+    timeout -s INT -k 20 "${NEEDLE_LIMIT:-90}" $PY -m bench.needle --model "$smollm2" --ranks 1,2 \
         --lengths 1000,2000,4000,8000 --out "$work/results" 2>&1 | grep -v '^\[needle\]' || echo "(needle: exit $?)"
 fi
 echo; echo "done in $((SECONDS - began)) s"
