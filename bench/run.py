@@ -396,14 +396,22 @@ def resolve_model(name: str, cache_dir: Path) -> tuple[Path, str]:
             raise SystemExit(f"cannot generate {name}: {out.stderr}")
         return Path(out.stdout.strip().splitlines()[-1]).resolve(), name
     path = Path(name).expanduser().resolve()
-    if not (path / "config.json").is_file():
-        raise SystemExit(f"--model {name}: not a demo model and no config.json in {path}")
-    return path, str(path)
+    if (path / "config.json").is_file():
+        return path, str(path)
+    # any other MODEL the engine takes (smollm2-135m, a zoo name, a cached repo id): resolved (and converted or
+    # generated once) as the engine resolves it, and handed to our engine by that name
+    from config import load_settings
+    from engine.model import resolve
+
+    try:
+        return resolve(load_settings({"MODEL": name, "MODEL_CACHE_DIR": str(cache_dir)}, env_file=os.devnull)), name
+    except Exception as exc:  # noqa: BLE001 - any reason it cannot be served ends the run with it
+        raise SystemExit(f"--model {name}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="demo-tiny", help="demo-tiny, demo-small, or a local MLX model folder")
+    parser.add_argument("--model", default="demo-tiny", help="demo-tiny, demo-small, smollm2-135m, any MODEL the engine takes, or a local MLX model folder")
     parser.add_argument("--quick", action="store_true", help="fewer requests and concurrency levels (a few minutes)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where JSON and PNG go")
     parser.add_argument("--cache-dir", type=Path, default=REPO / ".cache" / "models",

@@ -9,6 +9,9 @@ then sends each the same workloads, taking turns (round i starts with the i-th m
   column says how much it copied. `--requests` streams, one at a time.
 - chat: bench.run's short chat prompts, ordinary text. `--requests` streams, one at a time.
 - copy x8: `--concurrency` copy streams at once (aggregate tok/s).
+- rewrite file, repeat JSON (`--workloads`): what a coding agent sends a real model (bench/copy_turns.py): ~40
+  lines of Python to give back with one function renamed, a JSON document to give back with one field changed;
+  `--requests` chat streams, one at a time. Greedy answers are checked identical to off's for each.
 
 Every request is greedy, asks for `--max-tokens` and suppresses the model's EOS ids. Per server and workload:
 tokens per target forward pass = generated tokens / (generated - accepted drafts) (every forward pass gives a
@@ -20,6 +23,8 @@ from /proc). A greedy answer is checked byte-identical to off's once per server.
 
     python -m bench.speculative                          # demo-small, 1 and 2 ranks: ~3 min here
     python -m bench.speculative --rounds 3 --max-tokens 128   # steadier ratios: ~10 min
+    python -m bench.speculative --model smollm2-135m --cache-dir ~/.cache/mlx-cluster-serve --ranks 1 \
+        --modes off,ngram --workloads "rewrite file,repeat JSON,chat" --max-tokens 160   # a real model's copies
 """
 
 from __future__ import annotations
@@ -38,10 +43,10 @@ if __package__ in (None, ""):
 
 import httpx  # noqa: E402
 
-from bench import clients, cpu, servers  # noqa: E402
+from bench import clients, copy_turns, cpu, servers  # noqa: E402
 from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
 
-WORKLOADS = ("copy", "chat", "copy x8")
+WORKLOADS = ("copy", "chat", "copy x8", *copy_turns.TURNS)
 
 
 @dataclass
@@ -133,39 +138,45 @@ def measure(server: servers.Server, requests: list[clients.Request], concurrency
         cell.rates.append(res.aggregate_tps)
 
 
-def same_greedy_answer(sides: dict[str, servers.Server], tokens: list[int], max_tokens: int,
-                       bias: dict[int, float], model_id: str) -> dict[str, bool]:
-    """Whether each mode's greedy answer to one copy prompt is byte-identical to SPECULATIVE=off's."""
-    body = {"model": model_id, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
-            "logit_bias": {str(k): v for k, v in bias.items()}}
-    texts = {mode: httpx.post(s.base_url + "/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
-             for mode, s in sides.items()}
+def same_greedy_answer(sides: dict[str, servers.Server], request: clients.Request) -> dict[str, bool]:
+    """Whether each mode's greedy answer to one request is byte-identical to SPECULATIVE=off's."""
+    body = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
+    texts = {}
+    for mode, s in sides.items():
+        choice = httpx.post(s.base_url + request.path, json=body, timeout=600).json()["choices"][0]
+        texts[mode] = choice["message"]["content"] if "message" in choice else choice["text"]
     return {mode: texts[mode] == texts["off"] for mode in sides}
 
 
 def run_ranks(args, ranks: int, modes: dict[str, dict[str, str]], model_name: str, vocab: list[int],
               bias: dict[int, float], work: servers.Workdir) -> dict:
     sides: dict[str, servers.Server] = {}
-    cells = {w: {m: Cell() for m in modes} for w in WORKLOADS}
-    ratios: dict[str, dict[str, list[float]]] = {w: {m: [] for m in modes} for w in WORKLOADS}
+    cells = {w: {m: Cell() for m in modes} for w in args.workloads}
+    ratios: dict[str, dict[str, list[float]]] = {w: {m: [] for m in modes} for w in args.workloads}
     try:
         for mode, settings in modes.items():
             say(f"{ranks} rank(s): starting SPECULATIVE={mode}")
             sides[mode] = servers.start_ours(work, model_name, args.cache_dir, ranks, **settings)
         model_id = httpx.get(sides["off"].base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        identical = same_greedy_answer(sides, copy_prompt(0, args.block, args.reps, vocab), args.max_tokens, bias,
-                                       model_id)
+        identical = {w: same_greedy_answer(sides, clients.completion(copy_prompt(0, args.block, args.reps, vocab),
+                                                                     args.max_tokens, bias, model_id)
+                                           if w == "copy" else clients.chat(copy_turns.TURNS[w](0), args.max_tokens,
+                                                                            bias, model_id))
+                     for w in args.workloads if w == "copy" or w in copy_turns.TURNS}
         n = 0
         for i in range(args.rounds):
-            workloads = {
-                "copy": ([copy_prompt(10 + args.requests * i + j, args.block, args.reps, vocab)
-                          for j in range(args.requests)], 1, True),
-                "chat": ([prompt(500_000 + 100 * ranks + args.requests * i + j) for j in range(args.requests)], 1,
-                         False),
-                "copy x8": ([copy_prompt(100 + args.concurrency * i + k, args.block, args.reps, vocab)
-                             for k in range(args.concurrency)], args.concurrency, True),
+            workloads = {  # (prompts, concurrency, as token ids), built only for the workloads asked
+                "copy": lambda: ([copy_prompt(10 + args.requests * i + j, args.block, args.reps, vocab)
+                                  for j in range(args.requests)], 1, True),
+                "chat": lambda: ([prompt(500_000 + 100 * ranks + args.requests * i + j)
+                                  for j in range(args.requests)], 1, False),
+                "copy x8": lambda: ([copy_prompt(100 + args.concurrency * i + k, args.block, args.reps, vocab)
+                                     for k in range(args.concurrency)], args.concurrency, True),
+                **{w: lambda turn=turn: ([turn(1 + args.requests * i + j) for j in range(args.requests)], 1, False)
+                   for w, turn in copy_turns.TURNS.items()},
             }
-            for w, (prompts, conc, as_tokens) in workloads.items():
+            for w in args.workloads:
+                prompts, conc, as_tokens = workloads[w]()
                 cpu.wait_quiet(args.quiet_threshold, args.quiet_wait)
                 names = list(modes)
                 k = n % len(names)  # each round and workload starts with another mode
@@ -192,21 +203,21 @@ def fmt(x: float, spec: str = ".2f") -> str:
     return "–" if x != x else format(x, spec)
 
 
-def report(results: dict[int, dict], modes: list[str], concurrency: int) -> str:
+def report(results: dict[int, dict], modes: list[str], concurrency: int, workloads: list[str]) -> str:
     lines = ["| ranks | workload | SPECULATIVE | tokens / forward | acceptance | tok/s (median) | ratio to off "
              "| CPU ms / token | greedy = off |", "|---|---|---|---|---|---|---|---|---|"]
     for ranks, r in results.items():
-        for w in WORKLOADS:
+        for w in workloads:
             shown = w.replace("x8", f"x{concurrency}")
             for mode in modes:
                 c: Cell = r["cells"][w][mode]
                 rate = statistics.median(c.rates) if c.rates else float("nan")
                 ratio = statistics.median(r["ratios"][w][mode]) if r["ratios"][w][mode] else float("nan")
-                same = "yes" if r["identical"][mode] else "**no**"
+                same = "" if w not in r["identical"] else "yes" if r["identical"][w][mode] else "**no**"
                 lines.append(f"| {ranks} | {shown} | {mode} | {fmt(c.tokens_per_forward())} | "
                              f"{fmt(c.acceptance(), '.0%') if mode != 'off' else '–'} | {fmt(rate, '.1f')} | "
                              f"{fmt(ratio)} | {fmt(c.cpu_ms_per_token(), '.1f')} | "
-                             f"{same if w == 'copy' else ''}{' errors: ' + c.errors[0] if c.errors else ''} |")
+                             f"{same}{' errors: ' + c.errors[0] if c.errors else ''} |")
     return "\n".join(lines)
 
 
@@ -223,6 +234,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--workloads", default="copy,chat,copy x8",
+                        help="comma-separated, of: " + ", ".join(WORKLOADS))
     parser.add_argument("--block", type=int, default=8, help="tokens of the copy prompt's repeated block")
     parser.add_argument("--reps", type=int, default=32, help="times the copy prompt repeats its block")
     parser.add_argument("--quiet-wait", type=float, default=2.0)
@@ -231,12 +244,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=servers.REPO / "bench" / "results")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args()
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not args.workloads or set(args.workloads) - set(WORKLOADS):
+        parser.error(f"--workloads: comma-separated, of: {', '.join(WORKLOADS)}")
     mode_names = ["off"] + [m for m in args.modes.split(",") if m and m != "off"]
     rank_counts = [int(r) for r in args.ranks.split(",") if r]
     if args.rounds < 1 or args.requests < 1 or args.concurrency < 1 or not rank_counts or min(rank_counts) < 1:
         parser.error("--rounds, --requests, --concurrency and every --ranks must be at least 1")
     model_path, model_name = resolve_model(args.model, args.cache_dir)
-    vocab = plain_tokens(model_path)
+    vocab = plain_tokens(model_path) if {"copy", "copy x8"} & set(args.workloads) else []
     bias = {t: -100.0 for t in eos_token_ids(model_path)}
     modes: dict[str, dict[str, str]] = {}
     draft_note = ""
@@ -263,7 +279,7 @@ def main() -> int:
           f"{args.max_tokens}, {args.rounds} round(s); copy prompt: {args.block} tokens x {args.reps}\n")
     if draft_note:
         print(f"draft: {draft_note}\n")
-    print(report(results, mode_names, args.concurrency))
+    print(report(results, mode_names, args.concurrency, args.workloads))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-speculative-{Path(model_name).name}.json"
     path.write_text(json.dumps({
