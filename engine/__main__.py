@@ -310,7 +310,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     links=links.snapshot(), spec_mode=spec_mode, spec_draft_tokens=settings.NUM_DRAFT_TOKENS,
                     spec_proposed_tokens=stats.spec_proposed, spec_accepted_tokens=stats.spec_accepted,
                     spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted,
-                    prefill_chunk=pace.chunk, prefill_tokens_per_second=round(pace.tokens_per_second, 2),
+                    prefill_chunk=pace.chunk, prefill_tokens_per_second=pace.tokens_per_second,
                     test_hooks=test_hooks.ENABLED)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,

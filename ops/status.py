@@ -74,7 +74,10 @@ def _rate(n: float) -> str:
 
 
 def _prefill(i: Info) -> str:
-    rate = f" (the slowest rank prefills {i.prefill_tokens_per_second:.1f} tokens/s)" if i.prefill_tokens_per_second else ""
+    if not i.prefill_chunk:
+        return "  prefill   tokens per step not reported (an engine older than this status)"
+    rate = f" (the slowest rank prefills {i.prefill_tokens_per_second:.1f} tokens/s)" if i.prefill_tokens_per_second \
+        else ""
     return f"  prefill   {i.prefill_chunk} prompt tokens per step{rate}"
 
 

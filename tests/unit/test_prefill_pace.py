@@ -27,3 +27,14 @@ def test_every_rank_takes_the_slowest_ranks_rate():
     pace = agree(rows, 30.0, 512)
     assert pace.chunk == 32 and round(pace.tokens_per_second) == 7
     assert agree([row(0.0)], 30.0, 512) == Pace(512, 0.0)  # one rank, unmeasured
+
+
+def test_status_and_health_show_the_chunk_and_the_rate():
+    from api.health import details
+    from ipc import Info
+    from ops.status import describe_info
+
+    info = Info(model="m", model_path="/m", context_length=4096, ranks=1, backend="single", created=0, engine_pid=1,
+                prefill_chunk=32, prefill_tokens_per_second=7.25)
+    assert "  prefill   32 prompt tokens per step (the slowest rank prefills 7.2 tokens/s)" in describe_info(info)
+    assert details(info)["prefill"] == {"tokens_per_step": 32, "tokens_per_second": 7.25}
