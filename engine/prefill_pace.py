@@ -16,7 +16,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-WARM, PROBE = 4, 32  # tokens: the warm-up pass (kernels built, weights paged in), then the timed one
+WARM, PROBE = 2, 16  # tokens: a warm-up pass (kernels built, weights paged in), then the timed one; short, as a
+# slow host pays them at every start (a fixed cost per pass only makes the estimate cautious)
 SHARE = 0.25  # of WATCHDOG_TIMEOUT one step's prefill may take: room for decoding, sampling, a busy host
 FLOOR = 16  # the least chunk (settings.PREFILL_TOKENS_PER_STEP's own minimum)
 
