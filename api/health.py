@@ -65,6 +65,7 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "queued": info.queued,
         "max_batch": info.max_batch,
         "max_queue": info.max_queue,
+        "prefill": {"tokens_per_step": info.prefill_chunk, "tokens_per_second": info.prefill_tokens_per_second},
         "prompt_cache": {"budget_bytes": info.prompt_cache_budget, "bytes": info.prompt_cache_bytes,
                          "entries": info.prompt_cache_entries, "hits": info.prompt_cache_hits,
                          "misses": info.prompt_cache_misses, "evictions": info.prompt_cache_evictions,

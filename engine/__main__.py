@@ -179,6 +179,7 @@ def _build(settings, joined: Joined, watchdog):
     kv_rows = channel.gather([1, *memory.row()] if memory is not None else [0] * 9)
     # which prefix cache entries may be cut: the same rule on every rank, though pipeline ranks hold other layers
     batch.prefix.cuts = CacheCuts.strictest(channel.gather(batch.prefix.cuts.row()))
+    pace = _pace(settings, joined, batch, channel, watchdog)
     watchdog.beat("starting the step loop")
     # One startup exchange names every rank's host for status and /health...
     hosts = decode_hostnames(channel.gather(hostname_row()))
@@ -194,7 +195,29 @@ def _build(settings, joined: Joined, watchdog):
     if joined.rank != 0:
         return StepLoop(batch, channel, watchdog, doorbell, links.pairs), None
     return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
-                  proposer)
+                  proposer, pace)
+
+
+def _pace(settings, joined: Joined, batch, channel, watchdog):
+    """The prefill chunk every rank uses: PREFILL_TOKENS_PER_STEP, or less where the slowest rank's prefill would
+    take too much of WATCHDOG_TIMEOUT (engine/prefill_pace.py)."""
+    from engine import mlx_compat
+    from engine.prefill_pace import agree, row, seconds_per_token
+
+    watchdog.beat("timing a prefill")
+    pace = agree(channel.gather(row(seconds_per_token(joined.loaded.model))), settings.WATCHDOG_TIMEOUT,
+                 settings.PREFILL_TOKENS_PER_STEP)
+    batch.prefill_budget = pace.chunk
+    mlx_compat.set_prefill_chunk(batch.gen, pace.chunk)
+    if pace.chunk < settings.PREFILL_TOKENS_PER_STEP:
+        logging.getLogger("engine").warning(
+            "prefill: %d tokens per step, not PREFILL_TOKENS_PER_STEP=%d: the slowest rank prefills %.1f tokens/s, "
+            "and a step must stay well within WATCHDOG_TIMEOUT=%g s (a faster host or GPU prefills more)",
+            pace.chunk, settings.PREFILL_TOKENS_PER_STEP, pace.tokens_per_second, settings.WATCHDOG_TIMEOUT)
+    else:
+        logging.getLogger("engine").info("prefill: %d tokens per step (the slowest rank prefills %.0f tokens/s)",
+                                         pace.chunk, pace.tokens_per_second)
+    return pace
 
 
 def _speculation(settings, joined: Joined, channel, watchdog):
@@ -235,7 +258,7 @@ def _can_speculate(settings, joined: Joined, channel) -> bool:
 
 
 def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows,
-           links, proposer):
+           links, proposer, pace):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.leader import Leader, LoopStats
     from engine.rank0.admission import Prompter
@@ -252,7 +275,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
     reports.update(announced)
     inbound: queue.SimpleQueue = queue.SimpleQueue()
-    kv, measured = _kv_budget(settings, loaded, joined.size, reports.snapshot(), kv_rows)
+    kv, measured = _kv_budget(settings, loaded, joined.size, reports.snapshot(), kv_rows, pace.chunk)
     cache_budget = prompt_cache_budget(settings.PROMPT_CACHE_BYTES, reports.snapshot())
     if kv.enabled and cache_budget > kv.budget:
         # the prefix cache lives inside the KV budget: more than all of it could never be held
@@ -289,6 +312,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     links=links.snapshot(), spec_mode=spec_mode, spec_draft_tokens=settings.NUM_DRAFT_TOKENS,
                     spec_proposed_tokens=stats.spec_proposed, spec_accepted_tokens=stats.spec_accepted,
                     spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted,
+                    prefill_chunk=pace.chunk, prefill_tokens_per_second=pace.tokens_per_second,
                     test_hooks=test_hooks.ENABLED)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
@@ -311,7 +335,7 @@ def _proposer(settings, loaded, tokenizer):
     return proposer
 
 
-def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]]):
+def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]], prefill_chunk: int):
     """The KV memory budget per rank, and what a sequence takes on the largest rank: as every rank measured its
     caches, or where one could not, one token's K and V from the model's config."""
     from engine.rank0.kv_budget import KVBudget, KVMemory, memory_budget, size, token_bytes
@@ -327,7 +351,7 @@ def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]]):
         log.warning("KV memory: rank(s) %s could not measure the model's caches (see their log): one token's KV "
                     "is estimated from the config (%d bytes), too high for MLA, sliding-window and linear-attention "
                     "models", [r for r, row in enumerate(kv_rows) if not row[0]], memory.token_bytes)
-    kv = KVBudget.of(budget, memory, settings.PREFILL_TOKENS_PER_STEP)
+    kv = KVBudget.of(budget, memory, prefill_chunk)
     if budget and not kv.enabled:
         log.warning("KV memory: neither the model's caches nor its config give the size of its KV, so a "
                     "request's KV cannot be estimated and KV_MEMORY_BYTES is not enforced")

@@ -169,6 +169,10 @@ class Info(Msg):
     spec_accepted_tokens: int = 0
     spec_forward_passes: int = 0
     spec_emitted_tokens: int = 0
+    # prompt tokens one step prefills (PREFILL_TOKENS_PER_STEP, or less where the slowest rank's measured rate,
+    # in tokens per second, would bring a step near WATCHDOG_TIMEOUT; 0 from an engine older than these fields)
+    prefill_chunk: int = 0
+    prefill_tokens_per_second: float = 0.0
     # MCS_TEST_HOOKS=1 on rank 0: the test-only fault hooks (ipc/test_hooks.py) are read
     test_hooks: bool = False
 

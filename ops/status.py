@@ -43,6 +43,7 @@ def describe_info(i: Info) -> str:
         f"  ranks     {i.ranks}{_parallel(i)}, backend {i.backend}, engine pid {i.engine_pid}, up {_duration(i.uptime)}",
         f"  step      {i.step}  (last step {i.last_step_age:.1f}s ago)",
         f"  requests  {i.active} active of {i.max_batch} slots, {i.queued} queued of {i.max_queue}",
+        _prefill(i),
         _prompt_cache(i),
         _speculative(i),
         _kv_memory(i),
@@ -70,6 +71,14 @@ def _link(link) -> str:
 
 def _rate(n: float) -> str:
     return f"{n / 1e9:.2f} GB/s" if n >= 1e9 else f"{n / 1e6:.1f} MB/s"
+
+
+def _prefill(i: Info) -> str:
+    if not i.prefill_chunk:
+        return "  prefill   tokens per step not reported (an engine older than this status)"
+    rate = f" (the slowest rank prefills {i.prefill_tokens_per_second:.1f} tokens/s)" if i.prefill_tokens_per_second \
+        else ""
+    return f"  prefill   {i.prefill_chunk} prompt tokens per step{rate}"
 
 
 def _prompt_cache(i: Info) -> str:

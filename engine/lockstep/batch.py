@@ -190,7 +190,9 @@ class LockstepBatch:
         decoding, prefilling, unprocessed = mlx_compat.batch_occupancy(self.gen)
         room = self.max_batch - decoding
         prefilling += min(unprocessed + arriving, room)
-        return max(16, self.prefill_budget // max(1, prefilling))
+        # at least a token each, never a floor above the budget: a budget paced to a slow host (engine/prefill_pace.py)
+        # split over many prompts must keep the step within the watchdog's deadline
+        return max(1, self.prefill_budget // max(1, prefilling))
 
     def apply(self, plan: Plan) -> None:
         """Store, remove, insert, then evict, exactly as the plan says."""

@@ -366,10 +366,10 @@ def test_rank_0_budgets_with_every_ranks_measurement_and_falls_back_to_the_confi
     settings = load_settings({"KV_MEMORY_BYTES": str(1 << 30), "PREFILL_TOKENS_PER_STEP": "256"}, empty)
     loaded = SimpleNamespace(facts=ModelFacts(config=QWEN3_4B, dtype="bfloat16"), pipeline_split=())
     rows = [[1, *KVMemory(640, 0, 0, 0).row()], [1, *KVMemory(320, 64, 128, 4096).row()]]
-    kv, measured = _kv_budget(settings, loaded, 2, [], rows)
-    assert measured and kv == KVBudget(1 << 30, 640, 64, 128, 4096, 256)
+    kv, measured = _kv_budget(settings, loaded, 2, [], rows, 128)  # the chunk the ranks agreed on
+    assert measured and kv == KVBudget(1 << 30, 640, 64, 128, 4096, 128)
     caplog.set_level("WARNING")
-    kv, measured = _kv_budget(settings, loaded, 2, [], [rows[0], [0] * 9])
+    kv, measured = _kv_budget(settings, loaded, 2, [], [rows[0], [0] * 9], 256)
     assert not measured and kv.token_bytes == token_bytes(QWEN3_4B, 2, "bfloat16") and not kv.constant_bytes
     assert "rank(s) [1] could not measure" in caplog.text
 
