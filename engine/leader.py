@@ -50,6 +50,9 @@ class LoopStats:
     spec_accepted: int = 0
     spec_forward_passes: int = 0
     spec_emitted: int = 0
+    # decoding positions the forward passes computed (a plain step one per token it emitted), over every request:
+    # / emitted tokens, what padding to the widest draft costs (1.0 without speculation)
+    decode_positions: int = 0
 
 
 class Leader(StepLoop):
@@ -226,6 +229,7 @@ class Leader(StepLoop):
         results = self.batch.step(drafts=plan.drafts)
         self.stats.step_time_sum += time.perf_counter() - t0
         self.stats.step_time_count += 1
+        self.stats.decode_positions += results.positions or len(results.tokens)
         if self.proposer is not None:
             self._count_drafts(plan, results)
         self.scheduler.absorb(results)

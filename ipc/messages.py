@@ -169,6 +169,8 @@ class Info(Msg):
     spec_accepted_tokens: int = 0
     spec_forward_passes: int = 0
     spec_emitted_tokens: int = 0
+    # positions the decoding forward passes computed, every row padded to the step's widest draft (with SPECULATIVE)
+    spec_decode_positions: int = 0
     # MCS_TEST_HOOKS=1 on rank 0: the test-only fault hooks (ipc/test_hooks.py) are read
     test_hooks: bool = False
 
