@@ -235,9 +235,11 @@ class Leader(StepLoop):
         self.scheduler.absorb(results)
 
     def _count_drafts(self, plan: Plan, results: StepResults) -> None:
-        """Speculation's figures for Info, and the proposer forgets the sequences that ended."""
+        """Speculation's figures for Info, each sequence's next draft length, and the schedule forgets the
+        sequences that ended."""
         stats = self.stats
         if results.drafted:
+            self.draft_schedule.judged(plan.drafts, results.tokens, results.drafted)
             # what the step verified: drafts past a sequence's max_tokens, its KV room or its end were never judged
             stats.spec_proposed += results.proposed
             stats.spec_accepted += results.accepted
@@ -245,9 +247,9 @@ class Leader(StepLoop):
             stats.spec_emitted += sum(1 for rid, _, _ in results.tokens if rid in results.drafted)
         for rid, _, finish in results.tokens:
             if finish is not None:
-                self.proposer.forget(rid)
+                self.draft_schedule.forget(rid)
         for rid in results.failed:
-            self.proposer.forget(rid)
+            self.draft_schedule.forget(rid)
 
     def _drain_inbound(self, block: bool) -> None:
         """Move submissions and withdrawals into the scheduler. With block (no work), wait for the first
