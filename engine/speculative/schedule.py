@@ -85,4 +85,14 @@ class DraftSchedule:
         for k, group in by_length.items():
             proposed = self.proposer.propose(group, k)
             drafts.update({rid: list(d[:k]) for rid, d in proposed.items() if d and rid in group})
-        return drafts
+        width = batch_width([len(d) for d in drafts.values()], len(histories))
+        return {rid: d[:width] for rid, d in drafts.items()} if width else {}
+
+
+def batch_width(lengths: list[int], rows: int) -> int:
+    """The widest draft a batch of `rows` decoding rows pays for: the verify pass computes every row that wide, so
+    a width is kept only while drafts fill at least half the positions it adds (one drafting row of eight: none)."""
+    for width in range(max(lengths, default=0), 0, -1):
+        if 2 * sum(min(n, width) for n in lengths) >= rows * width:
+            return width
+    return 0

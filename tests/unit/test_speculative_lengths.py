@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine.lockstep.plan import Plan
 from engine.speculative.lengths import MAX_REST, REST_AFTER, START_TOKENS, DraftLengths
 from engine.speculative.ngram import NgramProposer
-from engine.speculative.schedule import DraftSchedule
+from engine.speculative.schedule import DraftSchedule, batch_width
 
 
 def test_length_grows_while_all_is_accepted_and_shrinks_to_what_was():
@@ -63,3 +63,12 @@ def test_schedule_asks_each_sequence_for_its_own_length():
     schedule.judged(first.drafts, tokens, {"copy", "chat"})
     nxt = schedule.speculate(plan(), True, lambda: histories)
     assert {rid: len(d) for rid, d in nxt.drafts.items()} == {"copy": 8, "chat": 2}
+
+
+def test_a_batch_drafts_only_as_wide_as_its_drafts_fill_half_of():
+    schedule = DraftSchedule(NgramProposer(), draft_tokens=16)
+    copy = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3 + [1, 2]
+    histories = {"copy": copy, **{f"chat{i}": [100 + i, 200 + i, 300 + i] for i in range(7)}}
+    # one drafting row of eight would make the other seven compute five positions each for nothing
+    assert schedule.speculate(plan(), True, lambda: histories).drafts == {}
+    assert batch_width([4, 4, 4, 4], 8) == 4 and batch_width([8, 2, 2, 2], 6) == 3 and batch_width([3], 1) == 3
