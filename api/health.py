@@ -74,7 +74,7 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "speculative": {"mode": info.spec_mode, "draft_tokens": info.spec_draft_tokens,
                         "proposed_tokens": info.spec_proposed_tokens, "accepted_tokens": info.spec_accepted_tokens,
                         "acceptance": round(acceptance(info), 4), "forward_passes": info.spec_forward_passes,
-                        "emitted_tokens": info.spec_emitted_tokens,
+                        "emitted_tokens": info.spec_emitted_tokens, "decode_positions": info.spec_decode_positions,
                         "tokens_per_forward": round(tokens_per_forward(info), 4)},
         "kv_memory": {"budget_bytes": info.kv_budget_bytes, "reserved_bytes": info.kv_reserved_bytes,
                       "token_bytes": info.kv_token_bytes, "window_token_bytes": info.kv_window_token_bytes,

@@ -8,7 +8,7 @@ then sends each the same workloads, taking turns (round i starts with the i-th m
   through /v1/completions) makes its greedy continuation repeat stretches of it and of itself; the acceptance
   column says how much it copied. `--requests` streams, one at a time.
 - chat: bench.run's short chat prompts, ordinary text. `--requests` streams, one at a time.
-- copy x8: `--concurrency` copy streams at once (aggregate tok/s).
+- copy x8, chat x8: `--concurrency` streams of each at once (aggregate tok/s).
 - rewrite file, repeat JSON (`--workloads`): what a coding agent sends a real model (bench/copy_turns.py): ~40
   lines of Python to give back with one function renamed, a JSON document to give back with one field changed;
   `--requests` chat streams, one at a time. Greedy answers are checked identical to off's for each.
@@ -18,7 +18,9 @@ tokens per target forward pass = generated tokens / (generated - accepted drafts
 sequence one token of its own plus the drafts it accepted; the first token's prefill counts as one), the
 acceptance (accepted / proposed, from /health's `speculative`), the decode rate (one stream: tokens after the
 first over the time between first and last chunk; several: every token over the wave's wall time), its ratio
-to SPECULATIVE=off measured in the same round, and CPU ms per generated token (every process of the server,
+to SPECULATIVE=off measured in the same round, decoding positions computed per generated token (/health's
+`speculative.decode_positions`: a verify pass computes every row as wide as the batch's widest draft; plain
+decoding one position per token; machine-independent, unlike the rates), and CPU ms per generated token (every process of the server,
 from /proc). A greedy answer is checked byte-identical to off's once per server.
 
     python -m bench.speculative                          # demo-small, 1 and 2 ranks: ~3 min here
@@ -46,7 +48,7 @@ import httpx  # noqa: E402
 from bench import clients, copy_turns, cpu, servers  # noqa: E402
 from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
 
-WORKLOADS = ("copy", "chat", "copy x8", *copy_turns.TURNS)
+WORKLOADS = ("copy", "chat", "copy x8", "chat x8", *copy_turns.TURNS)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Cell:
     tokens: int = 0
     accepted: int = 0
     proposed: int = 0
+    positions: int = 0  # decoding positions the forward passes computed
     cpu_s: float = 0.0
     rates: list[float] = field(default_factory=list)  # one per round
     errors: list[str] = field(default_factory=list)
@@ -63,6 +66,9 @@ class Cell:
     def tokens_per_forward(self) -> float:
         forwards = self.tokens - self.accepted
         return self.tokens / forwards if forwards > 0 else float("nan")
+
+    def positions_per_token(self) -> float:
+        return self.positions / self.tokens if self.tokens else float("nan")
 
     def acceptance(self) -> float:
         return self.accepted / self.proposed if self.proposed else float("nan")
@@ -110,10 +116,11 @@ def draft_model_for(model_name: str, model_path: Path, wanted: str, cache_dir: P
     return model_name, f"DRAFT_MODEL={model_name} (the model itself: every proposal accepted, the ceiling)"
 
 
-def spec_counts(server: servers.Server) -> tuple[int, int]:
-    """(proposed, accepted) draft tokens since the engine started, from /health."""
+def spec_counts(server: servers.Server) -> tuple[int, int, int]:
+    """(proposed, accepted) draft tokens and decoding positions computed since the engine started, from /health."""
     spec = httpx.get(server.base_url + "/health", timeout=10).json().get("speculative") or {}
-    return int(spec.get("proposed_tokens", 0)), int(spec.get("accepted_tokens", 0))
+    return (int(spec.get("proposed_tokens", 0)), int(spec.get("accepted_tokens", 0)),
+            int(spec.get("decode_positions", 0)))
 
 
 def server_cpu(server: servers.Server) -> float:
@@ -122,11 +129,12 @@ def server_cpu(server: servers.Server) -> float:
 
 def measure(server: servers.Server, requests: list[clients.Request], concurrency: int, cell: Cell) -> None:
     """Send the requests (at most `concurrency` at once) and add what they did to cell."""
-    proposed0, accepted0 = spec_counts(server)
+    proposed0, accepted0, positions0 = spec_counts(server)
     cpu0 = server_cpu(server)
     res = clients.load(server.base_url, requests, concurrency)
     cell.cpu_s += server_cpu(server) - cpu0
-    proposed1, accepted1 = spec_counts(server)
+    proposed1, accepted1, positions1 = spec_counts(server)
+    cell.positions += positions1 - positions0
     cell.proposed += proposed1 - proposed0
     cell.accepted += accepted1 - accepted0
     cell.tokens += res.tokens
@@ -172,6 +180,8 @@ def run_ranks(args, ranks: int, modes: dict[str, dict[str, str]], model_name: st
                                   for j in range(args.requests)], 1, False),
                 "copy x8": lambda: ([copy_prompt(100 + args.concurrency * i + k, args.block, args.reps, vocab)
                                      for k in range(args.concurrency)], args.concurrency, True),
+                "chat x8": lambda: ([prompt(600_000 + 100 * ranks + args.concurrency * i + k)
+                                     for k in range(args.concurrency)], args.concurrency, False),
                 **{w: lambda turn=turn: ([turn(1 + args.requests * i + j) for j in range(args.requests)], 1, False)
                    for w, turn in copy_turns.TURNS.items()},
             }
@@ -205,7 +215,7 @@ def fmt(x: float, spec: str = ".2f") -> str:
 
 def report(results: dict[int, dict], modes: list[str], concurrency: int, workloads: list[str]) -> str:
     lines = ["| ranks | workload | SPECULATIVE | tokens / forward | acceptance | tok/s (median) | ratio to off "
-             "| CPU ms / token | greedy = off |", "|---|---|---|---|---|---|---|---|---|"]
+             "| positions / token | CPU ms / token | greedy = off |", "|---|---|---|---|---|---|---|---|---|---|"]
     for ranks, r in results.items():
         for w in workloads:
             shown = w.replace("x8", f"x{concurrency}")
@@ -216,7 +226,7 @@ def report(results: dict[int, dict], modes: list[str], concurrency: int, workloa
                 same = "" if w not in r["identical"] else "yes" if r["identical"][w][mode] else "**no**"
                 lines.append(f"| {ranks} | {shown} | {mode} | {fmt(c.tokens_per_forward())} | "
                              f"{fmt(c.acceptance(), '.0%') if mode != 'off' else '–'} | {fmt(rate, '.1f')} | "
-                             f"{fmt(ratio)} | {fmt(c.cpu_ms_per_token(), '.1f')} | "
+                             f"{fmt(ratio)} | {fmt(c.positions_per_token())} | {fmt(c.cpu_ms_per_token(), '.1f')} | "
                              f"{same}{' errors: ' + c.errors[0] if c.errors else ''} |")
     return "\n".join(lines)
 

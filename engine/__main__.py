@@ -313,6 +313,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     spec_proposed_tokens=stats.spec_proposed, spec_accepted_tokens=stats.spec_accepted,
                     spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted,
                     prefill_chunk=pace.chunk, prefill_tokens_per_second=pace.tokens_per_second,
+                    spec_decode_positions=stats.decode_positions,
                     test_hooks=test_hooks.ENABLED)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,

@@ -50,6 +50,9 @@ class LoopStats:
     spec_accepted: int = 0
     spec_forward_passes: int = 0
     spec_emitted: int = 0
+    # decoding positions the forward passes computed (a plain step one per token it emitted), over every request:
+    # / emitted tokens, what padding to the widest draft costs (1.0 without speculation)
+    decode_positions: int = 0
 
 
 class Leader(StepLoop):
@@ -226,14 +229,17 @@ class Leader(StepLoop):
         results = self.batch.step(drafts=plan.drafts)
         self.stats.step_time_sum += time.perf_counter() - t0
         self.stats.step_time_count += 1
+        self.stats.decode_positions += results.positions or len(results.tokens)
         if self.proposer is not None:
             self._count_drafts(plan, results)
         self.scheduler.absorb(results)
 
     def _count_drafts(self, plan: Plan, results: StepResults) -> None:
-        """Speculation's figures for Info, and the proposer forgets the sequences that ended."""
+        """Speculation's figures for Info, each sequence's next draft length, and the schedule forgets the
+        sequences that ended."""
         stats = self.stats
         if results.drafted:
+            self.draft_schedule.judged(plan.drafts, results.tokens, results.drafted)
             # what the step verified: drafts past a sequence's max_tokens, its KV room or its end were never judged
             stats.spec_proposed += results.proposed
             stats.spec_accepted += results.accepted
@@ -241,9 +247,9 @@ class Leader(StepLoop):
             stats.spec_emitted += sum(1 for rid, _, _ in results.tokens if rid in results.drafted)
         for rid, _, finish in results.tokens:
             if finish is not None:
-                self.proposer.forget(rid)
+                self.draft_schedule.forget(rid)
         for rid in results.failed:
-            self.proposer.forget(rid)
+            self.draft_schedule.forget(rid)
 
     def _drain_inbound(self, block: bool) -> None:
         """Move submissions and withdrawals into the scheduler. With block (no work), wait for the first

@@ -173,6 +173,8 @@ class Info(Msg):
     # in tokens per second, would bring a step near WATCHDOG_TIMEOUT; 0 from an engine older than these fields)
     prefill_chunk: int = 0
     prefill_tokens_per_second: float = 0.0
+    # positions the decoding forward passes computed, every row padded to the step's widest draft (with SPECULATIVE)
+    spec_decode_positions: int = 0
     # MCS_TEST_HOOKS=1 on rank 0: the test-only fault hooks (ipc/test_hooks.py) are read
     test_hooks: bool = False
 

@@ -397,7 +397,7 @@ class LockstepBatch:
         decoding = mlx_compat.Decoding(batch)
         uids = list(decoding.uids)
         verified = verify(decoding, rows, lambda i, exc: _failed(self.rid_of[uids[i]], exc, self.failed))
-        out.proposed, out.accepted = verified.proposed, verified.accepted
+        out.proposed, out.accepted, out.positions = verified.proposed, verified.accepted, verified.positions
         out.drafted = {self.rid_of[uids[i]] for i in verified.drafted if uids[i] in self.rid_of}
         return verified.responses
 

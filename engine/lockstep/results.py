@@ -38,6 +38,7 @@ class StepResults:
     accepted: int = 0
     drafted: set[str] = field(default_factory=set)
     reused: dict[str, int] = field(default_factory=dict)
+    positions: int = 0  # a speculative step's decoding positions (rows x widest draft); 0 for a plain step
     # requests that asked for their prompt's logprobs: the rows this step's prefill computed
     # (engine/lockstep/prompt_logprobs.py PromptRows), in prompt order
     prompt_rows: dict[str, list[PromptRows]] = field(default_factory=dict)

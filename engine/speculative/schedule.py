@@ -10,6 +10,7 @@ from collections.abc import Callable
 import msgspec
 
 from engine.lockstep.plan import Plan
+from engine.speculative.lengths import DraftLengths
 from engine.speculative.propose import Proposer
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ class DraftSchedule:
     def __init__(self, proposer: Proposer, draft_tokens: int, beat: Callable[[str], None] = lambda what: None):
         self.proposer = proposer
         self.draft_tokens = draft_tokens  # at most this many per sequence
+        self.lengths = DraftLengths(draft_tokens)  # each sequence's next draft length, from its last verdict
         self.beat = beat  # the watchdog's: proposing may take a while (a draft model's forward passes)
         self.dry_rounds = 0  # consecutive rounds of proposals that found no draft
         self.plans_ahead = 0  # plans still to send ahead before proposing again
@@ -36,7 +38,7 @@ class DraftSchedule:
         histories: the batch's decoding sequences (each one's tokens, last its next input), asked only when needed.
         """
         for rid in plan.removes:  # the sequences that finish in a step are forgotten after it (Leader._count_drafts)
-            self.proposer.forget(rid)
+            self.forget(rid)
         decoding = self._decoding(plan, histories()) if after else {}
         drafts = self._drafts(plan, decoding) if decoding else {}
         if plan.inserts:
@@ -57,7 +59,40 @@ class DraftSchedule:
         gone = set(plan.removes)
         return {rid: h for rid, h in histories.items() if rid not in gone}
 
+    def judged(self, drafts: dict[str, list[int]], tokens: list[tuple[str, int, str | None]], drafted: set[str]) -> None:
+        """A step verified the plan's drafts: tokens are what each sequence gained (its fed input, then the drafts
+        it kept), drafted the sequences whose drafts it judged."""
+        gained: dict[str, int] = {}
+        for rid, _, _ in tokens:
+            gained[rid] = gained.get(rid, 0) + 1
+        for rid in drafted:
+            if rid in drafts and rid in gained:
+                self.lengths.judged(rid, len(drafts[rid]), gained[rid] - 1)
+
+    def forget(self, rid: str) -> None:
+        """The sequence left the batch."""
+        self.proposer.forget(rid)
+        self.lengths.forget(rid)
+
     def _drafts(self, plan: Plan, histories: dict[str, list[int]]) -> dict[str, list[int]]:
         self.beat(f"proposing drafts for plan {plan.step}")
-        proposed = self.proposer.propose(histories, self.draft_tokens)
-        return {rid: list(d[:self.draft_tokens]) for rid, d in proposed.items() if d and rid in histories}
+        by_length: dict[int, dict[str, list[int]]] = {}  # one proposal call per length (a draft model's passes)
+        for rid, history in histories.items():
+            k = self.lengths.take(rid)
+            if k > 0:
+                by_length.setdefault(k, {})[rid] = history
+        drafts = {}
+        for k, group in by_length.items():
+            proposed = self.proposer.propose(group, k)
+            drafts.update({rid: list(d[:k]) for rid, d in proposed.items() if d and rid in group})
+        width = batch_width([len(d) for d in drafts.values()], len(histories))
+        return {rid: d[:width] for rid, d in drafts.items()} if width else {}
+
+
+def batch_width(lengths: list[int], rows: int) -> int:
+    """The widest draft a batch of `rows` decoding rows pays for: the verify pass computes every row that wide, so
+    a width is kept only while drafts fill at least half the positions it adds (one drafting row of eight: none)."""
+    for width in range(max(lengths, default=0), 0, -1):
+        if 2 * sum(min(n, width) for n in lengths) >= rows * width:
+            return width
+    return 0

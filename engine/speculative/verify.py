@@ -41,6 +41,7 @@ class Verified:
     proposed: int = 0
     accepted: int = 0
     drafted: list[int] = field(default_factory=list)
+    positions: int = 0  # positions the forward pass computed: every row is as wide as the widest draft
 
 
 def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Exception], None]) -> Verified:
@@ -112,7 +113,7 @@ def _greedy(logprobs: mx.array, draft: int | None) -> tuple[int, bool]:
 
 def _finish(dec: Decoding, walks: list[Walk], drafts: list[list[int]], width: int, fed: mx.array) -> Verified:
     """Count the tokens each sequence returns, roll back what it does not keep, and answer as mlx-lm's step."""
-    out = Verified([], drafted=[i for i, d in enumerate(drafts) if d])
+    out = Verified([], drafted=[i for i, d in enumerate(drafts) if d], positions=len(drafts) * width)
     mx.eval([w.rows for w in walks], [w.next_row for w in walks])
     ends: list[str | None] = []
     for i, walk in enumerate(walks):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.anyio
 BASE = dict(model="m", model_path="/m", context_length=4096, ranks=2, backend="ring", created=1, engine_pid=10)
 # 40 passes verified drafts: 100 of 160 draft tokens kept, 140 tokens gained (3.5 per pass)
 RUNNING = dict(spec_mode="ngram", spec_draft_tokens=4, spec_proposed_tokens=160, spec_accepted_tokens=100,
-               spec_forward_passes=40, spec_emitted_tokens=140)
+               spec_forward_passes=40, spec_emitted_tokens=140, spec_decode_positions=200)
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -46,7 +46,7 @@ async def test_health_reports_speculation(engine, client):
     body = (await client.get("/health")).json()
     assert body["speculative"] == {"mode": "ngram", "draft_tokens": 4, "proposed_tokens": 160, "accepted_tokens": 100,
                                    "acceptance": 0.625, "forward_passes": 40, "emitted_tokens": 140,
-                                   "tokens_per_forward": 3.5}
+                                   "decode_positions": 200, "tokens_per_forward": 3.5}
 
 
 @pytest.mark.parametrize(("kw", "line"), [
