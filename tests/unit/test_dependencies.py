@@ -28,7 +28,10 @@ def imported_modules() -> dict[str, str]:
                 else:
                     continue
                 for name in names:
-                    found.setdefault(name.partition(".")[0], str(path.relative_to(REPO)))
+                    top = name.partition(".")[0]
+                    if (path.parent / f"{top}.py").exists():  # a script's sibling (ops/hostprobe.py's macfacts)
+                        continue
+                    found.setdefault(top, str(path.relative_to(REPO)))
     return found
 
 
