@@ -99,6 +99,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # KV bytes per rank for running sequences and the prefix cache together; -1: half of the memory the
     # smallest rank has left after loading its weights; 0: no limit
     KV_MEMORY_BYTES: Annotated[int, Meta(ge=-1)] = -1
+    # attention keys and values stored in 8 or 4 bits (groups of KV_GROUP_SIZE share a scale and a bias) on every
+    # rank, or off (the model's own precision)
+    KV_BITS: Literal["off", "8", "4"] = "off"
+    KV_GROUP_SIZE: Literal[32, 64, 128] = 64
     PLAN_BUFFER_BYTES: Annotated[int, Meta(ge=256, le=1 << 24)] = 4096
     WATCHDOG_TIMEOUT: Annotated[float, Meta(ge=MIN_WATCHDOG_SECONDS)] = 30.0
     HEALTH_STALL_SECONDS: Annotated[float, Meta(ge=MIN_STALL_SECONDS)] = 10.0
@@ -118,6 +122,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     DRAFT_MODEL: str = ""
 
     # Derived values, resolved against the repository root.
+    @property
+    def kv_bits(self) -> int | None:
+        """Bits per stored key and value, or None for the model's own precision."""
+        return None if self.KV_BITS == "off" else int(self.KV_BITS)
+
     @property
     def run_dir(self) -> Path:
         return _resolve(self.RUN_DIR)
@@ -226,6 +235,8 @@ HINTS = {
     "PREFILL_TOKENS_PER_STEP": "an integer >= 16",
     "PROMPT_CACHE_BYTES": "an integer of bytes (0 turns the prefix cache off, -1 sizes it from memory)",
     "KV_MEMORY_BYTES": "an integer of bytes (0: no limit, -1 sizes it from memory)",
+    "KV_BITS": "one of off, 8, 4 (bits per stored key and value)",
+    "KV_GROUP_SIZE": "one of 32, 64, 128 (keys and values sharing one scale and bias)",
     "MAX_LIVE_BUFFERS": "an integer >= 0 (0: no cap; keep it well below Metal's limit of about 499000)",
     "PLAN_BUFFER_BYTES": "an integer of bytes from 256 to 16777216",
     "MAX_FRAME_BYTES": f"an integer of bytes >= {MIN_FRAME_BYTES} (the engine's own answers take a few KB)",
