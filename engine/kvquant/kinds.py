@@ -26,10 +26,12 @@ class KVQuantRefused(Exception):
 
 
 def _args(model: Any) -> Any:
-    """The model's config arguments (a wrapper's language model's, for multimodal classes)."""
+    """The model's config arguments that describe its attention (a wrapper's language model's, for multimodal
+    classes such as Qwen3.5's)."""
     for holder in (model, getattr(model, "language_model", None)):
-        if holder is not None and getattr(holder, "args", None) is not None:
-            return holder.args
+        args = getattr(holder, "args", None)
+        if any(getattr(args, name, None) for name in ("head_dim", "hidden_size", "kv_lora_rank")):
+            return args
     return None
 
 
