@@ -59,6 +59,23 @@ class QuantizedLatent(_BaseCache):
     def __init__(self, group_size: int = 64, bits: int = 8):
         self.inner = QuantizedKV(group_size=group_size, bits=bits)
 
+    # keys and values as a pipeline stage's forward pass reaches them (mx.depends on the last layer's keys)
+    @property
+    def keys(self):
+        return self.inner.keys
+
+    @keys.setter
+    def keys(self, v):
+        self.inner.keys = v
+
+    @property
+    def values(self):
+        return self.inner.values
+
+    @values.setter
+    def values(self, v):
+        self.inner.values = v
+
     @property
     def step(self) -> int:
         return self.inner.step

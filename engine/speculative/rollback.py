@@ -88,7 +88,7 @@ def _drop_common_padding(layers: list) -> None:
 
 def _each(stored, fn):
     """fn applied to a cache's keys or values: one array, or a quantized cache's (packed, scales, biases)."""
-    return tuple(fn(a) for a in stored) if isinstance(stored, tuple) else fn(stored)
+    return tuple(fn(a) for a in stored) if isinstance(stored, tuple | list) else fn(stored)
 
 
 def _flat(layers) -> list:

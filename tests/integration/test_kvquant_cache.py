@@ -153,3 +153,42 @@ def test_eight_and_four_bits_store_about_half_and_a_quarter_of_float16_scales_co
     c.update_and_fetch(k, k)
     ratio = c.nbytes / (2 * k.nbytes)
     assert ratio == pytest.approx({8: 0.53125, 4: 0.28125}[bits])
+
+
+def _tiny_deepseek():
+    """MLA as DeepSeek V3 has it (its latent and rotary key as long as a group allows), one dense and one MoE layer."""
+    from mlx_lm.models import deepseek_v3
+
+    args = deepseek_v3.ModelArgs(vocab_size=97, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                 n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, kv_lora_rank=64,
+                                 q_lora_rank=32, qk_rope_head_dim=32, v_head_dim=32, qk_nope_head_dim=32,
+                                 first_k_dense_replace=1)
+    mx.random.seed(4)
+    model = deepseek_v3.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_mla_keeps_its_latent_quantized_and_decodes_as_one_sequence_does_with_the_same_storage():
+    from mlx_lm.generate import BatchGenerator, generate_step
+
+    from engine.kvquant.cache import BatchQuantizedLatentCache, QuantizedLatent
+
+    model = _tiny_deepseek()
+    prompts = [[5, 9, 11, 3, 7, 2, 8], list(range(10, 40))]
+    install(model, BITS, GROUP)
+    want = [[int(t) for t, _ in islice(generate_step(mx.array(p), model, prompt_cache=model.make_cache()), 10)]
+            for p in prompts]
+    assert all(type(c) is QuantizedLatent for c in model.make_cache())
+    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=16)
+    uids = gen.insert(prompts, max_tokens=[10] * len(prompts))
+    got = {uid: [] for uid in uids}
+    while any(len(t) < 10 for t in got.values()):
+        for r in gen.next()[1]:
+            got[r.uid].append(r.token)
+    assert [got[u] for u in uids] == want
+    cache = gen._generation_batch.prompt_cache
+    assert all(type(c) is BatchQuantizedLatentCache for c in cache)
+    assert all(c.keys[0].dtype == mx.uint32 for c in cache)  # the latent is stored packed
+    assert can_verify(model)[0]

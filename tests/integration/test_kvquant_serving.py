@@ -6,6 +6,7 @@ sentence, by the engine at start and by the check `launch.sh check` and `start` 
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import openai
 import pytest
@@ -84,7 +85,14 @@ def test_greedy_tokens_and_logprobs_are_mlx_lms_with_a_quantized_cache_from_the_
     assert _logprobs(again.choices[0]) == pytest.approx(want["logprobs"], abs=1e-4)
 
 
-def test_n_choices_a_grammar_and_verified_drafts_keep_working(client, reference):
+def _spec_counts(stack) -> tuple[float, float]:
+    """(proposed, accepted) draft tokens since the engine started, from /metrics."""
+    text = urllib.request.urlopen(stack.base_url + "/metrics", timeout=30).read().decode()
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("mcs_spec_")}
+    return value["mcs_spec_proposed_tokens_total"], value["mcs_spec_accepted_tokens_total"]
+
+
+def test_n_choices_a_grammar_and_verified_drafts_keep_working(stack, client, reference):
     two = _ask(client, n=2)
     assert [c.message.content for c in two.choices] == [reference["question"]["text"]] * 2
     ask = "Write a JSON object with keys name and age for a person called Ada, aged 36."
@@ -92,8 +100,11 @@ def test_n_choices_a_grammar_and_verified_drafts_keep_working(client, reference)
                                        temperature=0, response_format={"type": "json_object"})
     assert isinstance(json.loads(r.choices[0].message.content), dict)
     # prompt lookup proposes the repeated words; the batch verifies them and rolls back the rejected ones
+    proposed, accepted = _spec_counts(stack)
     echo = _ask(client, ECHO, 40)
     assert echo.choices[0].message.content == reference["echo"]["text"]
+    more, kept = _spec_counts(stack)
+    assert kept > accepted and more - proposed > kept - accepted  # drafts kept, and some dropped from the cache
 
 
 def test_a_model_whose_kv_cannot_be_quantized_is_refused_in_one_sentence_at_check_and_at_start(monkeypatch):
