@@ -23,9 +23,9 @@ def _kv(rows: int, tokens: int, seed: int) -> tuple[mx.array, mx.array]:
     return k, v
 
 
-def _own(tokens: int, seed: int) -> QuantizedKVCache:
+def _own(tokens: int, seed: int, bits: int = BITS) -> QuantizedKVCache:
     """One sequence alone, in mlx-lm's own quantized cache."""
-    c = QuantizedKVCache(GROUP, BITS)
+    c = QuantizedKVCache(GROUP, bits)
     c.update_and_fetch(*_kv(1, tokens, seed))
     return c
 
@@ -46,10 +46,11 @@ def _feed(batch: BatchQuantizedKVCache, alone: list[QuantizedKVCache], tokens: i
         c.update_and_fetch(k[i:i + 1], v[i:i + 1])
 
 
-def test_merged_sequences_decode_into_the_rows_each_sequence_would_hold_alone():
-    alone = [_own(5, 1), _own(300, 2), _own(17, 3)]  # past one 256-token step of the buffer
+@pytest.mark.parametrize("bits", [8, 4])
+def test_merged_sequences_decode_into_the_rows_each_sequence_would_hold_alone(bits):
+    alone = [_own(5, 1, bits), _own(300, 2, bits), _own(17, 3, bits)]  # past one 256-token step of the buffer
     batch = BatchQuantizedKVCache.merge([QuantizedKV.from_state(c.state) for c in alone])
-    assert batch.bits == BITS and batch.group_size == GROUP  # what mlx-lm's attention reads to go quantized
+    assert batch.bits == bits and batch.group_size == GROUP  # what mlx-lm's attention reads to go quantized
     for step in range(3):
         _feed(batch, alone, 1, 10 + step)
     for i, c in enumerate(alone):

@@ -30,20 +30,27 @@ def _folder(model: str):
     return packaged_model_path(model.removeprefix("smollm2-"), MODEL_CACHE)
 
 
-def _reference(model_name: str, group: int) -> list[str]:
-    """Each prompt's greedy text from one process, up to the end token or MAX_TOKENS."""
+def _reference(model_name: str, group: int) -> list[dict]:
+    """Each prompt's greedy text and token logprobs from one process with mlx-lm's quantized cache, up to the end
+    token or MAX_TOKENS; checked to differ from float KV's logprobs, so an engine ignoring KV_BITS fails."""
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import generate_step
-    from mlx_lm.models.cache import QuantizedKVCache
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     model, tokenizer = load(str(_folder(model_name)))
-    out = []
-    for p in PROMPTS:
-        cache = [QuantizedKVCache(group, 8) for _ in model.layers]
-        tokens = [int(t) for t, _ in islice(generate_step(mx.array(p), model, prompt_cache=cache), MAX_TOKENS)]
+
+    def greedy(prompt, make):
+        steps = list(islice(generate_step(mx.array(prompt), model, prompt_cache=[make() for _ in model.layers]),
+                            MAX_TOKENS))
+        tokens = [int(t) for t, _ in steps]
         ends = [n for n, t in enumerate(tokens) if t in tokenizer.eos_token_ids]
-        out.append(tokenizer.decode(tokens[:ends[0]] if ends else tokens))
+        tokens = tokens[:ends[0]] if ends else tokens
+        return {"text": tokenizer.decode(tokens), "logprobs": [float(row[t]) for t, (_, row) in zip(tokens, steps)]}
+
+    out = [greedy(p, lambda: QuantizedKVCache(group, 8)) for p in PROMPTS]
+    floats = [greedy(p, KVCache) for p in PROMPTS]
+    assert any(abs(a - b) > 1e-3 for q, f in zip(out, floats) for a, b in zip(q["logprobs"], f["logprobs"]))
     del model
     mx.clear_cache()
     return out
@@ -51,7 +58,7 @@ def _reference(model_name: str, group: int) -> list[str]:
 
 def _complete(base: str, prompt: list[int]) -> dict:
     r = httpx.post(base + "/v1/completions", timeout=300, json={
-        "model": "default", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
+        "model": "default", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -72,7 +79,10 @@ def test_two_ranks_decode_what_one_process_decodes_with_a_quantized_cache(model,
     finally:
         api.stop()
         engine.stop()
-    texts = [body["choices"][0]["text"] for body in together + [again]]
-    assert texts[:3] == reference
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 and texts[3] == reference[2]
+    got = [{"text": body["choices"][0]["text"], "logprobs": body["choices"][0]["logprobs"]["token_logprobs"]}
+           for body in together + [again]]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    for answer, want in zip(got, reference + reference[2:]):
+        assert answer["text"] == want["text"]
+        assert answer["logprobs"][:len(want["logprobs"])] == pytest.approx(want["logprobs"], abs=1e-4)
     assert info is not None and info["ranks"] == 2 and info["parallel"] == parallel
