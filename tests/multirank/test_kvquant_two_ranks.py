@@ -50,7 +50,7 @@ def _reference(model_name: str, group: int) -> list[dict]:
 
     out = [greedy(p, lambda: QuantizedKVCache(group, 8)) for p in PROMPTS]
     floats = [greedy(p, KVCache) for p in PROMPTS]
-    assert any(abs(a - b) > 1e-3 for q, f in zip(out, floats) for a, b in zip(q["logprobs"], f["logprobs"]))
+    assert any(abs(a - b) > 1e-2 for q, f in zip(out, floats) for a, b in zip(q["logprobs"], f["logprobs"]))
     del model
     mx.clear_cache()
     return out
@@ -84,5 +84,7 @@ def test_two_ranks_decode_what_one_process_decodes_with_a_quantized_cache(model,
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     for answer, want in zip(got, reference + reference[2:]):
         assert answer["text"] == want["text"]
-        assert answer["logprobs"][:len(want["logprobs"])] == pytest.approx(want["logprobs"], abs=1e-4)
+        # two ranks sum their partial results in another order: a key a rounding apart can land in the next
+        # quantization step, so logprobs agree within 2e-3 (float KV's differ from these by 1e-2 and more)
+        assert answer["logprobs"][:len(want["logprobs"])] == pytest.approx(want["logprobs"], abs=2e-3)
     assert info is not None and info["ranks"] == 2 and info["parallel"] == parallel
