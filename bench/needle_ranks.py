@@ -3,8 +3,9 @@ and off: the same greedy tokens as 1 rank, the prefill's time and each rank's pe
 
 A zoo model reads the haystack (default zoo-ministral3: 262,144 positions, sliding-window and full attention
 layers, and both shard() and pipeline() on 2 ranks). Its weights are random, so "answered the same" means the same
-greedy tokens as 1 rank with the prefix cache off. A needle sentence opens the haystack and two questions follow
-it, one request each: with the cache on, the second reuses the first's haystack (its cached_tokens are shown).
+greedy tokens as 1 rank with the prefix cache off. A needle sentence opens the haystack and a question follows it;
+the second request adds a second question to the first's prompt, as an agent's next turn extends its last: with
+the cache on it reuses the first prompt (its cached_tokens are shown), with the cache off it computes it again.
 Prefill is the first request's time to its first token. Peak memory is each rank's own report (mx.get_peak_memory,
 /health's rank_states), read once the ranks have reported after the last request.
 
@@ -33,17 +34,21 @@ FILLER = "The cluster hums along; ranks exchange partial sums and nothing of not
 QUESTIONS = [" Question: what is the vault code? Answer:", " Question: where is the vault? Answer:"]
 # ranks:parallel:prefix cache; the first is the reference the others are compared with
 RUNS = "1:single:off,1:single:on,2:tensor:off,2:tensor:on,2:pipeline:off,2:pipeline:on"
-GIB = 1024 ** 3
+MIB = 1024 ** 2
 
 
 def prompts(model_path: Path, tokens: int) -> list[list[int]]:
-    """The haystack of `tokens` token ids, needle first, followed by each question."""
+    """The haystack of `tokens` token ids, needle first, then the first question; the second prompt is the first
+    followed by the second question (an agent's next turn extends its last prompt)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_path / "tokenizer.json"))
-    per = len(tok.encode(FILLER).ids)
-    haystack = tok.encode(NEEDLE + FILLER * (tokens // per + 2)).ids[:tokens]
-    return [haystack + tok.encode(q).ids for q in QUESTIONS]
+    haystack, repeats = [], tokens // len(tok.encode(FILLER).ids) + 1
+    while len(haystack) < tokens:  # repeated text tokenizes shorter than its pieces apart
+        haystack = tok.encode(NEEDLE + FILLER * repeats).ids
+        repeats *= 2
+    first = haystack[:tokens] + tok.encode(QUESTIONS[0]).ids
+    return [first, first + tok.encode(QUESTIONS[1]).ids]
 
 
 def complete(base_url: str, ids: list[int], max_tokens: int) -> dict:
@@ -84,9 +89,9 @@ def peak_memory(base_url: str, after: float, timeout: float = 30.0) -> list[int]
 
 
 def run(work: servers.Workdir, model: str, cache_dir: Path, spec: str, ids: list[list[int]], max_tokens: int,
-        watchdog: str) -> dict:
+        watchdog: str = "") -> dict:
     ranks, parallel, cache = spec.split(":")
-    settings = {"WATCHDOG_TIMEOUT": watchdog, "MAX_TOKENS_LIMIT": str(max_tokens)}
+    settings = {"WATCHDOG_TIMEOUT": watchdog} if watchdog else {}
     if cache == "off":
         settings["PROMPT_CACHE_BYTES"] = "0"
     if int(ranks) > 1:
@@ -103,9 +108,9 @@ def run(work: servers.Workdir, model: str, cache_dir: Path, spec: str, ids: list
 
 def table(rows: list[dict], model: str, tokens: int) -> str:
     reference = [a.get("text") for a in rows[0]["answers"]]
-    out = [f"## Needle at {tokens} tokens: {model}, greedy, {len(QUESTIONS)} questions after one haystack\n",
+    out = [f"## Needle at {tokens} tokens: {model}, greedy, a question, then a second one after it\n",
            "| ranks | parallel | prefix cache | same tokens as 1 rank, cache off | prefill (q1 TTFT) s | q2 TTFT s "
-           "(cached tokens) | peak memory per rank GiB | load average |",
+           "(cached tokens) | peak memory per rank MiB | load average |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ranks, parallel, cache = r["run"].split(":")
@@ -115,8 +120,8 @@ def table(rows: list[dict], model: str, tokens: int) -> str:
             continue
         q1, q2 = r["answers"]
         same = "yes" if [a["text"] for a in r["answers"]] == reference else "**no**"
-        peaks = " / ".join(f"{p / GIB:.2f}" for p in r["peak_memory"])
-        out.append(f"| {ranks} | {parallel} | {cache} | {same} | {q1['ttft_s']:.0f} | {q2['ttft_s']:.0f} "
+        peaks = " / ".join(f"{p / MIB:.0f}" for p in r["peak_memory"])
+        out.append(f"| {ranks} | {parallel} | {cache} | {same} | {q1['ttft_s']:.1f} | {q2['ttft_s']:.1f} "
                    f"({q2['cached_tokens']}) | {peaks} | {r['load_average']:.1f} |")
     return "\n".join(out)
 
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=RUNS, help="ranks:parallel:cache, comma-separated; the first is the "
                                                      "reference (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--watchdog", default="120", help="WATCHDOG_TIMEOUT of each engine, seconds")
+    parser.add_argument("--watchdog", default="", help="WATCHDOG_TIMEOUT of each engine, seconds (default: the "
+                                                        "engine's own)")
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/mlx-cluster-serve").expanduser())
     parser.add_argument("--out", type=Path, default=servers.REPO / "bench" / "results")
     parser.add_argument("--keep-logs", action="store_true")
