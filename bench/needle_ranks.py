@@ -27,6 +27,7 @@ if __package__ in (None, ""):
 import httpx  # noqa: E402
 
 from bench import cpu, servers  # noqa: E402
+from bench.needle import stream  # noqa: E402
 from bench.run import resolve_model  # noqa: E402
 
 NEEDLE = "Remember this: the vault code is 4711 and the vault is in Oslo. "
@@ -53,27 +54,13 @@ def prompts(model_path: Path, tokens: int) -> list[list[int]]:
 
 def complete(base_url: str, ids: list[int], max_tokens: int) -> dict:
     """One streamed greedy completion: its text, the time to its first token, and the prompt tokens it reused."""
-    body = {"model": "default", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0, first, text, usage = time.perf_counter(), None, "", {}
-    with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=3600) as r:
-        if r.status_code != 200:
-            r.read()
-            return {"error": f"{r.status_code}: {r.text[:300]}"}
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                return {"error": chunk["error"].get("message", str(chunk))}
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or ():
-                if choice.get("text") and first is None:
-                    first = time.perf_counter()
-                text += choice.get("text") or ""
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"text": text, "ttft_s": (first or time.perf_counter()) - t0, "prompt_tokens": usage.get("prompt_tokens"),
-            "cached_tokens": cached}
+    body = {"model": "default", "prompt": ids, "max_tokens": max_tokens, "temperature": 0}
+    out = stream(base_url + "/v1/completions", body, lambda choice: choice.get("text"))
+    if "error" in out:
+        return out
+    usage = out["usage"]
+    return {"text": out["text"], "ttft_s": out["ttft_s"] or out["total_s"], "prompt_tokens": usage.get("prompt_tokens"),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
 
 
 def peak_memory(base_url: str, after: float, timeout: float = 30.0) -> list[int]:
@@ -150,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         work.finish(args.keep_logs)
     print(table(rows, model_name, args.tokens))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-needle-ranks-{args.tokens}.json"
-    path.write_text(json.dumps(rows, indent=1))
-    print(f"\nResults: {servers.shown(path)}")
+    servers.save(args.out, f"needle-ranks-{args.tokens}", rows)
     return 0
 
 
