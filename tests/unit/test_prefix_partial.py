@@ -97,3 +97,12 @@ def test_another_tenant_does_not_start_from_it():
     submit(sched, "b", PROMPT, tenant="key-2")
     (other,) = sched.next_plan(0, 0).inserts
     assert other.cache_id == 0
+
+
+def test_it_is_held_bytes_within_the_budget_like_any_entry():
+    sched = make(budget=3500)  # a byte per token: room for one of the two
+    cancel_mid_prefill(sched, "a", fed=3000, tenant="key-1")
+    cancel_mid_prefill(sched, "b", fed=2000, tenant="key-2")
+    (entry,) = sched.prefix.entries.values()
+    assert entry.tenant == "key-2" and entry.length == 2000  # the least recently used went
+    assert sched.prefix.take_evictions() == [1]
