@@ -30,7 +30,8 @@ def stack(tmp_path_factory):
     keys.write_text(f"{KEY}\n{COLD_KEY}\n")
     admin = keys.with_name("admin.txt")  # /metrics, where the test watches the prefill go
     admin.write_text(f"{ADMIN}\n")
-    s = Stack(extra={"API_KEYS_FILE": str(keys), "ADMIN_API_KEYS_FILE": str(admin), "PREFILL_TOKENS_PER_STEP": str(CHUNK)})
+    s = Stack(extra={"API_KEYS_FILE": str(keys), "ADMIN_API_KEYS_FILE": str(admin),
+                     "PREFILL_TOKENS_PER_STEP": str(CHUNK)})
     engine, api = s.start_engine(), s.start_api()
     yield s
     api.stop()
