@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -62,10 +63,21 @@ def haystack(tokenizer, length: int, depth: float = 1 / 3) -> list[dict]:
 
 def ask(base_url: str, messages: list[dict], max_tokens: int) -> dict:
     """One streamed greedy chat request: the answer, its prompt tokens and the time to the first token."""
-    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+    out = stream(base_url + "/v1/chat/completions", body, lambda choice: (choice.get("delta") or {}).get("content"))
+    if "error" in out:
+        return out
+    usage = out["usage"]
+    return {"answer": out["text"], "found": CODE in out["text"], "prompt_tokens": usage.get("prompt_tokens"),
+            "ttft_s": out["ttft_s"], "total_s": out["total_s"]}
+
+
+def stream(url: str, body: dict, piece: Callable[[dict], str | None]) -> dict:
+    """One streamed request (with usage): its text (piece: a choice's text in this endpoint's chunks), usage, the
+    time to its first text and in all; {"error": ...} when it fails."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     t0, first, text, usage = time.perf_counter(), None, "", {}
-    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=900) as r:
+    with httpx.stream("POST", url, json=body, timeout=3600) as r:
         if r.status_code != 200:
             r.read()
             return {"error": f"{r.status_code}: {r.text[:300]}"}
@@ -77,12 +89,11 @@ def ask(base_url: str, messages: list[dict], max_tokens: int) -> dict:
                 return {"error": chunk["error"].get("message", str(chunk))}
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and first is None:
+                if (text_piece := piece(choice) or "") and first is None:
                     first = time.perf_counter()
-                text += piece
-    return {"answer": text, "found": CODE in text, "prompt_tokens": usage.get("prompt_tokens"),
-            "ttft_s": (first - t0) if first else None, "total_s": time.perf_counter() - t0}
+                text += text_piece
+    return {"text": text, "usage": usage, "ttft_s": (first - t0) if first else None,
+            "total_s": time.perf_counter() - t0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         answer = r["answer"].strip().replace("\n", " ").replace("|", "\\|")
         print(f"| {r['ranks']} | {r['prompt_tokens']} | {'yes' if r['found'] else '**no**'} | {ttft} | "
               f"{r['load_average']:.1f} | {answer} |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-needle-{Path(model_name).name}.json"
-    path.write_text(json.dumps(rows, indent=1))
-    print(f"\nResults: {servers.shown(path)}")
+    servers.save(args.out, f"needle-{Path(model_name).name}", rows)
     return 0
 
 

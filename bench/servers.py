@@ -133,6 +133,15 @@ def shown(path: Path) -> Path:
     return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 
+def save(out: Path, name: str, doc) -> Path:
+    """A run's results as out/<time>-<name>.json, said where on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"\nResults: {shown(path)}")
+    return path
+
+
 def start_ours(work: Workdir, model: str, cache_dir: Path, ranks: int, timeout: float = 300.0,
                **settings: str) -> Server:
     """Our engine (1 rank directly, N ranks through mlx.launch) and our API, ready when /health is 200."""

@@ -155,7 +155,8 @@ class Leader(StepLoop):
         if plan.stores or plan.evicts:
             # what the ranks now hold, measured on this rank's shard; over budget, the LRU go next plan
             prefix = self.batch.prefix
-            self.scheduler.prefix.applied(prefix.sizes(), arrays=prefix.arrays, batch_arrays=self.batch.batch_arrays())
+            self.scheduler.prefix.applied(prefix.sizes(), arrays=prefix.arrays, batch_arrays=self.batch.batch_arrays(),
+                                          lengths=prefix.lengths)
         if plan.report:
             self.watchdog.beat(f"gathering rank reports at step {plan.step}")
             self.reports.update(self.channel.gather(local_row(plan.step, self.batch.prefix.nbytes())))

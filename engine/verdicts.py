@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from config import Settings
 
-VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN = 0, 3, 4
+# WARNED: it runs, but not as asked (the text says how, and the fix)
+VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN, VERDICT_WARNED = 0, 3, 4, 5
 
 
 def answer(verdict: Callable[[Settings], tuple[int, str]]) -> int:

@@ -24,7 +24,7 @@ from ops.kvquant_check import kv_quant_refusal
 from ops.parallel_check import parallel_verdict
 from ops.rank0_ports import listening
 from ops.remote import rsync, ssh
-from ops.speculative_check import speculative_refusal
+from ops.speculative_check import speculative_verdict
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 PROBE = Path(__file__).resolve().parent / "hostprobe.py"
@@ -228,7 +228,7 @@ def judge(hosts: list[Host], settings: Settings, environ: Mapping[str, str] = os
 
 
 def render(hosts: list[Host], settings: Settings, global_faults: list[str],
-           model_faults: list[str] | None = None, parallel: str = "") -> str:
+           model_faults: list[str] | None = None, parallel: str = "", warnings: list[str] | None = None) -> str:
     head = ("host", "ranks", "python", "mlx", "mlx-lm", "model", "verdict")
     rows = []
     for h in hosts:
@@ -245,6 +245,9 @@ def render(hosts: list[Host], settings: Settings, global_faults: list[str],
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
     faults = ([(h.name, x) for h in hosts for x in h.faults] + [("hostfile", x) for x in global_faults]
               + [("model", x) for x in model_faults or []])
+    if warnings:  # it serves, but not as configured: said, never failed
+        lines.append("")
+        lines += [f"WARN model: {text}" for text in warnings]
     if faults:
         lines.append("")
         lines += [f"FAULT {name}: {text}" for name, text in faults]
@@ -265,13 +268,14 @@ def check(settings: Settings) -> int:
         global_faults += faults
         # the ranks together: can they run MODEL at all as PARALLEL says (asked here: mlx-lm decides alike anywhere)
         parallel = pool.submit(parallel_verdict, settings, ranks)
-        speculation = pool.submit(speculative_refusal, settings)
+        speculation = pool.submit(speculative_verdict, settings)
         quantization = pool.submit(kv_quant_refusal, settings)
         list(pool.map(lambda h: probe_host(h, settings, reach), hosts))
     judge(hosts, settings)
     refusal, mode = parallel.result()
-    model_faults = [why for why in (refusal, speculation.result(), quantization.result()) if why is not None]
-    print(render(hosts, settings, global_faults, model_faults, mode))
+    spec_refusal, spec_warning = speculation.result()
+    model_faults = [why for why in (refusal, spec_refusal, quantization.result()) if why is not None]
+    print(render(hosts, settings, global_faults, model_faults, mode, [spec_warning] if spec_warning else None))
     return 1 if global_faults or model_faults or any(h.faults for h in hosts) or not hosts else 0
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from config import REPO_ROOT
 
 REFUSED = 3  # engine.sharding.VERDICT_REFUSED and engine.speculative.preflight.VERDICT_REFUSED
+WARNED = 5  # engine.verdicts.VERDICT_WARNED: it runs, but not as asked
 
 
 def child_verdict(args: list[str], timeout: float, env: Mapping[str, str] | None = None) -> tuple[int | None, str]:

@@ -216,7 +216,8 @@ class LockstepBatch:
                 for uid, rid in zip(uids, kept):
                     if rid in removed_stores and uid in caches:
                         cache, tokens = caches[uid]
-                        self.prefix.put(removed_stores[rid].entry, cache, removed_stores[rid].length, len(tokens))
+                        st = removed_stores[rid]
+                        self.prefix.put(st.entry, cache, st.keeps(len(tokens)), len(tokens))
             for uid in uids:
                 self.rid_of.pop(uid, None)
             self.prompt_logprobs.forget(uids)
@@ -262,7 +263,7 @@ class LockstepBatch:
                 self.prefix.put(st.entry, held, st.length, st.length)
             elif st.rid in ended:
                 cache, fed = ended.pop(st.rid)
-                self.prefix.put(st.entry, cache, st.length, fed)
+                self.prefix.put(st.entry, cache, st.keeps(fed), fed)
             elif st.rid in gone:
                 removed.setdefault(st.rid, st)
             elif st.rid in self.uid_of:
@@ -278,7 +279,7 @@ class LockstepBatch:
             return
         if uid in caches:
             cache, tokens = caches[uid]
-            self.prefix.put(st.entry, cache, st.length, len(tokens))
+            self.prefix.put(st.entry, cache, st.keeps(len(tokens)), len(tokens))
 
     def _insert(self, inserts) -> None:
         """Insert what can be built; a request whose sampler or grammar cannot be made fails alone."""

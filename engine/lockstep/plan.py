@@ -62,11 +62,20 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
 class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """Keep the KV of the first `length` tokens of a sequence as entry `entry`: one that ended (or is removed by
-    this plan), or one running, from its prompt's end when that is what `length` covers."""
+    this plan, mid-prefill too: `least`), or one running, from its prompt's end when that is what `length` covers."""
 
     rid: str
     entry: int
     length: int
+    # not 0: a sequence removed while its prompt was being prefilled; keep every token it has fed, up to `length`,
+    # where that is at least `least` (every rank fed the same: rank 0 reads the length kept once it has applied it)
+    least: int = 0
+
+    def keeps(self, fed: int) -> int:
+        """Tokens to keep of a sequence that has fed `fed` (0: none)."""
+        if not self.least:
+            return self.length
+        return min(fed, self.length) if fed >= self.least else 0
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

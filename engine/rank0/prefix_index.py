@@ -30,6 +30,10 @@ _WIDTH = array("I").itemsize
 # A waiting prompt that shares this many more tokens with a prompt being prefilled than with any entry
 # waits for that prefill and starts from its KV, instead of computing the same tokens alongside it.
 SHARE_MIN_TOKENS = 256
+# A sequence removed mid-prefill (its client gone or timed out) keeps the prompt tokens it fed as an entry only
+# where they are this many past what it reused: a retry computes fewer in well under a second even on a large
+# model, and such an entry would only take budget (on a model whose entries cannot be cut, a whole state) from others.
+PARTIAL_MIN_TOKENS = 256
 
 
 def prompt_cache_budget(setting: int, ranks: Sequence[Any]) -> int:
@@ -80,6 +84,18 @@ class Entry:
 
 
 @dataclass
+class Partial:
+    """An entry planned from a sequence removed mid-prefill: how many tokens every rank keeps is known once the plan
+    is applied (Store.least), so it joins the index then."""
+
+    tokens: list[int]  # the most it may cover (the prompt but its last token)
+    least: int
+    source: int
+    reused: int
+    tenant: str
+
+
+@dataclass
 class CacheStats:
     hits: int = 0
     misses: int = 0
@@ -102,6 +118,7 @@ class PrefixIndex:
         self.next_id = 1
         self.evicting: list[int] = []  # for the next plan
         self.stats = CacheStats()
+        self.partial: dict[int, Partial] = {}  # entry id -> planned, until the plan is applied
         self.held = 0  # bytes of the entries as of the last plan applied (read by other threads)
 
     @property
@@ -148,7 +165,7 @@ class PrefixIndex:
         self.stats.prompt_tokens += len(tokens)
 
     def add(self, tokens: list[int], source: int = 0, reused: int = 0, prompt: int = -1,
-            tenant: str = "", shared: bool = False) -> int | None:
+            tenant: str = "", shared: bool = False, reserved: int = 0) -> int | None:
         """A new entry for a sequence's tokens (its KV stored by the next plan); None when not worth keeping.
 
         `prompt` of the tokens were the sequence's prompt (all of them by default). Entries whose tokens are a
@@ -159,7 +176,8 @@ class PrefixIndex:
         generated (a conversation's next turn, whose last answer came back as text and tokenised
         differently). A sequence that parts earlier is a sibling (another conversation on the same system
         prompt, a regenerated answer): both stay, and LRU and the byte budget choose between them. Only the
-        tenant's own entries are compared: another tenant's never make one redundant."""
+        tenant's own entries are compared: another tenant's never make one redundant. `reserved`: the id reserve()
+        gave an entry the ranks already hold."""
         if len(tokens) < MIN_REUSE_TOKENS:
             return None
         key = token_bytes(tokens)
@@ -178,18 +196,29 @@ class PrefixIndex:
             elif entry.tokens.startswith(key) and (entry.tokens == key or self.cuts.can_cut(entry.length)):
                 self.entries.move_to_end(entry_id)
                 return None  # an entry already covers it
-        entry_id = self.next_id
-        self.next_id += 1
+        entry_id = reserved  # an id given out by reserve(), or a new one
+        if not entry_id:
+            entry_id = self.next_id
+            self.next_id += 1
         self.entries[entry_id] = Entry(tokens=key, prompt=len(tokens) if prompt < 0 else min(prompt, len(tokens)),
                                        tenant=tenant, shared=shared)
         self.stats.stored += 1
         return entry_id
 
+    def reserve(self, tokens: list[int], least: int, source: int = 0, reused: int = 0, tenant: str = "") -> int:
+        """An entry id for the first `least` to len(tokens) tokens of a sequence removed mid-prefill (Store.least)."""
+        entry_id = self.next_id
+        self.next_id += 1
+        self.partial[entry_id] = Partial(tokens, least, source, reused, tenant)
+        return entry_id
+
     def applied(self, sizes: dict[int, int], in_use: set[int] = frozenset(), arrays: dict[int, int] | None = None,
-                batch_arrays: int = 0) -> None:
-        """After a plan: the bytes (and arrays) of each entry rank 0 holds, and the arrays its batch holds. Entries
-        the ranks did not keep are forgotten; then the least recently used go until the rest fits the budget and,
-        next to the batch, MAX_LIVE_BUFFERS (not those in_use by this plan)."""
+                batch_arrays: int = 0, lengths: dict[int, int] | None = None) -> None:
+        """After a plan: the bytes (and arrays) of each entry rank 0 holds, the tokens it covers (lengths: needed
+        for the entries reserved mid-prefill), and the arrays its batch holds. Entries the ranks did not keep are
+        forgotten; then the least recently used go until the rest fits the budget and, next to the batch,
+        MAX_LIVE_BUFFERS (not those in_use by this plan)."""
+        self._settle_partial(sizes, lengths or {})
         for entry_id in [i for i in self.entries if i not in sizes]:
             del self.entries[entry_id]
         for entry_id, nbytes in sizes.items():
@@ -199,6 +228,17 @@ class PrefixIndex:
         self.fit(self.budget, in_use, max(0, self.max_arrays - batch_arrays) if self.max_arrays else None)
         self.held = self.nbytes
         self.live_arrays = batch_arrays + sum(e.arrays for e in self.entries.values())
+
+    def _settle_partial(self, sizes: dict[int, int], lengths: dict[int, int]) -> None:
+        """The entries reserved mid-prefill join the index with the tokens every rank kept; one the index does not
+        want (another entry covers it) is evicted from the ranks by the next plan."""
+        partial, self.partial = self.partial, {}
+        for entry_id, p in partial.items():
+            n = lengths.get(entry_id, 0) if entry_id in sizes else 0
+            if not n:
+                continue  # it had fed too few: no rank kept it
+            if self.add(p.tokens[:n], p.source, p.reused, tenant=p.tenant, reserved=entry_id) is None:
+                self.evicting.append(entry_id)
 
     def fit(self, budget: int, in_use: set[int] = frozenset(), max_arrays: int | None = None) -> int:
         """Evict least recently used entries until they fit budget bytes (and max_arrays arrays, when given);

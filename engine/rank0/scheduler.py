@@ -19,7 +19,7 @@ from engine.rank0 import errors
 from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
 from engine.rank0.prompt_logprobs import ENTRIES_PER_EVENT, entries, first_entry
-from engine.rank0.prefix_index import SHARE_MIN_TOKENS, PrefixIndex, common_prefix
+from engine.rank0.prefix_index import PARTIAL_MIN_TOKENS, SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
 from engine.rank0.requests import Counters, Request, append_logprobs
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
@@ -179,6 +179,7 @@ class Scheduler:
             return False
         # entries whose store no plan has applied yet are not measured: count them at their estimate
         pending = sum(self.kv.sequence(e.length, 0) for e in self.prefix.entries.values() if not e.nbytes)
+        pending += sum(self.kv.sequence(len(p.tokens), 0) for p in self.prefix.partial.values())
         if self.prefix.nbytes > room - pending:
             self.prefix.fit(max(0, room - pending))
         return self.prefix.nbytes + pending <= room
@@ -191,6 +192,12 @@ class Scheduler:
             return False  # it reuses nothing
         limit = len(req.insert.tokens) - 1
         _, cached = self.prefix.best(req.key, limit, req.tenant)
+        for p in self.prefix.partial.values():
+            # a prefill this plan removes (its client gone): kept as an entry once applied, which a retry of it starts
+            # from (its length is known then: the wait is one plan)
+            common = min(common_prefix(token_bytes(p.tokens), req.key), limit)
+            if p.tenant == req.tenant and common >= p.least and common - cached >= SHARE_MIN_TOKENS:
+                return True
         for other in self.running.values():
             if other.insert.keep and not other.sampled and not other.done and other.tenant == req.tenant:
                 # what its prompt's entry could give req (of a model whose entries cannot be cut: all or nothing)
@@ -239,7 +246,10 @@ class Scheduler:
     def _keep(self, req: Request) -> None:
         """Plan to store the KV of a sequence that ends, as a prefix cache entry: the prompt and all but the last
         sampled token where the entry can be cut to that, else every token it fed (the last sampled included)."""
-        if not req.insert.keep or not req.sampled:
+        if not req.insert.keep:
+            return
+        if not req.sampled:
+            self._keep_fed(req)
             return
         fed = req.insert.tokens + req.sampled
         tokens = fed[:-1] if self.prefix.cuts.can_cut(len(fed)) else fed
@@ -248,6 +258,20 @@ class Scheduler:
         entry = self.prefix.add(tokens, *source, len(req.insert.tokens), req.tenant)
         if entry is not None:
             self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
+
+    def _keep_fed(self, req: Request) -> None:
+        """Plan to store what a sequence removed mid-prefill (its client gone, timed out) has fed of its prompt, so
+        that a retry computes only the rest: every rank keeps the same tokens, so an entry of exactly them is valid for
+        every cache kind (a linear-attention or sliding-window state included), and rank 0 learns how many once the
+        plan is applied (PrefixIndex.reserve)."""
+        ins = req.insert
+        most = len(ins.tokens) - 1  # a prefill never feeds the prompt's last token: it starts the generation
+        least = ins.cache_len + PARTIAL_MIN_TOKENS
+        if least > most:
+            return
+        source = (0, 0) if ins.keep_prompt else (ins.cache_id, ins.cache_len)
+        entry = self.prefix.reserve(ins.tokens[:most], least, *source, tenant=req.tenant)
+        self.stores.append(Store(rid=req.rid, entry=entry, length=most, least=least))
 
     def absorb(self, results: StepResults) -> None:
         """Turn one step's sampled tokens into client events."""

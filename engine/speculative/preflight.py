@@ -1,7 +1,9 @@
 """Can SPECULATIVE run with these models? Asked by `launch.sh check` and before `launch.sh start`, in a child
 process (ops never imports MLX), with the same answers the engine applies when it builds rank 0's proposer: a
 draft model of another tokenizer, a model without multi-token-prediction heads. Only tokenizers and configs are
-read, no weights. Prints one JSON line {"verdict", "text"} and exits with the verdict.
+read, no weights. A model whose caches cannot roll back a draft (a sliding window, linear attention) is warned of:
+it serves, decoding plainly, as its engine log says at start. Prints one JSON line {"verdict", "text"} and exits
+with the verdict.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import msgspec
 
 from config import Settings
 
-from engine.verdicts import VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN, answer
+from engine.verdicts import VERDICT_OK, VERDICT_REFUSED, VERDICT_UNKNOWN, VERDICT_WARNED, answer
 
 
 def verdict(settings: Settings) -> tuple[int, str]:
     mode = settings.SPECULATIVE
-    if mode in ("off", "ngram"):
-        return VERDICT_OK, mode  # prompt lookup needs nothing of the model
+    if mode == "off":
+        return VERDICT_OK, mode
     from engine.mlx_compat import local_model_path
     from engine.model import ModelError, resolve
 
@@ -27,6 +29,17 @@ def verdict(settings: Settings) -> tuple[int, str]:
         target = local_model_path(str(resolve(settings)), download=False)
     except (ModelError, OSError, ValueError) as exc:
         return VERDICT_UNKNOWN, f"SPECULATIVE={mode} cannot be checked here: {exc}"
+    code, text = (VERDICT_OK, mode) if mode == "ngram" else _proposer(settings, target)  # prompt lookup needs no model
+    if code != VERDICT_OK:
+        return code, text
+    return _decodes_plainly(settings, target) or (code, text)
+
+
+def _proposer(settings: Settings, target) -> tuple[int, str]:
+    """Whether the proposer SPECULATIVE names can be built for this model (draft, mtp)."""
+    from engine.model import ModelError, resolve
+
+    mode = settings.SPECULATIVE
     draft = None
     if mode == "draft":
         try:  # resolve's sentences name the setting it read: here, DRAFT_MODEL
@@ -43,6 +56,25 @@ def verdict(settings: Settings) -> tuple[int, str]:
         return VERDICT_UNKNOWN, "SPECULATIVE=mtp: whether this model has usable MTP heads is told when it loads"
     why = refusal(target)
     return (VERDICT_REFUSED, why) if why else (VERDICT_OK, mode)
+
+
+def _decodes_plainly(settings: Settings, target) -> tuple[int, str] | None:
+    """The warning when the model's caches cannot roll back a rejected draft, asked of the model built lazily (no
+    weight is read) as the engine asks it at start (engine.speculative.choose.cannot_verify); None when they can."""
+    from engine.model import ModelError, remote_code
+    from engine.pipeline_llama import load_model
+    from engine.speculative.choose import cannot_verify
+
+    try:
+        model, _ = load_model(target, lazy=True, strict=False, **remote_code(settings))
+    except (ModelError, OSError, ValueError, KeyError):
+        return None  # the parallel verdict and the engine's load say what is wrong with the model
+    why = cannot_verify(model)
+    if why is None:
+        return None
+    mode = settings.SPECULATIVE
+    return VERDICT_WARNED, (f"SPECULATIVE={mode}: MODEL={settings.MODEL} decodes plainly, without speculation, since "
+                            f"{why}; set SPECULATIVE=off")
 
 
 def _module(mode: str):

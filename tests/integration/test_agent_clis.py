@@ -1,7 +1,10 @@
 """The coding-agent CLIs themselves, headless, against the real engine and API on the demo model.
 
-Claude Code speaks /v1/messages, Codex CLI /v1/responses; both send agent-sized requests (a long
-system prompt and a dozen tool schemas: ~40k tokens of the demo tokenizer for Claude Code). The CLIs
+Claude Code speaks /v1/messages, Codex CLI /v1/responses; both send agent requests (a long system prompt
+and tool schemas). Claude Code is given three of its tools (CLAUDE_TOOLS): all 24 make a ~40k-token prompt
+of the demo tokenizer whose prefill takes minutes on a CPU (its request timed out at 300 s, twice, on a
+loaded host); every one of its 24 schemas is compiled in every tool-call format by
+test_agent_tool_grammars.py, and bench/agent_replay.py replays the full-size turns. The CLIs
 come from the npm registry at the versions tests/agents/package.json pins: .ci/run installs them,
 and these tests install them when npm is present and they are missing.
 """
@@ -28,6 +31,7 @@ CLI_TIMEOUT = 900.0
 # Code asks to continue a cut answer, which also takes it through the prefix cache. (Codex CLI has no
 # such setting, and it fails on a response cut by the server's limit, so its turn runs to the end.)
 OUTPUT_TOKENS = 64
+CLAUDE_TOOLS = "Bash,Read,Edit"  # a ~7k-token request: the shape of the full one at a sixth of its length
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +91,12 @@ def test_claude_code_prints_the_models_answer(clis, stack, model, tmp_path):
     # which says whether the turn succeeded and how many tokens the model produced, whatever they were.
     env = _agent_env(tmp_path, ANTHROPIC_BASE_URL=stack.base_url, ANTHROPIC_AUTH_TOKEN="unused",
                      CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(OUTPUT_TOKENS),
+                     # one attempt, bounded by our own timeout: its default 300 s then a retry from scratch
+                     API_TIMEOUT_MS=str(int(CLI_TIMEOUT * 1000)),
                      DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
     before = _log_sizes(stack)
-    r = _run([str(clis / "claude"), "-p", "Say hello in one word.", "--model", model, "--output-format", "json"],
-             env, tmp_path)
+    r = _run([str(clis / "claude"), "-p", "Say hello in one word.", "--model", model, "--output-format", "json",
+              "--tools", CLAUDE_TOOLS], env, tmp_path)
     try:
         result = json.loads(r.stdout)
     except ValueError:

@@ -26,9 +26,15 @@ def test_check_names_a_draft_model_that_is_not_there(env):  # noqa: F811
     assert f"FAULT model: DRAFT_MODEL='{missing}': no config.json" in r.stdout
 
 
-def test_check_passes_with_ngram(env):  # noqa: F811
-    r = launch(env, "check", HOSTS="127.0.0.1", SPECULATIVE="ngram")
+def test_check_warns_that_a_sliding_window_model_decodes_plainly_and_passes(env):  # noqa: F811
+    # gpt-oss's sliding-window layers cannot roll back a draft: it serves, decoding plainly (a plain model's check
+    # says nothing of it: test_launch_check.test_check_passes_on_local_hosts)
+    r = launch(env, "check", HOSTS="127.0.0.1", SPECULATIVE="ngram", MODEL="zoo-gpt-oss")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert ("WARN model: SPECULATIVE=ngram: MODEL=zoo-gpt-oss decodes plainly, without speculation, since a "
+            "sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts; set SPECULATIVE=off"
+            in r.stdout), r.stdout
+    assert "preflight passed" in r.stdout
 
 
 def settings(**kw):
@@ -40,6 +46,13 @@ def test_a_draft_of_another_tokenizer_is_refused_and_one_of_the_same_passes(demo
     code, text = preflight.verdict(settings(MODEL="demo-small", SPECULATIVE="draft", DRAFT_MODEL="demo-tiny"))
     assert code == preflight.VERDICT_REFUSED and "their tokenizers differ" in text and "1024 tokens against 4096" in text
     assert preflight.verdict(settings(SPECULATIVE="draft", DRAFT_MODEL="demo-tiny")) == (preflight.VERDICT_OK, "draft")
+
+
+def test_linear_attention_decodes_plainly_whichever_proposer():
+    # Qwen3-Next's linear-attention state folds every token in: a draft proposer that could be built still warns
+    code, text = preflight.verdict(settings(MODEL="zoo-qwen3-next", SPECULATIVE="draft", DRAFT_MODEL="zoo-qwen3-next"))
+    assert code == preflight.VERDICT_WARNED, text
+    assert text.startswith("SPECULATIVE=draft: MODEL=zoo-qwen3-next decodes plainly") and "linear-attention" in text
 
 
 def test_mtp_on_a_model_without_heads_is_refused_by_the_mtp_module(demo_tiny):
