@@ -117,5 +117,5 @@ def test_a_model_that_cannot_be_measured_says_why_and_gives_none(caplog) -> None
             raise TypeError("missing pixel_values")
 
     caplog.set_level("WARNING")
-    assert measure_or_none(NeedsImages()) is None
+    assert measure_or_none(NeedsImages()) == (None, "")
     assert "cannot measure the model's caches" in caplog.text and "missing pixel_values" in caplog.text
