@@ -1,6 +1,7 @@
 """The KV estimate of every zoo model, from its caches measured at load, against the bytes its caches really
 hold: never below them, and within 1.25x of them after a prefill of a few hundred tokens (longer than the
-32-token sliding windows), for plain KV, MLA's latent, linear-attention hybrids and sliding windows."""
+32-token sliding windows), for plain KV, MLA's latent, linear-attention hybrids and sliding windows; with KV_BITS,
+what the same caches take stored quantized."""
 
 from __future__ import annotations
 
@@ -119,3 +120,34 @@ def test_a_model_that_cannot_be_measured_says_why_and_gives_none(caplog) -> None
     caplog.set_level("WARNING")
     assert measure_or_none(NeedsImages()) == (None, "")
     assert "cannot measure the model's caches" in caplog.text and "missing pixel_values" in caplog.text
+
+
+def fall(bits: int, dtype_bytes: int) -> float:
+    """What a row of 64 keys keeps of its float size, stored in bits with groups of 64."""
+    from engine.rank0.kv_precision import row_bytes
+
+    return row_bytes(64, dtype_bytes, bits, 64) / row_bytes(64, dtype_bytes, None, 64)
+
+
+@pytest.mark.parametrize("family", ["qwen3-next", "gpt-oss", "deepseek-v3"])
+def test_every_cache_kind_measures_quantized_and_linear_attention_state_stays_float(family: str):
+    """The zoo's layer patterns with heads of 64 (engine/zoo/wide.py): full attention beside linear attention,
+    sliding windows beside full attention, MLA's latent and RoPE key; all float32."""
+    from engine.kv_measure import measure
+    from engine.zoo.wide import wide_model
+
+    model = wide_model(family)
+    full = measure(model)
+    for bits in (8, 4):
+        quantized = measure(model, bits, 64)
+        assert quantized.token_bytes == full.token_bytes * fall(bits, 4)
+        assert quantized.window_token_bytes == full.window_token_bytes * fall(bits, 4)
+        assert (quantized.window, quantized.constant_bytes) == (full.window, full.constant_bytes)
+
+
+def test_heads_narrower_than_the_group_say_why_they_cannot_be_quantized():
+    from engine.kv_measure import MeasureError, measure
+
+    with pytest.raises(MeasureError, match="rows of 16 keys and 16 values cannot be stored in 8 bits: "
+                                           "KV_GROUP_SIZE=64 must divide both"):
+        measure(loaded("llama"), 8, 64)
