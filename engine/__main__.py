@@ -174,7 +174,7 @@ def _build(settings, joined: Joined, watchdog):
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("measuring the KV cache")
     # every rank measures its own caches (a sharded model's layers meet in their collectives), and rank 0 learns all
-    memory, kv_dtype = measure_or_none(joined.loaded.model, settings.kv_bits, settings.KV_GROUP_SIZE)
+    memory, kv_dtype = measure_or_none(joined.loaded.model)
     watchdog.beat("gathering the KV measurements")  # its own deadline: a slow peer's first passes are not a dead one
     kv_rows = channel.gather([1, *memory.row()] if memory is not None else [0] * 9)
     # which prefix cache entries may be cut: the same rule on every rank, though pipeline ranks hold other layers

@@ -11,10 +11,8 @@ so the buffers are exactly as long as the tokens they hold, and the difference i
 not a buffer jump. Every rank runs the same forward passes (a sharded model's layers meet in their
 collectives), then drops the cache and MLX's buffer cache again.
 
-With KV_BITS set, each layer's bytes are what it holds quantized: a KVCache converted by mlx-lm's own
-to_quantized (packed integers, scales and biases, as the batch stores them), another kind's keys and values
-through mx.quantize; linear attention's state stays in float. Nothing of the conversion is evaluated: an
-array's nbytes follows from its shape.
+With KV_BITS set, the caches the model builds are already the quantized ones (engine/kvquant installs them at
+load), so what is read is what they hold: packed integers, scales and biases; linear attention's state in float.
 """
 
 from __future__ import annotations
@@ -24,39 +22,35 @@ import time
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import CacheList, RotatingKVCache, make_prompt_cache
 
 from engine.rank0.kv_budget import KVMemory
-from engine.rank0.kv_precision import label
 
 log = logging.getLogger(__name__)
 
 # prompt lengths of the two prefills: short (fast on any model), and within any sliding window seen
 FIRST, SECOND = 4, 12
-# what _prefill reads of each layer: its kind, its window (sliding-window layers, else 0) and its bytes
-Layer = tuple[str, int, int]
 
 
 class MeasureError(Exception):
     """The model's caches could not be measured; the message says why."""
 
 
-def measure(model: Any, bits: int | None = None, group_size: int = 64) -> KVMemory:
-    """This rank's KVMemory of model, its keys and values stored in bits (None: as the model computes them);
-    raises MeasureError."""
-    return measure_kv(model, bits, group_size)[0]
+def measure(model: Any) -> KVMemory:
+    """This rank's KVMemory of model; raises MeasureError."""
+    return measure_kv(model)[0]
 
 
-def measure_kv(model: Any, bits: int | None = None, group_size: int = 64) -> tuple[KVMemory, str]:
-    """measure(), and the float type the model's keys and values come in ("" where no layer holds any)."""
+def measure_kv(model: Any) -> tuple[KVMemory, str]:
+    """measure(), and the float type the model computes its keys and values in ("" where no layer keeps any)."""
     try:
-        before, after, dtype = _two_prefills(model, bits, group_size)
+        before, after, dtype = _two_prefills(model)
     finally:
         mx.clear_cache()  # every array of the measurement is gone with _two_prefills' frame
     return classify(before, after), dtype
 
 
-def _two_prefills(model: Any, bits: int | None, group_size: int) -> tuple[list[Layer], list[Layer], str]:
+def _two_prefills(model: Any) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]], str]:
     try:
         cache = make_prompt_cache(model)
     except Exception as exc:  # any model class's own make_cache: its failure only means "not measurable"
@@ -64,10 +58,20 @@ def _two_prefills(model: Any, bits: int | None, group_size: int) -> tuple[list[L
     for layer in _leaves(cache):
         if hasattr(layer, "step"):
             layer.step = 1  # buffers exactly as long as their tokens
-    first = _prefill(model, cache, range(1, FIRST + 1), bits, group_size)
-    second = _prefill(model, cache, range(FIRST + 1, SECOND + 1), bits, group_size)
-    dtype = next((str(c.keys.dtype) for c in _leaves(cache) if getattr(c, "keys", None) is not None), "")
-    return first, second, dtype
+    try:
+        first = _prefill(model, cache, range(1, FIRST + 1))
+        second = _prefill(model, cache, range(FIRST + 1, SECOND + 1))
+    except Exception as exc:  # a model that needs more than token ids (images, extra inputs)
+        raise MeasureError(f"a {SECOND}-token prefill failed: {exc!r}") from exc
+    return first, second, next(filter(None, map(_dtype, _leaves(cache))), "")
+
+
+def _dtype(layer: Any) -> str:
+    """The float type of a layer's keys: the array's own, or a quantized tuple's scales' (packed, scales, biases)."""
+    keys = getattr(layer, "keys", None)
+    if isinstance(keys, tuple):
+        keys = keys[1]
+    return str(keys.dtype) if keys is not None else ""
 
 
 def classify(layers: list[tuple[str, int, int]], later: list[tuple[str, int, int]]) -> KVMemory:
@@ -88,31 +92,10 @@ def classify(layers: list[tuple[str, int, int]], later: list[tuple[str, int, int
     return KVMemory(growing, capped, window, constant)
 
 
-def _prefill(model: Any, cache: list[Any], ids: range, bits: int | None, group_size: int) -> list[Layer]:
-    try:
-        mx.eval(model(mx.array([list(ids)]), cache=cache))
-    except Exception as exc:  # a model that needs more than token ids (images, extra inputs)
-        raise MeasureError(f"a {SECOND}-token prefill failed: {exc!r}") from exc
-    return [(type(c).__name__, getattr(c, "max_size", 0) if isinstance(c, RotatingKVCache) else 0,
-             stored_nbytes(c, bits, group_size)) for c in cache]
-
-
-def stored_nbytes(cache: Any, bits: int | None, group_size: int) -> int:
-    """The bytes one layer's cache holds with its keys and values stored in bits (None: as they are)."""
-    if isinstance(cache, CacheList):
-        return sum(stored_nbytes(c, bits, group_size) for c in cache.caches)
-    if bits is None or getattr(cache, "keys", None) is None:  # as computed, or a state without keys (ArraysCache)
-        return cache.nbytes
-    try:
-        if isinstance(cache, KVCache):
-            return cache.to_quantized(group_size, bits).nbytes
-        # a kind mlx-lm cannot convert (RotatingKVCache): its keys and values as mx.quantize stores them
-        return sum(a.nbytes for x in (cache.keys, cache.values)
-                   for a in mx.quantize(x, group_size=group_size, bits=bits))
-    except ValueError as exc:  # rows mx.quantize cannot split into groups
-        raise MeasureError(f"a {type(cache).__name__} layer's rows of {cache.keys.shape[-1]} keys and "
-                           f"{cache.values.shape[-1]} values cannot be stored in {bits} bits: KV_GROUP_SIZE="
-                           f"{group_size} must divide both") from exc
+def _prefill(model: Any, cache: list[Any], ids: range) -> list[tuple[str, int, int]]:
+    mx.eval(model(mx.array([list(ids)]), cache=cache))
+    return [(type(c).__name__, getattr(c, "max_size", 0) if isinstance(c, RotatingKVCache) else 0, c.nbytes)
+            for c in cache]
 
 
 def _leaves(cache: list[Any]) -> list[Any]:
@@ -122,14 +105,13 @@ def _leaves(cache: list[Any]) -> list[Any]:
     return out
 
 
-def measure_or_none(model: Any, bits: int | None = None, group_size: int = 64) -> tuple[KVMemory | None, str]:
+def measure_or_none(model: Any) -> tuple[KVMemory | None, str]:
     """measure_kv(), logged; (None, "") and why where the caches cannot be measured."""
     started = time.perf_counter()
     try:
-        memory, dtype = measure_kv(model, bits, group_size)
+        memory, dtype = measure_kv(model)
     except MeasureError as exc:
         log.warning("KV memory: cannot measure the model's caches (%s); estimating from its config instead", exc)
         return None, ""
-    log.info("KV memory measured in %.2f s: %s (%s)", time.perf_counter() - started, memory.describe(),
-             label(bits, group_size, dtype))
+    log.info("KV memory measured in %.2f s: %s", time.perf_counter() - started, memory.describe())
     return memory, dtype
