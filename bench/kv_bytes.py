@@ -1,8 +1,9 @@
 """KV bytes per token per rank at KV_BITS off, 8 and 4, as the engine measures them at load (engine/kv_measure.py).
 
-One rank in process: SmolLM2-135M (the default model, heads of 64), demo-tiny and a zoo model as shipped (heads
-of 16, which no group size divides: the row says why they cannot be quantized), and the zoo's layer patterns with
-heads of 64 (engine/zoo/wide.py): plain KV, linear attention beside full attention, sliding windows, MLA's latent.
+One rank in process, each model with KV_BITS's caches installed as at load (engine/kvquant): SmolLM2-135M (the
+default model, heads of 64), demo-tiny and a zoo model as shipped (heads of 16, which no group size divides: they
+are refused, and the note under the table says why), and the zoo's layer patterns with heads of 64
+(engine/zoo/wide.py): plain KV, linear attention beside full attention, sliding windows (refused), MLA's latent.
 With --ranks N, SmolLM2 also on N ranks over the ring, started as the engine (tests/harness.py), the largest rank's
 bytes as its Info reports them. Cells: bytes per token [+ per token of a window] [+ constant state per sequence],
 then the multiple of the float cell. Prints a Markdown table.
@@ -16,13 +17,14 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from engine.kv_measure import MeasureError, measure_kv
+from engine.kv_measure import measure_kv
+from engine.kvquant.kinds import KVQuantRefused, install
 from engine.rank0.kv_budget import KVMemory
 from engine.rank0.kv_precision import dtype_name
 from tests.harness import MODEL_CACHE
 
 BITS = (None, 8, 4)
-# why a model cannot be quantized, printed under the table once per reason (the first model it was seen on)
+# why a model is refused, printed under the table once per reason (the first model it was seen on)
 NOTES: dict[str, str] = {}
 WIDE = {"llama": "KVCache", "qwen3-next": "ArraysCache + KVCache", "gpt-oss": "RotatingKVCache + KVCache",
         "deepseek-v3": "KVCache of MLA's latent"}
@@ -40,15 +42,17 @@ def cell(memory: KVMemory, full: KVMemory | None) -> str:
 
 
 def in_process(name: str, caches: str, build: Callable[[], Any], group: int) -> str:
-    model = build()
-    full, dtype = measure_kv(model)
+    full, dtype = measure_kv(build())
     cells = [f"{cell(full, None)} ({dtype_name(dtype)})"]
     for bits in BITS[1:]:
+        model = build()  # install() wraps the model's make_cache: a fresh model per setting
         try:
-            cells.append(cell(measure_kv(model, bits, group)[0], full))
-        except MeasureError as exc:
-            cells.append("cannot")
+            install(model, bits, group)
+        except KVQuantRefused as exc:
+            cells.append("refused")
             NOTES.setdefault(str(exc), name)
+            continue
+        cells.append(cell(measure_kv(model)[0], full))
     return f"| {name} | {caches} | 1 | " + " | ".join(cells) + " |"
 
 
@@ -100,7 +104,7 @@ def main() -> None:
             ("demo-tiny", "KVCache", lambda: load_model(ensure_demo_model("tiny", MODEL_CACHE))[0]),
             ("zoo-qwen3-next", "ArraysCache + KVCache", lambda: load_model(ensure_zoo_model("qwen3-next", MODEL_CACHE))[0])]
     rows += [(f"zoo {family}, heads of 64", caches, lambda f=family: wide_model(f)) for family, caches in WIDE.items()]
-    rows += [("zoo qwen3-next, heads of 64, bf16", WIDE["qwen3-next"], lambda: bf16(wide_model("qwen3-next")))]
+    rows += [("zoo qwen3.5, heads of 64, bf16", WIDE["qwen3-next"], lambda: bf16(wide_model("qwen3.5")))]  # dense: MLX's CPU experts take float32 only
     for name, caches, build in rows:
         print(in_process(name, caches, build, args.group), flush=True)
     if args.ranks > 1:
