@@ -143,6 +143,6 @@ def test_quantized_caches_measure_what_the_bits_say_and_linear_attention_state_s
         model = wide_model(family)
         install(model, bits, 64)
         quantized, dtype = measure_kv(model)
-        assert dtype == "mlx.core.float32"  # the scales' type: the precision shown for the model
+        assert dtype == "mlx.core.float32"  # read from the scales of the quantized keys
         assert quantized.token_bytes == full.token_bytes * fall(bits, 4), (bits, quantized, full)
         assert quantized.constant_bytes == full.constant_bytes
