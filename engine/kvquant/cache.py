@@ -38,6 +38,10 @@ class QuantizedKV(QuantizedKVCache):
     def size(self) -> int:
         return self.offset
 
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.keys, self.values)  # 0 when empty (mlx-lm's raises on an empty cache)
+
     def head(self, length: int) -> QuantizedKV:
         """A new cache of the first `length` tokens, in buffers of their own (the prefix cache's copies)."""
         out = QuantizedKV(self.group_size, self.bits)
@@ -132,7 +136,7 @@ class QuantizedLatent(_BaseCache):
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.inner.empty() else self.inner.nbytes
+        return self.inner.nbytes
 
     @classmethod
     def merge(cls, caches: list[Any]) -> BatchQuantizedLatentCache:

@@ -23,9 +23,9 @@ def _kv(rows: int, tokens: int, seed: int) -> tuple[mx.array, mx.array]:
     return k, v
 
 
-def _own(tokens: int, seed: int) -> QuantizedKVCache:
+def _own(tokens: int, seed: int, bits: int = BITS) -> QuantizedKVCache:
     """One sequence alone, in mlx-lm's own quantized cache."""
-    c = QuantizedKVCache(GROUP, BITS)
+    c = QuantizedKVCache(GROUP, bits)
     c.update_and_fetch(*_kv(1, tokens, seed))
     return c
 
@@ -46,10 +46,11 @@ def _feed(batch: BatchQuantizedKVCache, alone: list[QuantizedKVCache], tokens: i
         c.update_and_fetch(k[i:i + 1], v[i:i + 1])
 
 
-def test_merged_sequences_decode_into_the_rows_each_sequence_would_hold_alone():
-    alone = [_own(5, 1), _own(300, 2), _own(17, 3)]  # past one 256-token step of the buffer
+@pytest.mark.parametrize("bits", [8, 4])
+def test_merged_sequences_decode_into_the_rows_each_sequence_would_hold_alone(bits):
+    alone = [_own(5, 1, bits), _own(300, 2, bits), _own(17, 3, bits)]  # past one 256-token step of the buffer
     batch = BatchQuantizedKVCache.merge([QuantizedKV.from_state(c.state) for c in alone])
-    assert batch.bits == BITS and batch.group_size == GROUP  # what mlx-lm's attention reads to go quantized
+    assert batch.bits == bits and batch.group_size == GROUP  # what mlx-lm's attention reads to go quantized
     for step in range(3):
         _feed(batch, alone, 1, 10 + step)
     for i, c in enumerate(alone):
@@ -112,8 +113,22 @@ def _tiny_llama(head_dim: int = DIM):
     return model
 
 
+def _batch_decode(model, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list]:
+    """n greedy tokens per prompt from mlx-lm's BatchGenerator (prompts prefilled together, in chunks of 16), and
+    its decoding batch's caches."""
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=16)
+    uids = gen.insert(prompts, max_tokens=[n] * len(prompts))
+    got = {uid: [] for uid in uids}
+    while any(len(t) < n for t in got.values()):
+        for r in gen.next()[1]:
+            got[r.uid].append(r.token)
+    return [got[u] for u in uids], gen._generation_batch.prompt_cache
+
+
 def test_a_batch_decodes_what_each_sequence_decodes_alone_with_mlx_lms_quantized_cache():
-    from mlx_lm.generate import BatchGenerator, generate_step
+    from mlx_lm.generate import generate_step
 
     model = _tiny_llama()
     prompts = [[5, 9, 11, 3, 7, 2, 8], [4, 4, 6], list(range(10, 50))]
@@ -122,14 +137,9 @@ def test_a_batch_decodes_what_each_sequence_decodes_alone_with_mlx_lms_quantized
         cache = [QuantizedKVCache(GROUP, BITS) for _ in model.layers]
         want.append([int(t) for t, _ in islice(generate_step(mx.array(p), model, prompt_cache=cache), 12)])
     install(model, BITS, GROUP)
-    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=16)
-    uids = gen.insert(prompts, max_tokens=[12] * len(prompts))
-    got = {uid: [] for uid in uids}
-    while any(len(t) < 12 for t in got.values()):
-        for r in gen.next()[1]:
-            got[r.uid].append(r.token)
-    assert [got[u] for u in uids] == want
-    assert all(type(c) is BatchQuantizedKVCache for c in gen._generation_batch.prompt_cache)
+    got, cache = _batch_decode(model, prompts, 12)
+    assert got == want
+    assert all(type(c) is BatchQuantizedKVCache for c in cache)
 
 
 def test_kinds_it_cannot_quantize_are_refused_naming_the_kind_and_linear_attention_stays_as_it_is():
@@ -171,7 +181,7 @@ def _tiny_deepseek():
 
 
 def test_mla_keeps_its_latent_quantized_and_decodes_as_one_sequence_does_with_the_same_storage():
-    from mlx_lm.generate import BatchGenerator, generate_step
+    from mlx_lm.generate import generate_step
 
     from engine.kvquant.cache import BatchQuantizedLatentCache, QuantizedLatent
 
@@ -181,14 +191,8 @@ def test_mla_keeps_its_latent_quantized_and_decodes_as_one_sequence_does_with_th
     want = [[int(t) for t, _ in islice(generate_step(mx.array(p), model, prompt_cache=model.make_cache()), 10)]
             for p in prompts]
     assert all(type(c) is QuantizedLatent for c in model.make_cache())
-    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=16)
-    uids = gen.insert(prompts, max_tokens=[10] * len(prompts))
-    got = {uid: [] for uid in uids}
-    while any(len(t) < 10 for t in got.values()):
-        for r in gen.next()[1]:
-            got[r.uid].append(r.token)
-    assert [got[u] for u in uids] == want
-    cache = gen._generation_batch.prompt_cache
+    got, cache = _batch_decode(model, prompts, 10)
+    assert got == want
     assert all(type(c) is BatchQuantizedLatentCache for c in cache)
     assert all(c.keys[0].dtype == mx.uint32 for c in cache)  # the latent is stored packed
     assert can_verify(model)[0]

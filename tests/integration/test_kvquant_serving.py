@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 import urllib.request
 
-import openai
 import pytest
 
-from tests.harness import MODEL_CACHE, Stack
+from tests.harness import MODEL_CACHE, Stack, serving
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -23,18 +22,19 @@ GROUP = 64
 
 
 @pytest.fixture(scope="module")
-def stack():
-    s = Stack(extra={"MODEL": MODEL, "KV_BITS": "8", "KV_GROUP_SIZE": str(GROUP), "SPECULATIVE": "ngram"})
-    s.procs = {"engine": s.start_engine(), "api": s.start_api()}
-    yield s
-    for p in s.procs.values():
-        p.stop()
+def served():
+    with serving(MODEL, KV_BITS="8", KV_GROUP_SIZE=str(GROUP), SPECULATIVE="ngram") as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def client(stack):
-    with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=300) as c:
-        yield c
+def stack(served):
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[1]
 
 
 @pytest.fixture(scope="module")
