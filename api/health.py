@@ -79,7 +79,8 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "kv_memory": {"budget_bytes": info.kv_budget_bytes, "reserved_bytes": info.kv_reserved_bytes,
                       "token_bytes": info.kv_token_bytes, "window_token_bytes": info.kv_window_token_bytes,
                       "window_tokens": info.kv_window, "constant_bytes": info.kv_constant_bytes,
-                      "measured": info.kv_measured},
+                      "measured": info.kv_measured, "precision": info.kv_precision, "bits": info.kv_bits,
+                      "group_size": info.kv_group_size},
         "rank_states": [
             {**msgspec.structs.asdict(r), "report_age": round(r.report_age, 3), "unanswered": round(r.unanswered, 3)}
             for r in info.rank_states

@@ -279,6 +279,10 @@ def acceptance(info: ipc.Info) -> float:
 def _kv_memory(info: ipc.Info) -> Iterator[Metric]:
     """KV memory per rank as rank 0 estimates it: the running sequences' reservation and the prefix cache
     stay within the budget together."""
+    yield InfoMetricFamily(f"{PREFIX}_kv_cache", "How the KV cache stores keys and values: precision is the model's "
+                           "float type (bits 0) or KV_BITS with KV_GROUP_SIZE.",
+                           value={"precision": info.kv_precision, "bits": str(info.kv_bits),
+                                  "group_size": str(info.kv_group_size)})
     yield GaugeMetricFamily(f"{PREFIX}_kv_budget_bytes", "KV bytes per rank for running sequences and the prefix "
                             "cache together (KV_MEMORY_BYTES; 0: no limit).", value=info.kv_budget_bytes)
     yield GaugeMetricFamily(f"{PREFIX}_kv_reserved_bytes", "KV bytes per rank the running sequences may take "

@@ -174,7 +174,7 @@ def _build(settings, joined: Joined, watchdog):
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("measuring the KV cache")
     # every rank measures its own caches (a sharded model's layers meet in their collectives), and rank 0 learns all
-    memory = measure_or_none(joined.loaded.model)
+    memory, kv_dtype = measure_or_none(joined.loaded.model)
     watchdog.beat("gathering the KV measurements")  # its own deadline: a slow peer's first passes are not a dead one
     kv_rows = channel.gather([1, *memory.row()] if memory is not None else [0] * 9)
     # which prefix cache entries may be cut: the same rule on every rank, though pipeline ranks hold other layers
@@ -195,7 +195,7 @@ def _build(settings, joined: Joined, watchdog):
     if joined.rank != 0:
         return StepLoop(batch, channel, watchdog, doorbell, links.pairs), None
     return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
-                  proposer, pace)
+                  proposer, pace, kv_dtype)
 
 
 def _pace(settings, joined: Joined, batch, channel, watchdog):
@@ -258,10 +258,11 @@ def _can_speculate(settings, joined: Joined, channel) -> bool:
 
 
 def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows,
-           links, proposer, pace):
+           links, proposer, pace, kv_dtype: str):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.leader import Leader, LoopStats
     from engine.rank0.admission import Prompter
+    from engine.rank0.kv_precision import label
     from engine.rank0.logprobs import extract
     from engine.rank0.prefix_index import PrefixIndex, prefix_info, prompt_cache_budget
     from engine.rank0.requests import Counters
@@ -289,6 +290,9 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
                           PrefixIndex(cache_budget, batch.prefix.cuts, settings.MAX_LIVE_BUFFERS), kv)
     backend = settings.BACKEND if joined.size > 1 else "single"
+    # the float type rank 0 measured its keys and values in, else the one config.json names
+    precision = label(settings.kv_bits, settings.KV_GROUP_SIZE, kv_dtype or loaded.facts.dtype)
+    kv_bits = settings.kv_bits or 0
     spec_mode = settings.SPECULATIVE if proposer is not None else "off"
     if test_hooks.ENABLED:
         logging.getLogger("engine").warning("%s=1: test-only fault hooks are read (never set it when serving)",
@@ -307,6 +311,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     kv_budget_bytes=kv.budget if kv.enabled else 0, kv_reserved_bytes=scheduler.kv_reserved,
                     kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
                     kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured,
+                    kv_precision=precision, kv_bits=kv_bits, kv_group_size=settings.KV_GROUP_SIZE if kv_bits else 0,
                     parallel=loaded.parallel, pipeline_layers=list(loaded.pipeline_split),
                     parallel_note=loaded.parallel_note,
                     links=links.snapshot(), spec_mode=spec_mode, spec_draft_tokens=settings.NUM_DRAFT_TOKENS,
@@ -348,7 +353,7 @@ def _kv_budget(settings, loaded, ranks: int, states, kv_rows: list[list[int]], p
     else:
         # pipeline: a rank holds whole layers, the KV of its share of them (the largest share, for every rank)
         memory = KVMemory(token_bytes(loaded.facts.config, ranks, loaded.facts.dtype,
-                                      max(loaded.pipeline_split, default=0)))
+                                      max(loaded.pipeline_split, default=0), settings.kv_bits, settings.KV_GROUP_SIZE))
         log.warning("KV memory: rank(s) %s could not measure the model's caches (see their log): one token's KV "
                     "is estimated from the config (%d bytes), too high for MLA, sliding-window and linear-attention "
                     "models", [r for r, row in enumerate(kv_rows) if not row[0]], memory.token_bytes)

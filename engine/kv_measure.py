@@ -10,6 +10,9 @@ mlx-lm's caches grow their buffers in steps of 256 tokens; here each cache's ste
 so the buffers are exactly as long as the tokens they hold, and the difference is per-token bytes,
 not a buffer jump. Every rank runs the same forward passes (a sharded model's layers meet in their
 collectives), then drops the cache and MLX's buffer cache again.
+
+With KV_BITS set, the caches the model builds are already the quantized ones (engine/kvquant installs them at
+load), so what is read is what they hold: packed integers, scales and biases; linear attention's state in float.
 """
 
 from __future__ import annotations
@@ -35,14 +38,19 @@ class MeasureError(Exception):
 
 def measure(model: Any) -> KVMemory:
     """This rank's KVMemory of model; raises MeasureError."""
+    return measure_kv(model)[0]
+
+
+def measure_kv(model: Any) -> tuple[KVMemory, str]:
+    """measure(), and the float type the model computes its keys and values in ("" where no layer keeps any)."""
     try:
-        before, after = _two_prefills(model)
+        before, after, dtype = _two_prefills(model)
     finally:
         mx.clear_cache()  # every array of the measurement is gone with _two_prefills' frame
-    return classify(before, after)
+    return classify(before, after), dtype
 
 
-def _two_prefills(model: Any) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+def _two_prefills(model: Any) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]], str]:
     try:
         cache = make_prompt_cache(model)
     except Exception as exc:  # any model class's own make_cache: its failure only means "not measurable"
@@ -51,9 +59,19 @@ def _two_prefills(model: Any) -> tuple[list[tuple[str, int, int]], list[tuple[st
         if hasattr(layer, "step"):
             layer.step = 1  # buffers exactly as long as their tokens
     try:
-        return _prefill(model, cache, range(1, FIRST + 1)), _prefill(model, cache, range(FIRST + 1, SECOND + 1))
+        first = _prefill(model, cache, range(1, FIRST + 1))
+        second = _prefill(model, cache, range(FIRST + 1, SECOND + 1))
     except Exception as exc:  # a model that needs more than token ids (images, extra inputs)
         raise MeasureError(f"a {SECOND}-token prefill failed: {exc!r}") from exc
+    return first, second, next(filter(None, map(_dtype, _leaves(cache))), "")
+
+
+def _dtype(layer: Any) -> str:
+    """The float type of a layer's keys: the array's own, or a quantized tuple's scales' (packed, scales, biases)."""
+    keys = getattr(layer, "keys", None)
+    if isinstance(keys, tuple):
+        keys = keys[1]
+    return str(keys.dtype) if keys is not None else ""
 
 
 def classify(layers: list[tuple[str, int, int]], later: list[tuple[str, int, int]]) -> KVMemory:
@@ -87,13 +105,13 @@ def _leaves(cache: list[Any]) -> list[Any]:
     return out
 
 
-def measure_or_none(model: Any) -> KVMemory | None:
-    """measure(), logged; None (and why) where the caches cannot be measured."""
+def measure_or_none(model: Any) -> tuple[KVMemory | None, str]:
+    """measure_kv(), logged; (None, "") and why where the caches cannot be measured."""
     started = time.perf_counter()
     try:
-        memory = measure(model)
+        memory, dtype = measure_kv(model)
     except MeasureError as exc:
         log.warning("KV memory: cannot measure the model's caches (%s); estimating from its config instead", exc)
-        return None
+        return None, ""
     log.info("KV memory measured in %.2f s: %s", time.perf_counter() - started, memory.describe())
-    return memory
+    return memory, dtype

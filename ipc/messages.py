@@ -149,6 +149,12 @@ class Info(Msg):
     kv_constant_bytes: int = 0
     # False: some rank could not measure its caches, and one token's KV comes from the model's config
     kv_measured: bool = False
+    # how keys and values are stored (KV_BITS, KV_GROUP_SIZE): kv_bits 0 in the model's float type, else packed in
+    # kv_bits with a scale and a bias per kv_group_size; for people "bf16" or "8-bit, group 64" ("" from an engine
+    # older than these fields)
+    kv_precision: str = ""
+    kv_bits: int = 0
+    kv_group_size: int = 0
     # None from an engine older than this field
     facts: ModelFacts | None = None
     # how the ranks split the model: "tensor" (each holds a slice of every layer), "pipeline" (each holds whole

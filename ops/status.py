@@ -103,11 +103,19 @@ def _speculative(i: Info) -> str:
 
 def _kv_memory(i: Info) -> str:
     if not i.kv_budget_bytes:
-        return "  KV memory no limit (KV_MEMORY_BYTES=0, or the engine could not size it: see its log)"
+        return f"  KV memory no limit (KV_MEMORY_BYTES=0, or the engine could not size it: see its log){_precision(i)}"
     held = i.kv_reserved_bytes + i.prompt_cache_bytes
     return (f"  KV memory {_size(i.kv_reserved_bytes)} reserved by running sequences + {_size(i.prompt_cache_bytes)} "
             f"prefix cache of {_size(i.kv_budget_bytes)} per rank ({100 * held / i.kv_budget_bytes:.0f} %); "
-            f"{_per_sequence(i)}")
+            f"{_per_sequence(i)}{_precision(i)}")
+
+
+def _precision(i: Info) -> str:
+    """How keys and values are stored, and the setting that chose it ("" from an engine older than the field)."""
+    if not i.kv_precision:
+        return ""
+    setting = f"KV_BITS={i.kv_bits}, KV_GROUP_SIZE={i.kv_group_size}" if i.kv_bits else "KV_BITS=off"
+    return f"; keys and values in {i.kv_precision} ({setting})"
 
 
 def _per_sequence(i: Info) -> str:

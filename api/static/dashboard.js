@@ -74,6 +74,8 @@ function renderStatus(state) {
     facts.push(`pipeline parallel: layers ${h.pipeline_layers.join(" + ")}`);
   } else if (h.parallel === "tensor") facts.push("tensor parallel");
   if (h.context_length) facts.push(`context ${h.context_length}`);
+  // how the KV cache stores keys and values: the model's float type or KV_BITS (absent from an older engine)
+  if (h.kv_memory && h.kv_memory.precision) facts.push(`KV ${h.kv_memory.precision}`);
   if (h.uptime !== undefined) facts.push(`engine up ${duration(h.uptime)}`);
   facts.push(`API up ${duration(h.api_uptime)}`);
   $("facts").textContent = facts.join("   ·   ");

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.rank0.kv_precision import row_bytes
+
 # mlx-lm's KVCache and BatchKVCache grow in steps of this many tokens
 KV_STEP = 256
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
@@ -38,16 +40,18 @@ def _number(config: Mapping[str, Any], *keys: str) -> int:
     return 0
 
 
-def token_bytes(config: Mapping[str, Any], ranks: int, dtype: str = "", pipeline_layers: int = 0) -> int:
-    """Bytes one token's K and V take on one rank: layers x 2 x KV heads on the rank x head_dim x dtype bytes;
-    0 when the config does not say (then no budget can be kept).
+def token_bytes(config: Mapping[str, Any], ranks: int, dtype: str = "", pipeline_layers: int = 0,
+                bits: int | None = None, group_size: int = 64) -> int:
+    """Bytes one token's K and V take on one rank: layers x 2 x KV heads on the rank x one head_dim row (dtype
+    bytes each, or with bits set packed with its scales and biases: kv_precision.row_bytes); 0 when the config
+    does not say (then no budget can be kept).
 
     Tensor parallelism gives each rank kv_heads / ranks heads (mlx-lm's shard() divides them); rounding up
     keeps the estimate an upper bound should they not divide evenly. Pipeline parallelism instead gives a
     rank whole layers with all their heads: pipeline_layers, the most layers any rank holds. Sliding-window
     and linear-attention layers hold less than this, so for such models the estimate errs on the safe side."""
     if pipeline_layers:
-        return token_bytes({**config, "num_hidden_layers": pipeline_layers}, 1, dtype)
+        return token_bytes({**config, "num_hidden_layers": pipeline_layers}, 1, dtype, bits=bits, group_size=group_size)
     layers = _number(config, "num_hidden_layers", "n_layer", "num_layers")
     heads = _number(config, "num_attention_heads", "n_head")
     kv_heads = _number(config, "num_key_value_heads", "num_kv_heads", "n_kv_heads") or heads
@@ -56,7 +60,7 @@ def token_bytes(config: Mapping[str, Any], ranks: int, dtype: str = "", pipeline
         return 0
     per_rank = -(-kv_heads // max(1, ranks))
     size = DTYPE_BYTES.get(dtype.removeprefix("torch."), DEFAULT_DTYPE_BYTES)
-    return layers * 2 * per_rank * head_dim * size
+    return layers * 2 * per_rank * row_bytes(head_dim, size, bits, group_size)
 
 
 def steps(tokens: int) -> int:

@@ -29,6 +29,7 @@ def test_dashboard_chat_streams_and_the_request_appears(stack, tmp_path):
             # the first poll of /dashboard/state has rendered a healthy engine and its rank
             page.wait_for_selector("#status.pill-ok", timeout=15_000)
             assert page.locator("#topology .node").count() >= 2  # the API and rank 0
+            assert "KV fp32" in page.locator("#facts").inner_text()  # keys and values as the demo computes them
             # one rank has no links; no `./launch.sh models` has run in this stack's RUN_DIR
             assert page.locator("#links-empty").inner_text() == "One rank: no links."
             assert page.locator("#models-note").inner_text() == "run ./launch.sh models"

@@ -24,6 +24,9 @@ def test_health_details_then_unreachable_then_back(own_stack):
     assert (body["status"], body["api"], body["engine"]) == ("ok", "ok", "ok")
     assert (body["model"], body["ranks"], body["backend"], body["context_length"]) == ("demo-tiny", 1, "single", 131072)
     assert (body["parallel"], body["pipeline_layers"]) == ("single", [])
+    # KV_BITS=off: keys and values in the float type the demo model computes in
+    assert {k: body["kv_memory"][k] for k in ("precision", "bits", "group_size")} == {"precision": "fp32", "bits": 0,
+                                                                                    "group_size": 0}
     assert body["queued"] == 0 and body["active"] == 0 and body["uptime"] >= 0 and body["api_uptime"] >= 0
     assert 0 <= body["last_step_age"] < body["stall_deadline"]
     (rank,) = body["rank_states"]

@@ -1,6 +1,7 @@
 """The KV estimate of every zoo model, from its caches measured at load, against the bytes its caches really
 hold: never below them, and within 1.25x of them after a prefill of a few hundred tokens (longer than the
-32-token sliding windows), for plain KV, MLA's latent, linear-attention hybrids and sliding windows."""
+32-token sliding windows), for plain KV, MLA's latent, linear-attention hybrids and sliding windows; with KV_BITS,
+what the same caches take stored quantized."""
 
 from __future__ import annotations
 
@@ -117,5 +118,31 @@ def test_a_model_that_cannot_be_measured_says_why_and_gives_none(caplog) -> None
             raise TypeError("missing pixel_values")
 
     caplog.set_level("WARNING")
-    assert measure_or_none(NeedsImages()) is None
+    assert measure_or_none(NeedsImages()) == (None, "")
     assert "cannot measure the model's caches" in caplog.text and "missing pixel_values" in caplog.text
+
+
+def fall(bits: int, dtype_bytes: int) -> float:
+    """What a row of 64 keys keeps of its float size, stored in bits with groups of 64."""
+    from engine.rank0.kv_precision import row_bytes
+
+    return row_bytes(64, dtype_bytes, bits, 64) / row_bytes(64, dtype_bytes, None, 64)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3-next", "deepseek-v3"])
+def test_quantized_caches_measure_what_the_bits_say_and_linear_attention_state_stays_float(family: str):
+    """The zoo's layer patterns with heads of 64 (engine/zoo/wide.py; the zoo's own 16 are refused), float32, with
+    KV_BITS's caches installed as at load: plain KV, full attention beside linear attention, MLA's latent."""
+    from engine.kv_measure import measure_kv
+    from engine.kvquant.kinds import install
+    from engine.zoo.wide import wide_model
+
+    full, dtype = measure_kv(wide_model(family))
+    assert dtype == "mlx.core.float32"
+    for bits in (8, 4):
+        model = wide_model(family)
+        install(model, bits, 64)
+        quantized, dtype = measure_kv(model)
+        assert dtype == "mlx.core.float32"  # read from the scales of the quantized keys
+        assert quantized.token_bytes == full.token_bytes * fall(bits, 4), (bits, quantized, full)
+        assert quantized.constant_bytes == full.constant_bytes

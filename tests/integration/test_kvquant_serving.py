@@ -87,6 +87,20 @@ def test_greedy_tokens_and_logprobs_are_mlx_lms_with_a_quantized_cache_from_the_
     assert _logprobs(again.choices[0]) == pytest.approx(want["logprobs"], abs=1e-4)
 
 
+def test_health_and_metrics_show_the_precision_and_admission_counts_the_quantized_bytes(stack):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.rank0.kv_precision import row_bytes
+
+    kv = json.loads(urllib.request.urlopen(stack.base_url + "/health", timeout=30).read())["kv_memory"]
+    assert (kv["precision"], kv["bits"], kv["group_size"]) == ("8-bit, group 64", 8, GROUP)
+    # SmolLM2: 30 layers x K and V x 3 heads of 64, computed in float32 (its norms are): 0.28x of float's 46080
+    assert kv["token_bytes"] == 30 * 2 * 3 * row_bytes(64, 4, 8, GROUP) == 12960 and kv["measured"]
+    text = urllib.request.urlopen(stack.base_url + "/metrics", timeout=30).read().decode()
+    (labels,) = [s.labels for f in text_string_to_metric_families(text) for s in f.samples if s.name == "mcs_kv_cache_info"]
+    assert labels == {"precision": "8-bit, group 64", "bits": "8", "group_size": str(GROUP)}
+
+
 def _spec_counts(stack) -> tuple[float, float]:
     """(proposed, accepted) draft tokens since the engine started, from /metrics."""
     text = urllib.request.urlopen(stack.base_url + "/metrics", timeout=30).read().decode()

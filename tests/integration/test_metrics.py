@@ -71,6 +71,8 @@ def test_engine_gauges(stack):
     assert value(samples, "mcs_active_sequences") == 0
     info = [labels for (name, labels) in samples if name == "mcs_engine_info"]
     assert dict(info[0])["model"] == "demo-tiny"
+    (kv_cache,) = [dict(labels) for (name, labels) in samples if name == "mcs_kv_cache_info"]
+    assert kv_cache == {"precision": "fp32", "bits": "0", "group_size": "0"}
 
     def rank0(metric: str) -> dict[str, float]:
         return {dict(labels)["kind"]: v for (name, labels), v in samples.items()

@@ -342,9 +342,10 @@ def test_status_health_and_metrics_report_the_kv_memory(info):
                          "state per sequence")
     assert details(info)["kv_memory"] == {"budget_bytes": 2 << 30, "reserved_bytes": 768 << 20,
                                           "token_bytes": 147456, "window_token_bytes": 4096, "window_tokens": 128,
-                                          "constant_bytes": 1 << 20, "measured": True}
+                                          "constant_bytes": 1 << 20, "measured": True, "precision": "",
+                                          "bits": 0, "group_size": 0}
     values = {m.name: m.samples[0].value for m in _kv_memory(info)}
-    assert values == {"mcs_kv_budget_bytes": 2 << 30, "mcs_kv_reserved_bytes": 768 << 20,
+    assert values == {"mcs_kv_cache": 1, "mcs_kv_budget_bytes": 2 << 30, "mcs_kv_reserved_bytes": 768 << 20,
                       "mcs_kv_token_bytes": 147456, "mcs_kv_window_token_bytes": 4096, "mcs_kv_window_tokens": 128,
                       "mcs_kv_constant_bytes": 1 << 20}
     guessed = describe_info(msgspec.structs.replace(info, kv_measured=False))
