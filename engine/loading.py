@@ -10,8 +10,9 @@ import mlx.core as mx
 
 from config import Settings
 from engine.facts import model_facts
+from engine.kvquant.kinds import KVQuantRefused, install
 from engine.mlx_compat import hf_tokenizer
-from engine.model import (NO_TOKENIZER_LIMIT, LoadedModel, context_length, load_errors_explained,
+from engine.model import (NO_TOKENIZER_LIMIT, LoadedModel, ModelError, context_length, load_errors_explained,
                           refuse_broken_folder, refuse_mismatched_weights, remote_code, resolve, vocab_size)
 from engine.sharding import Layout, load_parallel
 
@@ -33,6 +34,10 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
             model, tokenizer, config = mlx_load(str(target), tokenizer_config=remote_code(settings),
                                                 return_config=True, **remote_code(settings))
             layout = Layout(SINGLE)
+    try:  # KV_BITS: every cache built for the model from here on is quantized, on every rank alike
+        install(model, settings.kv_bits, settings.KV_GROUP_SIZE)
+    except KVQuantRefused as exc:
+        raise ModelError(str(exc)) from None
     # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
     # check would log that running such a prompt "will result in indexing errors" when it never runs.
     hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT

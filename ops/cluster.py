@@ -20,6 +20,7 @@ from pathlib import Path
 
 from config import REPO_ROOT, Settings
 from ops import host_faults
+from ops.kvquant_check import kv_quant_refusal
 from ops.parallel_check import parallel_verdict
 from ops.rank0_ports import listening
 from ops.remote import rsync, ssh
@@ -260,15 +261,16 @@ def check(settings: Settings) -> int:
     ranks = sum(len(h.ranks) for h in hosts)
     ports = (settings.doorbell_port, settings.RING_PORT)  # where the other ranks dial rank 0
     with listening(hosts[0].ips if hosts and settings.HOSTFILE and ranks > 1 else None, ports) as (reach, faults), \
-            cf.ThreadPoolExecutor(len(hosts) + 1) as pool:
+            cf.ThreadPoolExecutor(len(hosts) + 3) as pool:
         global_faults += faults
         # the ranks together: can they run MODEL at all as PARALLEL says (asked here: mlx-lm decides alike anywhere)
         parallel = pool.submit(parallel_verdict, settings, ranks)
         speculation = pool.submit(speculative_refusal, settings)
+        quantization = pool.submit(kv_quant_refusal, settings)
         list(pool.map(lambda h: probe_host(h, settings, reach), hosts))
     judge(hosts, settings)
     refusal, mode = parallel.result()
-    model_faults = [why for why in (refusal, speculation.result()) if why is not None]
+    model_faults = [why for why in (refusal, speculation.result(), quantization.result()) if why is not None]
     print(render(hosts, settings, global_faults, model_faults, mode))
     return 1 if global_faults or model_faults or any(h.faults for h in hosts) or not hosts else 0
 

@@ -151,11 +151,12 @@ class Stack:
 
 
 @contextmanager
-def serving(model: str, timeout: float = 180.0) -> Iterator[tuple[Stack, object]]:
-    """An engine (one rank) and an API serving MODEL=model, and the official client to them; stopped after."""
+def serving(model: str, timeout: float = 180.0, **settings: str) -> Iterator[tuple[Stack, object]]:
+    """An engine (one rank) and an API serving MODEL=model (and any other settings), and the official client to
+    them; stopped after."""
     import openai
 
-    s = Stack(extra={"MODEL": model})
+    s = Stack(extra={"MODEL": model, **settings})
     procs = [s.start_engine(timeout=timeout), s.start_api()]
     try:
         with openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=300) as client:

@@ -16,8 +16,9 @@ import logging
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, _BaseCache, make_prompt_cache
 
+from engine.kvquant.cache import QuantizedKV, QuantizedLatent
 from engine.lockstep.buffers import cache_arrays
 from engine.lockstep.cuts import CacheCuts
 
@@ -43,6 +44,9 @@ def model_cuts(model: Any) -> CacheCuts:
     # a fresh cache of any other kind that says it cannot be trimmed never can (ArraysCache: a running state)
     whole_only = any(not c.is_trimmable() for c in layers if not isinstance(c, RotatingKVCache))
     return CacheCuts(whole_only=whole_only, window=min(windows, default=0))
+
+
+_QUANTIZED = (QuantizedKV, QuantizedLatent)  # engine/kvquant's per-sequence caches: head(n) copies n tokens
 
 
 def _first_tokens(cache: KVCache, length: int) -> KVCache:
@@ -73,6 +77,9 @@ def _own_arrays(layer: Any) -> list[mx.array]:
         return [a for inner in layer.caches for a in _own_arrays(inner)]
     out = []
     for name, value in vars(layer).items():
+        if isinstance(value, _BaseCache):  # a cache kept inside another (engine/kvquant's latent)
+            out.extend(_own_arrays(value))
+            continue
         if isinstance(value, mx.array):
             value = mx.contiguous(value)
             out.append(value)
@@ -89,10 +96,13 @@ def compact(cache: list[Any], length: int) -> list[Any]:
     """A per-layer cache of `length` tokens, in evaluated buffers holding exactly what nbytes counts.
 
     A plain KVCache keeps only those tokens (its buffer grows in steps of 256 and a trim only moves the
-    offset), a sliding window that has not wrapped only its slots in use; other kinds hold what they hold."""
+    offset), and so does a quantized one (KV_BITS: the entry stays in the batch's precision); a sliding window
+    that has not wrapped only its slots in use; other kinds hold what they hold."""
     def tight(c: Any) -> Any:
         if type(c) is KVCache and c.keys is not None:
             return _first_tokens(c, length)
+        if type(c) in _QUANTIZED:
+            return c.head(length)
         return _unwrapped_window(c) if type(c) is RotatingKVCache else c
     cache = [tight(c) for c in cache]
     arrays = [a for layer in cache for a in _own_arrays(layer)]
@@ -104,6 +114,8 @@ def _copy_layer(layer: Any, have: int, length: int) -> Any:
     """A private copy of one layer's first `length` of its `have` tokens."""
     if type(layer) is KVCache and layer.keys is not None:
         return _first_tokens(layer, length)  # only the tokens taken, not the whole entry
+    if type(layer) in _QUANTIZED:
+        return layer.head(length)
     out = copy.deepcopy(layer)
     if length < have:
         if not out.is_trimmable():  # rank 0 never plans this (engine/lockstep/cuts.py)

@@ -6,7 +6,9 @@ k + 1 tokens to every row, row i must forget its last n_i: trim the count all ro
 back), then roll each row that forgets more right by its extra, so its last kept token sits just before the write
 index again, and grow its left padding by as much (what rolls round to the row's front lies in the padding and is
 masked); the padding every row then starts with is cut off, so the buffer stays as long as the longest row.
-MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary key, so the same holds.
+MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary key, so the same holds. A quantized
+batch cache (engine/kvquant: KV_BITS) holds each of keys and values as three arrays (packed, scales, biases) laid out
+by token alike, and each of them moves as one array would.
 
 A sliding-window cache (RotatingKVCache) overwrites its oldest tokens in place and a linear-attention state
 (ArraysCache) folds every token into a fixed-size state: neither can give back a suffix, so such a model verifies
@@ -20,11 +22,15 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache, dynamic_roll, make_prompt_cache
 
+from engine.kvquant.cache import BatchQuantizedKVCache, BatchQuantizedLatentCache, QuantizedKV, QuantizedLatent
+
 _WHY = {
     "RotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
     "BatchRotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
     "ArraysCache": "a linear-attention state folds every token in and cannot drop rejected drafts",
 }
+# the kinds whose rows keep their tokens right-aligned at one write index, as BatchKVCache does
+_SUFFIX_KINDS = (KVCache, BatchKVCache, QuantizedKV, BatchQuantizedKVCache, QuantizedLatent, BatchQuantizedLatentCache)
 
 
 def can_verify(model_or_cache: Any) -> tuple[bool, str]:
@@ -32,7 +38,7 @@ def can_verify(model_or_cache: Any) -> tuple[bool, str]:
     cache of its own says; or a list of layer caches), and if not, why."""
     layers = model_or_cache if isinstance(model_or_cache, (list, tuple)) else make_prompt_cache(model_or_cache)
     for layer in _flat(layers):
-        if type(layer) not in (KVCache, BatchKVCache):
+        if type(layer) not in _SUFFIX_KINDS:
             name = type(layer).__name__
             return False, _WHY.get(name, f"its {name} layers cannot drop rejected drafts per sequence")
     return True, ""
@@ -50,8 +56,8 @@ def drop_last(layers: list, counts: list[int]) -> None:
             layer.trim(common)
         if shifts is not None:
             if layer.keys is not None:
-                layer.keys = dynamic_roll(layer.keys, shifts[:, None], axis=2)
-                layer.values = dynamic_roll(layer.values, shifts[:, None], axis=2)
+                layer.keys = _each(layer.keys, lambda a: dynamic_roll(a, shifts[:, None], axis=2))
+                layer.values = _each(layer.values, lambda a: dynamic_roll(a, shifts[:, None], axis=2))
             layer.left_padding = layer.left_padding + shifts
             layer.offset = layer.offset - shifts
     if shifts is not None:
@@ -74,10 +80,15 @@ def _drop_common_padding(layers: list) -> None:
         return
     for layer in flat:
         if layer.keys is not None:
-            layer.keys = layer.keys[..., pad:, :]
-            layer.values = layer.values[..., pad:, :]
+            layer.keys = _each(layer.keys, lambda a: a[..., pad:, :])
+            layer.values = _each(layer.values, lambda a: a[..., pad:, :])
         layer._idx -= pad
         layer.left_padding = layer.left_padding - pad
+
+
+def _each(stored, fn):
+    """fn applied to a cache's keys or values: one array, or a quantized cache's (packed, scales, biases)."""
+    return tuple(fn(a) for a in stored) if isinstance(stored, tuple | list) else fn(stored)
 
 
 def _flat(layers) -> list:
