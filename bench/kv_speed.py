@@ -164,25 +164,30 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers_up:
             s.stop()
 
-    print(f"{args.model}, {args.way}, {args.rounds} rounds, {args.max_tokens} decoded tokens a stream; "
-          "tok/s best (median); ratio: paired median over rounds against float\n")
-    print("| context | streams | KV | prefill tok/s | vs float | decode tok/s | vs float | "
-          "bytes read / decoded token | vs float |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    base = str(configs[0])
-    for (ctx, c), rounds in results.items():
-        read0 = read_per_token(weights, kv_token_bytes(*shape, dtype_bytes, configs[0]), ctx, c)
-        for config in configs:
-            name = str(config)
-            cells = []
-            for i in (0, 1):
-                vals = [rd[name][i] for rd in rounds]
-                ratio = statistics.median(rd[name][i] / rd[base][i] for rd in rounds)
-                cells.append(f"{max(vals):.1f} ({statistics.median(vals):.1f}) | {ratio:.2f}x")
-            read = read_per_token(weights, kv_token_bytes(*shape, dtype_bytes, config), ctx, c)
-            print(f"| {ctx} | {c} | {name} | {cells[0]} | {cells[1]} | {read / 2**20:.2f} MiB | {read / read0:.2f}x |")
-    print(f"\nweights {weights / 2**20:.1f} MiB (read once a step for every stream); KV per token: " + ", ".join(
-        f"{c} {kv_token_bytes(*shape, dtype_bytes, c):.0f} B" for c in configs))
+    if results:
+        print(f"{args.model}, {args.way}, {args.rounds} rounds, {args.max_tokens} decoded tokens a stream; "
+              "tok/s best (median); ratio: paired median over rounds against float\n")
+        print("| context | streams | KV | prefill tok/s | vs float | decode tok/s | vs float |")
+        print("|---:|---:|---|---:|---:|---:|---:|")
+        base = str(configs[0])
+        for (ctx, c), rounds in results.items():
+            for name in map(str, configs):
+                cells = []
+                for i in (0, 1):
+                    vals = [rd[name][i] for rd in rounds]
+                    ratio = statistics.median(rd[name][i] / rd[base][i] for rd in rounds)
+                    cells.append(f"{max(vals):.1f} ({statistics.median(vals):.1f}) | {ratio:.2f}x")
+                print(f"| {ctx} | {c} | {name} | {cells[0]} | {cells[1]} |")
+        print()
+    print(f"{args.model}: bytes one decode step reads per token it emits (weights {weights / 2**20:.1f} MiB once a "
+          f"step for every stream, plus each stream's KV; KV per token " + ", ".join(
+              f"{c} {kv_token_bytes(*shape, dtype_bytes, c):.0f} B" for c in configs) + ")\n")
+    print("| context | streams | " + " | ".join(map(str, configs)) + " |")
+    print("|---:|---:|" + "---:|" * len(configs))
+    for ctx in contexts:
+        for c in concurrency:
+            reads = [read_per_token(weights, kv_token_bytes(*shape, dtype_bytes, k), ctx, c) for k in configs]
+            print(f"| {ctx} | {c} | " + " | ".join(f"{r / 2**20:.2f} MiB ({r / reads[0]:.2f}x)" for r in reads) + " |")
     return 0
 
 
