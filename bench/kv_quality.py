@@ -188,7 +188,7 @@ def api_run(args, config: Config, text: str, questions: list[str]) -> tuple[list
     from tests.harness import Stack
 
     extra = {"MODEL": args.model, "MODEL_CACHE_DIR": str(args.cache_dir), "WATCHDOG_TIMEOUT": "1800",
-             "REQUEST_TIMEOUT": "3600", "PREFIX_CACHE": "off", **config.env()}
+             "REQUEST_TIMEOUT": "3600", "PROMPT_CACHE_BYTES": "0", **config.env()}
     stack = Stack(extra=extra)
     procs = [stack.start_engine(ranks=args.ranks, timeout=900), stack.start_api()]
     try:
