@@ -113,8 +113,8 @@ def peak_table(args) -> None:
     weights = mx.get_active_memory()
     configs = [Config.parse(c) for c in args.peak.split(",")]
     runs = [(1, args.prefill_tokens, args.chunk), (args.batch, args.batch_tokens, max(1, args.chunk // args.batch))]
-    print(f"{args.model}, 1 rank, in process (mlx-lm's QuantizedKVCache), weights {weights / 2**20:.1f} MiB active; memory in "
-          f"MiB; the full batch prefills {runs[1][2]} positions of every sequence a step")
+    print(f"{args.model}, 1 rank, in process (mlx-lm's QuantizedKVCache), weights {weights / 2**20:.1f} MiB active; "
+          f"memory in MiB; the full batch prefills {runs[1][2]} positions of every sequence a step")
     print()
     print("| KV | run | peak above weights | vs float | KV cache held | vs float | bytes / token |")
     print("|---|---|---:|---:|---:|---:|---:|")

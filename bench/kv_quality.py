@@ -195,9 +195,9 @@ def api_run(args, config: Config, text: str, questions: list[str]) -> tuple[list
         health = httpx.get(stack.base_url + "/health", timeout=30).json()
         with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=3600) as c:
             tops, lps = api_scores(c, text)
-            answers = [c.chat.completions.create(model="default", messages=[{"role": "user", "content": q}],
-                                                 temperature=0, max_tokens=args.answer_tokens).choices[0].message.content
-                       for q in questions]
+            answers = [c.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": q}], temperature=0,
+                max_tokens=args.answer_tokens).choices[0].message.content for q in questions]
     finally:
         for p in reversed(procs):
             p.stop()
@@ -206,7 +206,8 @@ def api_run(args, config: Config, text: str, questions: list[str]) -> tuple[list
 
 def kv_reported(health: dict) -> str:
     """Whatever /health says about the KV precision, wherever it says it; '?' when it says nothing."""
-    found = [f"{k}={v}" for k, v in _walk(health) if "kv" in k.lower() and ("bit" in k.lower() or "precision" in k.lower())]
+    found = [f"{k}={v}" for k, v in _walk(health)
+             if "kv" in k.lower() and ("bit" in k.lower() or "precision" in k.lower())]
     return ", ".join(sorted(set(found))) or "?"
 
 
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-cluster-serve")
     ap.add_argument("--way", default="inprocess", choices=("inprocess", "api"))
     ap.add_argument("--ranks", type=int, default=1, help="--way api: the engine's ranks")
-    ap.add_argument("--configs", default="off,8/64,4/64", help="KV_BITS/KV_GROUP_SIZE, comma-separated; first: reference")
+    ap.add_argument("--configs", default="off,8/64,4/64",
+                    help="KV_BITS/KV_GROUP_SIZE, comma-separated; the first is the reference")
     ap.add_argument("--text", type=Path, default=REPO / "docs" / "cluster.md", help="the held text scored")
     ap.add_argument("--tokens", type=int, default=3000, help="about how many tokens of it, in one sequence (0: none)")
     ap.add_argument("--edges", default="0,512,2048", help="position buckets' starts")

@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         work = servers.Workdir()
         bias = {t: -100.0 for t in eos_token_ids(folder)}
         for c in configs:
-            servers_up.append(servers.start_ours(work, args.model, args.cache_dir, 1, timeout=900, PROMPT_CACHE_BYTES="0",
-                                                 WATCHDOG_TIMEOUT="1800", REQUEST_TIMEOUT="3600", **c.env()))
+            servers_up.append(servers.start_ours(work, args.model, args.cache_dir, 1, timeout=900,
+                                                 PROMPT_CACHE_BYTES="0", WATCHDOG_TIMEOUT="1800",
+                                                 REQUEST_TIMEOUT="3600", **c.env()))
         run = {str(c): (lambda url: lambda prompts: api_once(url, prompts, args.max_tokens, bias))(s.base_url)
                for c, s in zip(configs, servers_up)}
     results: dict[tuple[int, int], list[dict[str, tuple[float, float]]]] = {}
