@@ -51,6 +51,10 @@ from bench.run import eos_token_ids, prompt, resolve_model  # noqa: E402
 
 T = TypeVar("T")
 
+# 32 concurrent prefills of a real model take minutes on a busy 2-core CPU: the clients' and our server's
+# default 600 s would end the round (`REQUEST_TIMEOUT` of ours is raised to match).
+REQUEST_TIMEOUT = 3600.0
+
 SIDES = ["stream_generate", "ours (HTTP)", "ours (engine socket)", "mlx_lm.server"]
 BATCH_SIDES = ["BatchGenerator", "ours (HTTP)", "ours (engine socket)", "mlx_lm.server"]
 
@@ -59,7 +63,12 @@ def in_turn(i: int, calls: dict[str, Callable[[], T]]) -> dict[str, T]:
     """Run every call once, starting with the (i mod n)-th and going round; results in the calls' order."""
     names = list(calls)
     k = i % len(names)
-    done = {name: calls[name]() for name in names[k:] + names[:k]}
+    done = {}
+    for name in names[k:] + names[:k]:
+        t0 = time.perf_counter()
+        done[name] = calls[name]()
+        # a round of a real model on a busy CPU takes many minutes: say where it is
+        print(f"  {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return {name: done[name] for name in names}
 
 
@@ -90,7 +99,7 @@ class Sides:
 
         self.model, self.tokenizer = load(str(model_path))
         self.bias = {t: -100.0 for t in eos_token_ids(model_path)}
-        self.ours = servers.start_ours(work, model_name, cache_dir, 1)
+        self.ours = servers.start_ours(work, model_name, cache_dir, 1, REQUEST_TIMEOUT=str(REQUEST_TIMEOUT))
         try:
             self.mlx_lm = servers.start_mlx_lm(work, model_path, 1)
         except BaseException:
@@ -124,14 +133,15 @@ class Sides:
 
     def batch_over_http(self, base_url: str, contents: list[str], n: int, model: str | None) -> float:
         """Aggregate tok/s of len(contents) concurrent streamed chat requests."""
-        result = clients.load(base_url, [clients.chat(c, n, self.bias, model) for c in contents], len(contents))
+        result = clients.load(base_url, [clients.chat(c, n, self.bias, model) for c in contents], len(contents),
+                              REQUEST_TIMEOUT)
         if result.errors or result.tokens < n * len(contents):
             raise RuntimeError(f"{base_url}: {result.errors[:1] or f'{result.tokens} of {n * len(contents)} tokens'}")
         return result.aggregate_tps
 
     def over_http(self, base_url: str, content: str, n: int, model: str | None) -> tuple[float, float]:
         """(first-token seconds, decode tok/s) of one streamed chat request, timed as bench.run times it."""
-        result = clients.load(base_url, [clients.chat(content, n, self.bias, model)], 1)
+        result = clients.load(base_url, [clients.chat(content, n, self.bias, model)], 1, REQUEST_TIMEOUT)
         s = result.samples[0]
         if not s.ok or s.tokens < n:
             raise RuntimeError(f"{base_url}: {s.error or f'{s.tokens} of {n} tokens'}")

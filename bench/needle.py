@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,8 @@ from bench.run import resolve_model  # noqa: E402
 
 CODE = "4417"
 NEEDLE = f"The secret code is {CODE}. "
+# an 8k prompt prefills at a few tokens/s on a 2-core CPU (an hour on 2 ranks): the server's default 600 s is short
+REQUEST_TIMEOUT = 4 * 3600
 QUESTION = "What is the secret code mentioned in the text above? Answer with the number."
 # plain prose that mentions no number, so the only code in the prompt is the needle's
 FILLER = [
@@ -61,6 +64,24 @@ def haystack(tokenizer, length: int, depth: float = 1 / 3) -> list[dict]:
     return [{"role": "user", "content": "".join(sentences) + "\n\n" + QUESTION}]
 
 
+def progress(base_url: str, length: int, stop: threading.Event, every: float) -> None:
+    """Print the prefill's progress while a request runs, so a run stopped before its answer still says how far
+    it got: engine steps since the request began times the tokens one step prefills (/health), an estimate."""
+    def health() -> dict:
+        try:
+            return httpx.get(base_url + "/health", timeout=10).json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    t0, step0 = time.perf_counter(), health().get("step", 0)
+    while not stop.wait(every):
+        h = health()
+        per_step = (h.get("prefill") or {}).get("tokens_per_step") or 0
+        done = min(length, (h.get("step", step0) - step0) * per_step)
+        print(f"[needle] {time.perf_counter() - t0:.0f} s: ~{done}/{length} prompt tokens prefilled "
+              f"({per_step} a step), load average {cpu.load_average():.1f}", file=sys.stderr, flush=True)
+
+
 def ask(base_url: str, messages: list[dict], max_tokens: int) -> dict:
     """One streamed greedy chat request: the answer, its prompt tokens and the time to the first token."""
     body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
@@ -77,7 +98,7 @@ def stream(url: str, body: dict, piece: Callable[[dict], str | None]) -> dict:
     time to its first text and in all; {"error": ...} when it fails."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     t0, first, text, usage = time.perf_counter(), None, "", {}
-    with httpx.stream("POST", url, json=body, timeout=3600) as r:
+    with httpx.stream("POST", url, json=body, timeout=REQUEST_TIMEOUT + 60) as r:
         if r.status_code != 200:
             r.read()
             return {"error": f"{r.status_code}: {r.text[:300]}"}
@@ -105,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/mlx-cluster-serve").expanduser())
     parser.add_argument("--out", type=Path, default=servers.REPO / "bench" / "results")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines")
     args = parser.parse_args(argv)
     from mlx_lm.utils import load_tokenizer
 
@@ -115,12 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     work, rows = servers.Workdir(), []
     try:
         for ranks in [int(r) for r in args.ranks.split(",") if r]:
-            server = servers.start_ours(work, model_name, args.cache_dir, ranks, PROMPT_CACHE_BYTES="0")
+            server = servers.start_ours(work, model_name, args.cache_dir, ranks, PROMPT_CACHE_BYTES="0",
+                                        REQUEST_TIMEOUT=str(REQUEST_TIMEOUT))
             try:
                 for n in lengths:
-                    load0 = cpu.load_average()
-                    row = {"ranks": ranks, "length": n, **ask(server.base_url, prompts[n], args.max_tokens),
-                           "load_average": load0}
+                    load0, stop = cpu.load_average(), threading.Event()
+                    watcher = threading.Thread(target=progress, args=(server.base_url, n, stop, args.progress_every),
+                                               daemon=True)
+                    watcher.start()
+                    try:
+                        answer = ask(server.base_url, prompts[n], args.max_tokens)
+                    finally:
+                        stop.set()
+                    row = {"ranks": ranks, "length": n, **answer, "load_average": load0}
                     print(f"[needle] {json.dumps(row)}", file=sys.stderr, flush=True)
                     rows.append(row)
             finally:
