@@ -47,9 +47,10 @@ def test_the_engine_reports_its_kv_budget_and_the_size_of_a_token(stack):
     health = httpx.get(stack.base_url + "/health", timeout=10).json()
     assert health["kv_memory"] == {"budget_bytes": BUDGET, "reserved_bytes": 0, "token_bytes": TOKEN_BYTES,
                                    "window_token_bytes": 0, "window_tokens": 0, "constant_bytes": 0,
-                                   "measured": True}
+                                   "measured": True, "precision": "fp32", "bits": 0, "group_size": 0}
     metrics = httpx.get(stack.base_url + "/metrics", timeout=10).text
-    values = dict(line.split(" ") for line in metrics.splitlines() if line.startswith("mcs_kv_"))
+    values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("mcs_kv_"))
+    assert values.pop('mcs_kv_cache_info{bits="0",group_size="0",precision="fp32"}') == "1.0"
     assert {k: float(v) for k, v in values.items()} == {
         "mcs_kv_budget_bytes": BUDGET, "mcs_kv_reserved_bytes": 0, "mcs_kv_token_bytes": TOKEN_BYTES,
         "mcs_kv_window_token_bytes": 0, "mcs_kv_window_tokens": 0, "mcs_kv_constant_bytes": 0}
