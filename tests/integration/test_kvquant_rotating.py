@@ -104,6 +104,7 @@ def test_a_batch_with_sliding_window_layers_decodes_what_each_sequence_decodes_a
     from mlx_lm.generate import BatchGenerator, generate_step
     from engine.kvquant.cache import BatchQuantizedKVCache, QuantizedKV
     from engine.kvquant.kinds import install, refusal
+    from engine.speculative.rollback import can_verify
 
     model = _wide("ministral3")
     assert refusal(model, bits, 64) is None
@@ -122,6 +123,9 @@ def test_a_batch_with_sliding_window_layers_decodes_what_each_sequence_decodes_a
         kinds = kinds or [type(c) for c in gen._generation_batch.prompt_cache]
     assert [got[u] for u in uids] == want
     assert kinds == [BatchQuantizedRotating, BatchQuantizedKVCache]
+    # a window cannot drop rejected drafts, quantized or not: speculative decoding stays off, saying why
+    assert can_verify(model) == (False, "a sliding-window cache overwrites its oldest tokens and cannot drop "
+                                        "rejected drafts")
 
 
 def test_attention_with_sinks_stays_refused_in_one_sentence():
