@@ -36,6 +36,19 @@ class _Packed:
     group_size: int
     kv_bits: int
     layout: Layout | None  # None until the first tokens tell the dims and dtype
+    _window: type  # mlx-lm's window class whose code moves the rows
+
+    def update_and_fetch(self, keys, values):
+        return self._unpack(*self._window.update_and_fetch(self, *self._pack(keys, values)))
+
+    @property
+    def state(self):  # the layout travels with the rows (from_state builds a cache without __init__)
+        return (*self._window.state.fget(self), self.group_size, self.kv_bits, self.layout)
+
+    @state.setter
+    def state(self, v):
+        self._window.state.fset(self, v[:-3])
+        self.group_size, self.kv_bits, self.layout = v[-3:]
 
     @property
     def bits(self) -> int:  # mlx-lm's scaled_dot_product_attention goes quantized on a cache with `bits`
@@ -60,21 +73,11 @@ class QuantizedRotating(_Packed, RotatingKVCache):
     """One sequence's quantized sliding window (what make_prompt_cache gives, extract returns, the prefix cache
     stores)."""
 
+    _window = RotatingKVCache
+
     def __init__(self, max_size: int, keep: int = 0, group_size: int = 64, bits: int = 8):
         super().__init__(max_size, keep)
         self.group_size, self.kv_bits, self.layout = group_size, bits, None
-
-    def update_and_fetch(self, keys, values):
-        return self._unpack(*super().update_and_fetch(*self._pack(keys, values)))
-
-    @property
-    def state(self):
-        return (*RotatingKVCache.state.fget(self), self.group_size, self.kv_bits, self.layout)
-
-    @state.setter
-    def state(self, v):
-        RotatingKVCache.state.fset(self, v[:-3])
-        self.group_size, self.kv_bits, self.layout = v[-3:]
 
     @classmethod
     def merge(cls, caches: list[Any]) -> BatchQuantizedRotating:
@@ -84,21 +87,11 @@ class QuantizedRotating(_Packed, RotatingKVCache):
 class BatchQuantizedRotating(_Packed, BatchRotatingKVCache):
     """A batch's quantized sliding windows: BatchRotatingKVCache's code on packed rows."""
 
+    _window = BatchRotatingKVCache
+
     def __init__(self, max_size: int, left_padding: list[int], group_size: int = 64, bits: int = 8):
         super().__init__(max_size, left_padding)
         self.group_size, self.kv_bits, self.layout = group_size, bits, None
-
-    def update_and_fetch(self, keys, values):
-        return self._unpack(*super().update_and_fetch(*self._pack(keys, values)))
-
-    @property
-    def state(self):
-        return (*BatchRotatingKVCache.state.fget(self), self.group_size, self.kv_bits, self.layout)
-
-    @state.setter
-    def state(self, v):
-        BatchRotatingKVCache.state.fset(self, v[:-3])
-        self.group_size, self.kv_bits, self.layout = v[-3:]
 
     def extend(self, other: BatchQuantizedRotating) -> None:
         if self.layout is None:
