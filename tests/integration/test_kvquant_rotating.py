@@ -81,6 +81,24 @@ def test_batch_rows_hold_each_sequences_own_window_through_merge_extend_filter_a
     _same(again, 0, c)
 
 
+def test_a_right_padded_prefill_past_the_window_lands_in_each_row_as_its_own_tokens():
+    """mlx-lm prefills prompts of different lengths right padded, then rolls each row back into place."""
+    batch = BatchQuantizedRotating.merge([QuantizedRotating(WINDOW, group_size=GROUP, bits=BITS) for _ in range(2)])
+    k, v = _kv(2, 24, 21)
+    first, rest = slice(0, 12), slice(12, 24)
+    batch.prepare(lengths=[24, 19], right_padding=[0, 5])
+    batch.update_and_fetch(k[..., first, :], v[..., first, :])
+    batch.update_and_fetch(k[..., rest, :], v[..., rest, :])
+    batch.finalize()
+    alone = [QuantizedRotating(WINDOW, group_size=GROUP, bits=BITS) for _ in range(2)]
+    for c, row, n in zip(alone, (0, 1), (24, 19)):
+        c.update_and_fetch(k[row:row + 1, :, :12], v[row:row + 1, :, :12])
+        c.update_and_fetch(k[row:row + 1, :, 12:n], v[row:row + 1, :, 12:n])
+    _feed(batch, alone, 1, 22)
+    _same(batch, 0, alone[0])
+    _same(batch, 1, alone[1])
+
+
 def test_a_fetch_is_the_triple_mlx_lms_quantized_attention_reads():
     c = QuantizedRotating(WINDOW, group_size=GROUP, bits=4)
     k, v = _kv(1, 7, 5)
