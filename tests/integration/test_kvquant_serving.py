@@ -145,8 +145,9 @@ def test_a_model_whose_kv_cannot_be_quantized_is_refused_in_one_sentence_at_chec
 def test_a_stream_cancelled_mid_decode_leaves_its_neighbour_exact_and_the_engine_serving(stack, client, reference):
     from tests.harness import assert_engine_logs_clean
 
-    # a long answer (SmolLM2's end tokens banned) that the client drops while the question decodes beside it
-    endless = client.chat.completions.create(model="default", messages=ECHO, max_tokens=400, temperature=0,
+    # a long answer (SmolLM2's end tokens banned; 4000 tokens take minutes on this CPU, so only the cancellation
+    # empties the batch within the wait below) that the client drops while the question decodes beside it
+    endless = client.chat.completions.create(model="default", messages=ECHO, max_tokens=4000, temperature=0,
                                              stream=True, logit_bias={"0": -100, "2": -100})
     long_chunks = iter(endless)
     next(long_chunks)
