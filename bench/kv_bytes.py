@@ -3,7 +3,8 @@
 One rank in process, each model with KV_BITS's caches installed as at load (engine/kvquant): SmolLM2-135M (the
 default model, heads of 64), demo-tiny and a zoo model as shipped (heads of 16, which no group size divides: they
 are refused, and the note under the table says why), and the zoo's layer patterns with heads of 64
-(engine/zoo/wide.py): plain KV, linear attention beside full attention, sliding windows (refused), MLA's latent.
+(engine/zoo/wide.py): plain KV, linear attention beside full attention, sliding windows (gpt-oss's, with
+attention sinks, refused), MLA's latent.
 With --ranks N, SmolLM2 also on N ranks over the ring, started as the engine (tests/harness.py), the largest rank's
 bytes as its Info reports them. Cells: bytes per token [+ per token of a window] [+ constant state per sequence],
 then the multiple of the float cell. Prints a Markdown table.
@@ -26,7 +27,8 @@ from tests.harness import MODEL_CACHE
 BITS = (None, 8, 4)
 # why a model is refused, printed under the table once per reason (the first model it was seen on)
 NOTES: dict[str, str] = {}
-WIDE = {"llama": "KVCache", "qwen3-next": "ArraysCache + KVCache", "gpt-oss": "RotatingKVCache + KVCache",
+WIDE = {"llama": "KVCache", "qwen3-next": "ArraysCache + KVCache", "gpt-oss": "RotatingKVCache + KVCache (sinks)",
+        "ministral3": "RotatingKVCache + KVCache",
         "deepseek-v3": "KVCache of MLA's latent"}
 
 

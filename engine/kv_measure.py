@@ -69,6 +69,8 @@ def _two_prefills(model: Any) -> tuple[list[tuple[str, int, int]], list[tuple[st
 def _dtype(layer: Any) -> str:
     """The float type of a layer's keys: the array's own, or a quantized tuple's scales' (packed, scales, biases)."""
     keys = getattr(layer, "keys", None)
+    if getattr(layer, "layout", None):  # KV_BITS's sliding window: packed rows, its float type named in its layout
+        return f"mlx.core.{layer.layout[-1]}"
     if isinstance(keys, tuple):
         keys = keys[1]
     return str(keys.dtype) if keys is not None else ""
@@ -81,10 +83,10 @@ def classify(layers: list[tuple[str, int, int]], later: list[tuple[str, int, int
         per_token, rest = divmod(b - a, SECOND - FIRST)
         if per_token < 0 or rest:
             raise MeasureError(f"a {kind} layer went from {a} to {b} bytes over {SECOND - FIRST} tokens")
-        if kind == "RotatingKVCache" and size < SECOND:
+        if size and size < SECOND:  # size: a sliding window's (any RotatingKVCache, KV_BITS's too)
             per_token = a // FIRST  # a window this small was already trimmed: FIRST tokens fit in it
         base = max(0, a - per_token * FIRST)
-        if kind == "RotatingKVCache":
+        if size:
             capped, window = capped + per_token, max(window, size)
         else:
             growing += per_token

@@ -1,6 +1,6 @@
 """Can KV_BITS be applied to MODEL? Asked before `launch.sh start` and in `launch.sh check`.
 
-A model whose cache kinds KV_BITS cannot quantize (sliding windows, vectors no group size divides) would otherwise
+A model whose cache kinds KV_BITS cannot quantize (attention with sinks, vectors no group size divides) would otherwise
 end every rank at load, with the reason only in engine.log. The answer comes from `python -m
 engine.kvquant.preflight` in a child process (ops never imports MLX), in the engine's own sentence.
 """

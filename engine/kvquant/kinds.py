@@ -2,23 +2,26 @@
 
 Each layer's fresh cache is asked what it is. A plain KVCache (dense and MoE attention) becomes a QuantizedKV;
 when the model keeps MLA's latent in it (DeepSeek, Kimi: the attention reads the cached latent itself), a
-QuantizedLatent, dequantized on fetch. A linear-attention state (ArraysCache) stays as it is. Any other kind
-(sliding windows: RotatingKVCache; chunked or concatenating caches) is refused, never served in full precision
-while KV_BITS says otherwise. mx.quantize works in groups of 32, 64 or 128 numbers of a token's vector, so every
-quantized vector's length must be a multiple of KV_GROUP_SIZE.
+QuantizedLatent, dequantized on fetch. A sliding window (RotatingKVCache) becomes a QuantizedRotating, unless the
+model's attention has sinks (gpt-oss): mlx-lm's quantized attention does not take them. A linear-attention state
+(ArraysCache) stays as it is. Any other kind (chunked or concatenating caches) is refused, never served in full
+precision while KV_BITS says otherwise. mx.quantize works in groups of 32, 64 or 128 numbers of a token's
+vector, so every quantized vector's length must be a multiple of KV_GROUP_SIZE.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, make_prompt_cache
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from engine.kvquant.cache import QuantizedKV, QuantizedLatent
+from engine.kvquant.rotating import QuantizedRotating
 
 GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
-_NAMES = {"RotatingKVCache": "sliding-window layers (RotatingKVCache)",
-          "ChunkedKVCache": "chunked-attention layers (ChunkedKVCache)"}
+_NAMES = {"ChunkedKVCache": "chunked-attention layers (ChunkedKVCache)"}
+_TAKEN = (KVCache, RotatingKVCache, ArraysCache)  # exactly these classes: a subclass may store differently
 
 
 class KVQuantRefused(Exception):
@@ -56,6 +59,11 @@ def vector_sizes(model: Any) -> dict[str, int]:
     return sizes
 
 
+def has_sinks(model: Any) -> bool:
+    """Whether the model's attention has learned sinks (gpt-oss), which mlx-lm's quantized attention refuses."""
+    return any(name.rsplit(".", 1)[-1] == "sinks" for name, _ in tree_flatten(model.parameters()))
+
+
 def _leaves(cache: list[Any]) -> list[Any]:
     out = []
     for c in cache:
@@ -71,11 +79,14 @@ def refusal(model: Any, bits: int | None, group_size: int, cache: list[Any] | No
     layers = _leaves(cache if cache is not None else make_prompt_cache(model))
     for layer in layers:
         kind = type(layer).__name__
-        if type(layer) not in (KVCache, ArraysCache):
+        if type(layer) not in _TAKEN:
             what = _NAMES.get(kind, f"{kind} layers")
             return f"KV_BITS={bits} cannot quantize this model's {what}: set KV_BITS=off to serve it"
-    if not any(type(layer) is KVCache for layer in layers):
+    if not any(type(layer) in (KVCache, RotatingKVCache) for layer in layers):
         return None  # nothing per token to quantize (a model of linear attention only)
+    if has_sinks(model):
+        return (f"KV_BITS={bits} cannot quantize this model's attention with sinks (gpt-oss): mlx-lm's quantized "
+                "attention does not take them; set KV_BITS=off to serve it")
     sizes = vector_sizes(model)
     if not sizes:
         return (f"KV_BITS={bits}: the length of this model's key and value vectors is not in its config "
@@ -97,6 +108,8 @@ def quantized(cache: list[Any], bits: int, group_size: int, latent: bool) -> lis
             return CacheList(*(convert(c) for c in layer.caches))
         if type(layer) is KVCache:
             return QuantizedLatent(group_size, bits) if latent else QuantizedKV(group_size, bits)
+        if type(layer) is RotatingKVCache:
+            return QuantizedRotating(layer.max_size, layer.keep, group_size, bits)
         return layer
     return [convert(c) for c in cache]
 

@@ -103,7 +103,7 @@ def compact(cache: list[Any], length: int) -> list[Any]:
             return _first_tokens(c, length)
         if type(c) in _QUANTIZED:
             return c.head(length)
-        return _unwrapped_window(c) if type(c) is RotatingKVCache else c
+        return _unwrapped_window(c) if isinstance(c, RotatingKVCache) else c  # KV_BITS's packed windows too
     cache = [tight(c) for c in cache]
     arrays = [a for layer in cache for a in _own_arrays(layer)]
     mx.eval(arrays)

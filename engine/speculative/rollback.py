@@ -27,6 +27,8 @@ from engine.kvquant.cache import BatchQuantizedKVCache, BatchQuantizedLatentCach
 _WHY = {
     "RotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
     "BatchRotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
+    "QuantizedRotating": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
+    "BatchQuantizedRotating": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
     "ArraysCache": "a linear-attention state folds every token in and cannot drop rejected drafts",
 }
 # the kinds whose rows keep their tokens right-aligned at one write index, as BatchKVCache does

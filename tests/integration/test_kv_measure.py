@@ -129,10 +129,11 @@ def fall(bits: int, dtype_bytes: int) -> float:
     return row_bytes(64, dtype_bytes, bits, 64) / row_bytes(64, dtype_bytes, None, 64)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3-next", "deepseek-v3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3-next", "deepseek-v3", "ministral3"])
 def test_quantized_caches_measure_what_the_bits_say_and_linear_attention_state_stays_float(family: str):
     """The zoo's layer patterns with heads of 64 (engine/zoo/wide.py; the zoo's own 16 are refused), float32, with
-    KV_BITS's caches installed as at load: plain KV, full attention beside linear attention, MLA's latent."""
+    KV_BITS's caches installed as at load: plain KV, full attention beside linear attention, MLA's latent, a
+    sliding window beside full attention."""
     from engine.kv_measure import measure_kv
     from engine.kvquant.kinds import install
     from engine.zoo.wide import wide_model
@@ -145,4 +146,6 @@ def test_quantized_caches_measure_what_the_bits_say_and_linear_attention_state_s
         quantized, dtype = measure_kv(model)
         assert dtype == "mlx.core.float32"  # read from the scales of the quantized keys
         assert quantized.token_bytes == full.token_bytes * fall(bits, 4), (bits, quantized, full)
+        assert quantized.window_token_bytes == full.window_token_bytes * fall(bits, 4), (bits, quantized, full)
+        assert quantized.window == full.window
         assert quantized.constant_bytes == full.constant_bytes

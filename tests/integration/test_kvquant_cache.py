@@ -8,7 +8,7 @@ from itertools import islice
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, QuantizedKVCache, RotatingKVCache
 
 from engine.kvquant.cache import BatchQuantizedKVCache, QuantizedKV
 from engine.kvquant.kinds import install, refusal
@@ -147,8 +147,9 @@ def test_kinds_it_cannot_quantize_are_refused_naming_the_kind_and_linear_attenti
     model = _tiny_llama()
     assert refusal(model, None, GROUP) is None
     assert refusal(model, 4, 64) is None
-    window = refusal(model, 8, GROUP, [KVCache(), RotatingKVCache(32)])
-    assert window == "KV_BITS=8 cannot quantize this model's sliding-window layers (RotatingKVCache): set KV_BITS=off to serve it"
+    chunked = refusal(model, 8, GROUP, [KVCache(), ChunkedKVCache(32)])
+    assert chunked == "KV_BITS=8 cannot quantize this model's chunked-attention layers (ChunkedKVCache): set KV_BITS=off to serve it"
+    assert refusal(model, 8, GROUP, [KVCache(), RotatingKVCache(32)]) is None  # sliding windows are quantized
     assert refusal(model, 8, GROUP, [ArraysCache(2), KVCache()]) is None
     install(model, 8, GROUP)
     narrow = _tiny_llama(head_dim=16)

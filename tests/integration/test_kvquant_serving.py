@@ -140,3 +140,27 @@ def test_a_model_whose_kv_cannot_be_quantized_is_refused_in_one_sentence_at_chec
     else:
         engine.stop()  # never left running by a failing test
         pytest.fail("the engine started with KV_BITS=8 on a model it cannot quantize")
+
+
+def test_a_stream_cancelled_mid_decode_leaves_its_neighbour_exact_and_the_engine_serving(stack, client, reference):
+    from tests.harness import assert_engine_logs_clean
+
+    # a long answer (SmolLM2's end tokens banned; 4000 tokens take minutes on this CPU, so only the cancellation
+    # empties the batch within the wait below) that the client drops while the question decodes beside it
+    endless = client.chat.completions.create(model="default", messages=ECHO, max_tokens=4000, temperature=0,
+                                             stream=True, logit_bias={"0": -100, "2": -100})
+    long_chunks = iter(endless)
+    next(long_chunks)
+    beside = client.chat.completions.create(model="default", messages=QUESTION, max_tokens=MAX_TOKENS,
+                                            temperature=0, stream=True)
+    text = []
+    for chunk in beside:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if not text:
+                next(long_chunks)  # both are decoding in one batch now
+                endless.close()
+            text.append(chunk.choices[0].delta.content)
+    assert "".join(text) == reference["question"]["text"]
+    wait_for(lambda: stack.probe()["active"] == 0, 30, "the cancelled stream to leave the batch")
+    assert _ask(client).choices[0].message.content == reference["question"]["text"]
+    assert_engine_logs_clean(stack)

@@ -125,6 +125,24 @@ def test_a_sliding_window_that_has_not_wrapped_is_cut_and_keeps_only_its_tokens(
     assert entries.take(3, 5)[0].offset == 5
 
 
+def test_a_quantized_sliding_window_is_stored_packed_cut_and_keeps_only_its_tokens():
+    """KV_BITS's window (engine/kvquant/rotating.py) is kept as the float one is, in its packed rows."""
+    from engine.kvquant.rotating import QuantizedRotating
+
+    window = QuantizedRotating(64, group_size=32, bits=8)
+    for i in range(10):
+        k = mx.random.normal((1, 1, 1, 32), key=mx.random.key(i))
+        window.update_and_fetch(k, k)
+    entries = PrefixEntries()
+    entries.put(4, [window], 8, 10)
+    (kept,) = entries.entries[4]
+    assert type(kept) is QuantizedRotating and kept.offset == 8 and kept.keys.shape[2] == 8
+    assert kept.keys.dtype == mx.uint32 and entries.nbytes() == kept.nbytes
+    (taken,) = entries.take(4, 5)
+    assert taken.offset == 5 and taken.layout == window.layout
+    assert mx.array_equal(taken.keys[..., :5, :], window.keys[..., :5, :])
+
+
 def test_each_cache_kind_is_asked_how_many_arrays_it_holds():
     """Metal counts buffers, not bytes: a quantized layer holds its scales and biases too, a linear-attention layer
     its states, a layer of several caches theirs."""
