@@ -56,6 +56,11 @@ class QuantizedKV(QuantizedKVCache):
         return BatchQuantizedKVCache.merge(caches)
 
 
+def _inner(name: str) -> property:
+    """An attribute read from and written to the wrapped cache."""
+    return property(lambda self: getattr(self.inner, name), lambda self, v: setattr(self.inner, name, v))
+
+
 class QuantizedLatent(_BaseCache):
     """One sequence's quantized MLA latent: QuantizedKV's storage, fetched dequantized (no `bits`: the model's
     attention reads the latent as floats)."""
@@ -64,29 +69,9 @@ class QuantizedLatent(_BaseCache):
         self.inner = QuantizedKV(group_size=group_size, bits=bits)
 
     # keys and values as a pipeline stage's forward pass reaches them (mx.depends on the last layer's keys)
-    @property
-    def keys(self):
-        return self.inner.keys
-
-    @keys.setter
-    def keys(self, v):
-        self.inner.keys = v
-
-    @property
-    def values(self):
-        return self.inner.values
-
-    @values.setter
-    def values(self, v):
-        self.inner.values = v
-
-    @property
-    def step(self) -> int:
-        return self.inner.step
-
-    @step.setter
-    def step(self, n: int) -> None:
-        self.inner.step = n
+    keys = _inner("keys")
+    values = _inner("values")
+    step = _inner("step")
 
     @property
     def offset(self) -> int:
