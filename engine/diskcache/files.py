@@ -147,8 +147,9 @@ def read_header(path: Path) -> dict:
     return _read_doc(path)["header"]
 
 
-def _read_checked(path: Path) -> np.ndarray:
-    """The whole file's bytes, its checksum verified: each block is checksummed while the next is read."""
+def _read_all(path: Path) -> tuple[np.ndarray, int]:
+    """The whole file's bytes and the checksum of all but its trailer: each block is checksummed while the next is
+    read."""
     try:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
@@ -172,15 +173,15 @@ def _read_checked(path: Path) -> np.ndarray:
                     crc = pending.result()
     except OSError as exc:
         raise DamagedEntry(f"{path}: {exc.strerror or exc}") from exc
-    if crc != _TRAILER.unpack_from(view, end)[0]:
-        raise DamagedEntry(f"{path}: fails its checksum")
-    return buf
+    return buf, crc
 
 
 def read_file(path: Path) -> tuple[list[Any], dict]:
     """(the entry's per-layer caches, the dict given to write_file); raises DamagedEntry."""
-    buf = _read_checked(path)
+    buf, crc_all = _read_all(path)
     length, crc = _parse_prefix(buf[:_PREFIX.size].tobytes(), path)
+    if crc_all != _TRAILER.unpack_from(buf, buf.size - _TRAILER.size)[0]:
+        raise DamagedEntry(f"{path}: fails its checksum")
     doc = _parse_header(buf[_PREFIX.size:_PREFIX.size + length].tobytes(), crc, path)
     start = _aligned(_PREFIX.size + length)
     if start + doc["data"] + _TRAILER.size != buf.size:
