@@ -166,6 +166,7 @@ class DiskTier:
                 path.unlink(missing_ok=True)
                 return
             self._index[name] = written
+            self._stamp(name)
             self._evict(self.cap, keep=name)
             self.counts["writes"] += 1
 
@@ -205,8 +206,14 @@ class DiskTier:
         with self._lock:
             if name in self._index:
                 self._index.move_to_end(name)
-                with contextlib.suppress(OSError):  # a touch lost costs only the order
-                    os.utime(self._path(name))  # the order a restart finds
+                self._stamp(name)
+
+    def _stamp(self, name: str) -> None:
+        """Set the file's mtime to a time later than every other's (the lock held): the order a restart finds, even
+        where the file system's clock ticks coarser than two uses."""
+        self._clock = max(time.time_ns(), self._clock + 1)
+        with contextlib.suppress(OSError):  # a stamp lost costs only the order
+            os.utime(self._path(name), ns=(self._clock, self._clock))
 
     def _load_index(self) -> None:
         """The files present, oldest use first; a crash's leftover tmp files removed."""
@@ -220,3 +227,4 @@ class DiskTier:
                     found.append((st.st_mtime_ns, e.name[:-len(SUFFIX)], st.st_size))
         for _, name, size in sorted(found):
             self._index[name] = size
+        self._clock = max((t for t, _, _ in found), default=0)
