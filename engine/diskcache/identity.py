@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 WEIGHTS = ("*.safetensors", "*.gguf", "*.npz")
 CONFIG = "config.json"  # the architecture the weights are read with (a rope scaling changes every key)
 SIDECAR = "model-identities.json"
-# a Hugging Face cache's blob is named by its content's hash: sha256 for LFS files, git's sha1 for small ones
-_BLOB = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+# a Hugging Face cache's LFS blob is named by its content's sha256 (a small file's by git's sha1, which is not the
+# content's sha256: those are read, they are small), so a snapshot and a plain copy of it get the same identity
+_BLOB = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 8 << 20
 
 
@@ -36,7 +37,7 @@ def _files(model_dir: Path) -> list[Path]:
 
 
 def _blob(path: Path) -> str | None:
-    """The content hash a Hub cache's snapshot link names (its blob's file name), without reading the file."""
+    """The content's sha256 that a Hub cache's snapshot link names (its blob's file name), without reading it."""
     if not path.is_symlink():
         return None
     target = path.resolve()
