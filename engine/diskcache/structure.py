@@ -25,8 +25,6 @@ from engine.kvquant.rotating import QuantizedRotating
 CLASSES = {c.__name__: c for c in (KVCache, RotatingKVCache, ArraysCache, CacheList, ChunkedKVCache,
                                    ConcatenateKVCache, QuantizedKVCache, QuantizedKV, QuantizedLatent,
                                    QuantizedRotating)}
-# numpy has no bfloat16: its bytes travel as uint16 and are viewed back on restore
-_CARRIERS = {"bfloat16": (mx.uint16, np.uint16)}
 
 
 class Unsupported(Exception):
@@ -35,11 +33,13 @@ class Unsupported(Exception):
 
 @dataclass
 class HostEntry:
-    """One entry's caches on the host: the structure (plain data) and the arrays' bytes (numpy), no MLX."""
+    """One entry's caches on the host: the structure (plain data) and each array's raw bytes (numpy uint8, any
+    dtype's: bfloat16 has no numpy dtype) with its MLX dtype and shape. No MLX."""
 
     layers: list[Any]
     arrays: list[np.ndarray] = field(default_factory=list)
-    dtypes: list[str] = field(default_factory=list)  # MLX's dtype name of each array
+    dtypes: list[str] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -50,6 +50,21 @@ def _dtype_name(a: mx.array) -> str:
     return str(a.dtype).rsplit(".", 1)[-1]
 
 
+def writable_bytes(a: mx.array) -> memoryview:
+    """An evaluated, contiguous array's memory as bytes. MLX documents that a NumPy view of an array writes
+    through to it (its buffer protocol): restoring reads a file straight into arrays made for it, no copy."""
+    return memoryview(a).cast("B")
+
+
+def empty(dtype: str, shape: list[int]) -> mx.array:
+    """A new array of its own buffer, to be filled through writable_bytes once evaluated; raises Unsupported for
+    a dtype MLX does not have."""
+    kind = getattr(mx, dtype, None)
+    if not isinstance(kind, mx.Dtype):
+        raise Unsupported(f"no dtype {dtype!r} in MLX")
+    return mx.zeros(shape, kind)
+
+
 def host_copy(layers: list[Any]) -> HostEntry:
     """The entry's caches copied to the host (a memcpy per array; run it where MLX runs, the step thread)."""
     out = HostEntry(layers=[])
@@ -57,14 +72,21 @@ def host_copy(layers: list[Any]) -> HostEntry:
     return out
 
 
+def _host_bytes(a: mx.array) -> np.ndarray:
+    a = mx.contiguous(a)  # a slice or a broadcast kept in a cache: its own bytes, in order
+    mx.eval(a)
+    if a.size == 0:
+        return np.empty(0, np.uint8)
+    return np.frombuffer(writable_bytes(a), np.uint8).copy()
+
+
 def _encode(value: Any, out: HostEntry) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, mx.array):
-        name = _dtype_name(value)
-        carrier = _CARRIERS.get(name)
-        out.arrays.append(np.array(value.view(carrier[0]) if carrier else value))
-        out.dtypes.append(name)
+        out.arrays.append(_host_bytes(value))
+        out.dtypes.append(_dtype_name(value))
+        out.shapes.append(list(value.shape))
         return {"a": len(out.arrays) - 1}
     if isinstance(value, tuple):
         return {"t": [_encode(v, out) for v in value]}
@@ -76,21 +98,20 @@ def _encode(value: Any, out: HostEntry) -> Any:
     raise Unsupported(f"a {kind} cannot be written to disk")
 
 
-def restore(layers: list[Any], arrays: list[np.ndarray], dtypes: list[str]) -> list[Any]:
-    """The caches a structure and its host arrays describe, as MLX arrays; raises Unsupported on a structure this
-    code did not write."""
-    made = [_array(a, d) for a, d in zip(arrays, dtypes)]
-    return [_decode(c, made) for c in layers]
+def restore(layers: list[Any], arrays: list[mx.array]) -> list[Any]:
+    """The caches a structure describes, made of arrays (filled, in the structure's order); raises Unsupported
+    on a structure this code did not write."""
+    return [_decode(c, arrays) for c in layers]
 
 
-def _array(a: np.ndarray, dtype: str) -> mx.array:
-    carrier = _CARRIERS.get(dtype)
-    out = mx.array(a)
-    if carrier:
-        return out.view(getattr(mx, dtype))
-    if _dtype_name(out) != dtype:
-        raise Unsupported(f"an array of {dtype} came back as {_dtype_name(out)}")
-    return out
+def from_host(entry: HostEntry) -> list[Any]:
+    """The caches of a host copy (an entry still waiting for the writer)."""
+    made = [empty(d, s) for d, s in zip(entry.dtypes, entry.shapes)]
+    mx.eval(made)
+    for a, host in zip(made, entry.arrays):
+        if host.nbytes:
+            np.frombuffer(writable_bytes(a), np.uint8)[:] = host
+    return restore(entry.layers, made)
 
 
 def _decode(value: Any, arrays: list[mx.array]) -> Any:

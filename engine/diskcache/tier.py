@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.diskcache import files
-from engine.diskcache.structure import HostEntry, Unsupported, restore
+from engine.diskcache.structure import HostEntry, Unsupported, from_host
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,7 @@ class DiskTier:
             queued = self._pending.get(name)
         try:
             if queued is not None:  # not on disk yet: its host copy is the entry
-                entry = queued[1]
-                layers, size = restore(entry.layers, entry.arrays, entry.dtypes), entry.nbytes
+                layers, size = from_host(queued[1]), queued[1].nbytes
             else:
                 layers, _ = files.read_file(self._path(name))
                 size = self._index.get(name, 0)

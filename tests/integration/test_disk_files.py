@@ -98,6 +98,24 @@ def test_one_flipped_byte_anywhere_is_refused(written: bytes, tmp_path: Path) ->
             read_file(_damaged(tmp_path, bytes(flipped)))
 
 
+def test_a_large_entry_is_checked_in_every_block(tmp_path: Path) -> None:
+    big = KVCache()  # 12 MiB: several of the blocks checked on separate threads
+    keys = mx.random.normal((1, 4, 8192, 96), key=mx.random.key(1)).astype(mx.bfloat16)
+    big.update_and_fetch(keys, keys * 2)
+    path = tmp_path / "big.kv"
+    write_file(path, host_copy([big]), {})
+    (back,), _ = read_file(path)
+    assert mx.array_equal(back.keys, big.keys).item() and mx.array_equal(back.values, big.values).item()
+    data = path.read_bytes()
+    for at in (5 << 20, 9 << 20, len(data) - 5):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x01
+        with pytest.raises(DamagedEntry, match="checksum"):
+            read_file(_damaged(tmp_path, bytes(flipped)))
+    with pytest.raises(DamagedEntry):
+        read_file(_damaged(tmp_path, data[:8 << 20] + data[(8 << 20) + 4:]))  # four bytes gone mid-file
+
+
 def test_another_format_version_or_no_file_is_refused(written: bytes, tmp_path: Path) -> None:
     other = bytearray(written)
     struct.pack_into("<H", other, 6, VERSION + 1)
