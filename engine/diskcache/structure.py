@@ -65,36 +65,42 @@ def empty(dtype: str, shape: list[int]) -> mx.array:
     return mx.zeros(shape, kind)
 
 
-def host_copy(layers: list[Any]) -> HostEntry:
-    """The entry's caches copied to the host (a memcpy per array; run it where MLX runs, the step thread)."""
+def host_copy(layers: list[Any], copy: bool = True) -> HostEntry:
+    """The entry's caches on the host, for a thread without MLX to write; run it where MLX runs (the step thread).
+
+    copy: a memcpy per array (the cost is mostly the new pages' first touch: bench/disk_tier.py). Without it,
+    numpy views of the arrays' own memory, which keep the arrays alive until the entry is dropped: no cost on the
+    step thread, and safe because an array another holds is never written in place (MLX donates a buffer only
+    from its last holder)."""
     out = HostEntry(layers=[])
-    out.layers = [_encode(c, out) for c in layers]
+    out.layers = [_encode(c, out, copy) for c in layers]
     return out
 
 
-def _host_bytes(a: mx.array) -> np.ndarray:
+def _host_bytes(a: mx.array, copy: bool) -> np.ndarray:
     a = mx.contiguous(a)  # a slice or a broadcast kept in a cache: its own bytes, in order
     mx.eval(a)
     if a.size == 0:
         return np.empty(0, np.uint8)
-    return np.frombuffer(writable_bytes(a), np.uint8).copy()
+    view = np.frombuffer(writable_bytes(a), np.uint8)
+    return view.copy() if copy else view
 
 
-def _encode(value: Any, out: HostEntry) -> Any:
+def _encode(value: Any, out: HostEntry, copy: bool) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, mx.array):
-        out.arrays.append(_host_bytes(value))
+        out.arrays.append(_host_bytes(value, copy))
         out.dtypes.append(_dtype_name(value))
         out.shapes.append(list(value.shape))
         return {"a": len(out.arrays) - 1}
     if isinstance(value, tuple):
-        return {"t": [_encode(v, out) for v in value]}
+        return {"t": [_encode(v, out, copy) for v in value]}
     if isinstance(value, list):
-        return [_encode(v, out) for v in value]
+        return [_encode(v, out, copy) for v in value]
     kind = type(value).__name__
     if CLASSES.get(kind) is type(value):
-        return {"c": kind, "v": {k: _encode(v, out) for k, v in vars(value).items()}}
+        return {"c": kind, "v": {k: _encode(v, out, copy) for k, v in vars(value).items()}}
     raise Unsupported(f"a {kind} cannot be written to disk")
 
 

@@ -34,8 +34,10 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 class DiskTier:
     """The entries of one folder (a model identity, layout and precision), at most cap_bytes of files."""
 
-    def __init__(self, folder: Path, cap_bytes: int, queue_entries: int = QUEUE) -> None:
-        self.folder, self.cap = folder, cap_bytes
+    def __init__(self, folder: Path, cap_bytes: int, queue_entries: int = QUEUE, copy: bool = True) -> None:
+        """copy: whether put() copies the arrays (see files.host_copy: with False, a queued entry's arrays stay
+        alive until written, at no cost to the step)."""
+        self.folder, self.cap, self.copy = folder, cap_bytes, copy
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(folder, 0o700)  # a folder made before (or by another umask) is closed too
         self._lock = threading.Lock()
@@ -59,7 +61,7 @@ class DiskTier:
             self._skip(name, "the writer is behind" if self._queue.full() else "spilling is off")
             return
         try:
-            entry = files.host_copy(layers)
+            entry = files.host_copy(layers, self.copy)
         except Unsupported as exc:
             self._skip(name, str(exc))
             return

@@ -88,3 +88,8 @@ def test_precisions_and_entries_that_differ_get_different_names() -> None:
                                                  ("a", [1, 2]), ("a", [1, 2, 3, 0]), ("a", [258]), ("a", [2, 1])]}
     assert len(names) == 7
     assert entry_name("a", [1, 2, 3]) == entry_name("a", (1, 2, 3)) and len(entry_name("a", [])) == 40
+
+
+def test_packed_tokens_come_back_whole() -> None:
+    tokens = [0, 1, 255, 256, 151_935, 2**32 - 1]  # up to the largest id 4 bytes hold
+    assert identity.unpack_tokens(identity.pack_tokens(tokens)) == tokens
