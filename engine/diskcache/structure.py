@@ -73,34 +73,31 @@ def host_copy(layers: list[Any], copy: bool = True) -> HostEntry:
     step thread, and safe because an array another holds is never written in place (MLX donates a buffer only
     from its last holder)."""
     out = HostEntry(layers=[])
-    out.layers = [_encode(c, out, copy) for c in layers]
+    found: list[mx.array] = []
+    out.layers = [_encode(c, out, found) for c in layers]
+    found = [mx.contiguous(a) for a in found]  # a slice or a broadcast kept in a cache: its own bytes, in order
+    mx.eval(found)
+    for a in found:
+        view = np.frombuffer(writable_bytes(a), np.uint8) if a.size else np.empty(0, np.uint8)
+        out.arrays.append(view.copy() if copy else view)
     return out
 
 
-def _host_bytes(a: mx.array, copy: bool) -> np.ndarray:
-    a = mx.contiguous(a)  # a slice or a broadcast kept in a cache: its own bytes, in order
-    mx.eval(a)
-    if a.size == 0:
-        return np.empty(0, np.uint8)
-    view = np.frombuffer(writable_bytes(a), np.uint8)
-    return view.copy() if copy else view
-
-
-def _encode(value: Any, out: HostEntry, copy: bool) -> Any:
+def _encode(value: Any, out: HostEntry, found: list[mx.array]) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, mx.array):
-        out.arrays.append(_host_bytes(value, copy))
+        found.append(value)
         out.dtypes.append(_dtype_name(value))
         out.shapes.append(list(value.shape))
-        return {"a": len(out.arrays) - 1}
+        return {"a": len(found) - 1}
     if isinstance(value, tuple):
-        return {"t": [_encode(v, out, copy) for v in value]}
+        return {"t": [_encode(v, out, found) for v in value]}
     if isinstance(value, list):
-        return [_encode(v, out, copy) for v in value]
+        return [_encode(v, out, found) for v in value]
     kind = type(value).__name__
     if CLASSES.get(kind) is type(value):
-        return {"c": kind, "v": {k: _encode(v, out, copy) for k, v in vars(value).items()}}
+        return {"c": kind, "v": {k: _encode(v, out, found) for k, v in vars(value).items()}}
     raise Unsupported(f"a {kind} cannot be written to disk")
 
 

@@ -35,8 +35,8 @@ class DiskTier:
     """The entries of one folder (a model identity, layout and precision), at most cap_bytes of files."""
 
     def __init__(self, folder: Path, cap_bytes: int, queue_entries: int = QUEUE, copy: bool = True) -> None:
-        """copy: whether put() copies the arrays (see files.host_copy: with False, a queued entry's arrays stay
-        alive until written, at no cost to the step)."""
+        """Raises OSError when the folder cannot be made. copy: whether put() copies the arrays (see
+        files.host_copy: with False, a queued entry's arrays stay alive until written, at no cost to the step)."""
         self.folder, self.cap, self.copy = folder, cap_bytes, copy
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(folder, 0o700)  # a folder made before (or by another umask) is closed too
@@ -47,6 +47,8 @@ class DiskTier:
         self._ticket = 0
         self._busy = 0  # entries queued or being written
         self._stopped = False  # a write failed: spilling is off until the engine starts again
+        self._closed = False
+        self._told_kind = False  # the warning that a cache kind cannot be written, given once
         self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
                            seconds_restoring=0.0, skipped=0)
         self._load_index()
@@ -57,12 +59,15 @@ class DiskTier:
     # -- the step thread's side -----------------------------------------------------------------------------
     def put(self, name: str, layers: list[Any], header: dict) -> None:
         """Queue the entry's write; never raises, never waits for the disk."""
-        if self._stopped or self.cap <= 0 or self._queue.full():
+        if self._stopped or self._closed or self.cap <= 0 or self._queue.full():
             self._skip(name, "the writer is behind" if self._queue.full() else "spilling is off")
             return
         try:
             entry = files.host_copy(layers, self.copy)
         except Unsupported as exc:
+            if not self._told_kind:
+                self._told_kind = True
+                log.warning("prefix cache on disk: %s, so this model's entries stay in RAM only", exc)
             self._skip(name, str(exc))
             return
         if entry.nbytes > self.cap:
@@ -70,9 +75,14 @@ class DiskTier:
             return
         with self._lock:
             self._ticket += 1
-            self._pending[name] = (self._ticket, entry)
+            ticket = self._ticket
+            self._pending[name] = (ticket, entry)
             self._busy += 1
-        self._queue.put_nowait((name, self._ticket, entry, header))  # the only producer: room was checked
+        try:
+            self._queue.put_nowait((name, ticket, entry, header))
+        except queue.Full:  # only when put() is called from two threads at once
+            self._finished(name, ticket)
+            self._skip(name, "the writer is behind")
 
     def load(self, name: str) -> list[Any] | None:
         """The entry's caches, or None when it is missing or damaged (a damaged file is deleted)."""
@@ -127,6 +137,7 @@ class DiskTier:
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, then stop the writer."""
+        self._closed = True
         self._queue.put(None)
         self._writer.join(timeout)
 
@@ -136,12 +147,18 @@ class DiskTier:
             name, ticket, entry, header = item
             try:
                 self._write(name, ticket, entry, header)
+            except Exception:  # a header msgpack cannot encode: a bug to log, never the writer's end
+                log.exception("prefix entry %s not written to disk", name)
+                self._count(write_failures=1)
             finally:
-                with self._idle:
-                    if self._pending.get(name, (None,))[0] == ticket:
-                        del self._pending[name]
-                    self._busy -= 1
-                    self._idle.notify_all()
+                self._finished(name, ticket)
+
+    def _finished(self, name: str, ticket: int) -> None:
+        with self._idle:
+            if self._pending.get(name, (None,))[0] == ticket:
+                del self._pending[name]
+            self._busy -= 1
+            self._idle.notify_all()
 
     def _write(self, name: str, ticket: int, entry: HostEntry, header: dict) -> None:
         if self._pending.get(name, (None,))[0] != ticket:
@@ -153,9 +170,8 @@ class DiskTier:
         if size > self.cap:
             self._skip(name, f"{size} bytes, over the cap of {self.cap}")
             return
-        with self._lock:
-            self._index.pop(name, None)
-            self._evict(self.cap - size)
+        with self._lock:  # room for it, counting the file it replaces as gone
+            self._evict(self.cap - size + self._index.get(name, 0), keep=name)
         path = self._path(name)
         try:
             written = files.write_file(path, entry, header)

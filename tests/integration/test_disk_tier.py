@@ -143,3 +143,19 @@ def test_a_cap_of_zero_writes_nothing(tmp_path: Path) -> None:
     disk.put("e0", entry(0), {})
     assert disk.flush(30) and not list(tmp_path.iterdir()) and disk.stats()["skipped"] == 1
     disk.close()
+
+
+def test_an_entry_it_cannot_write_costs_that_entry_only(tmp_path: Path, caplog) -> None:
+    from mlx_lm.models.cache import BatchKVCache
+
+    disk = DiskTier(tmp_path, 1 << 20)
+    with caplog.at_level(logging.WARNING, logger="engine.diskcache.tier"):
+        disk.put("batch", [BatchKVCache([0])], {})  # a batch's kind never reaches the prefix cache
+        disk.put("odd", entry(0), {"tokens": object()})  # a header msgpack cannot encode
+        disk.put("fine", entry(1), {"tokens": [1]})
+        assert disk.flush(30)
+    assert disk.names() == ["fine"] and disk.load("fine") is not None
+    stats = disk.stats()
+    assert (stats["skipped"], stats["write_failures"], stats["writes"]) == (1, 1, 1)
+    assert "BatchKVCache" in caplog.text
+    disk.close()
