@@ -25,6 +25,10 @@ from engine.kvquant.rotating import QuantizedRotating
 CLASSES = {c.__name__: c for c in (KVCache, RotatingKVCache, ArraysCache, CacheList, ChunkedKVCache,
                                    ConcatenateKVCache, QuantizedKVCache, QuantizedKV, QuantizedLatent,
                                    QuantizedRotating)}
+# every MLX dtype, by the name its str() ends in ("bool" is mx.bool_)
+DTYPES = {str(d).rsplit(".", 1)[-1]: d for d in (
+    mx.bool_, mx.uint8, mx.uint16, mx.uint32, mx.uint64, mx.int8, mx.int16, mx.int32, mx.int64, mx.float16,
+    mx.float32, mx.float64, mx.bfloat16, mx.complex64)}
 
 
 class Unsupported(Exception):
@@ -59,10 +63,9 @@ def writable_bytes(a: mx.array) -> memoryview:
 def empty(dtype: str, shape: list[int]) -> mx.array:
     """A new array of its own buffer, to be filled through writable_bytes once evaluated; raises Unsupported for
     a dtype MLX does not have."""
-    kind = getattr(mx, dtype, None)
-    if not isinstance(kind, mx.Dtype):
+    if dtype not in DTYPES:
         raise Unsupported(f"no dtype {dtype!r} in MLX")
-    return mx.zeros(shape, kind)
+    return mx.zeros(shape, DTYPES[dtype])
 
 
 def host_copy(layers: list[Any], copy: bool = True) -> HostEntry:

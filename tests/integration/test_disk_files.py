@@ -11,7 +11,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from engine.diskcache.files import VERSION, DamagedEntry, host_copy, read_file, read_header, write_file
 from engine.kvquant.kinds import install
@@ -63,11 +63,17 @@ def test_nested_caches_come_back_with_their_positions(tmp_path: Path) -> None:
     window.update_and_fetch(keys, keys + 1)  # past its size: wrapped
     plain = KVCache()
     plain.update_and_fetch(mx.ones((1, 2, 3, 4), mx.float16), mx.zeros((1, 2, 3, 4), mx.float16))
-    write_file(tmp_path / "n.kv", host_copy([CacheList(plain, window)]), {})
-    (back,), _ = read_file(tmp_path / "n.kv")
+    state = ArraysCache(4)  # a state of any dtypes, a slot empty, a slice that is not contiguous
+    state.cache = [mx.array([[True, False]]), None, mx.arange(12, dtype=mx.int64).reshape(3, 4)[:, 1:3],
+                   mx.array([1 + 2j], mx.complex64)]
+    write_file(tmp_path / "n.kv", host_copy([CacheList(plain, window), state]), {})
+    (back, arrays), _ = read_file(tmp_path / "n.kv")
     (p, w) = back.caches
     assert (w.offset, w._idx, w.max_size, w.keep, p.offset) == (window.offset, window._idx, 8, 2, 3)
     assert mx.array_equal(w.keys, window.keys).item() and mx.array_equal(p.values, plain.values).item()
+    assert arrays.cache[1] is None
+    for got, want in zip(arrays.cache[::2] + arrays.cache[3:], state.cache[::2] + state.cache[3:]):
+        assert got.dtype == want.dtype and mx.array_equal(got, want).item()
 
 
 @pytest.fixture(scope="module")

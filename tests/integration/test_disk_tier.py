@@ -159,3 +159,14 @@ def test_an_entry_it_cannot_write_costs_that_entry_only(tmp_path: Path, caplog) 
     assert (stats["skipped"], stats["write_failures"], stats["writes"]) == (1, 1, 1)
     assert "BatchKVCache" in caplog.text
     disk.close()
+
+
+def test_without_a_copy_a_queued_entry_outlives_the_callers_arrays(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 1 << 20, copy=False)
+    layers = entry(3)
+    disk.put("e3", layers, {})
+    del layers  # the RAM tier evicted it before the writer ran: the views keep its arrays
+    assert disk.flush(30)
+    back = disk.load("e3")
+    assert back is not None and mx.array_equal(back[0].keys, entry(3)[0].keys).item()
+    disk.close()
