@@ -117,14 +117,17 @@ class DiskTier:
             return list(self._index)
 
     def scan(self) -> Iterator[tuple[str, dict]]:
-        """(name, header) of every file present (damaged ones are deleted): what rank 0 rebuilds its index from."""
+        """(name, header) of every file present (damaged ones are deleted): what rank 0 rebuilds its index from,
+        on a thread of its own (the step thread may put, load and delete meanwhile)."""
         for name in self.names():
             try:
                 yield name, files.read_header(self._path(name))
             except files.DamagedEntry as exc:
-                if self._path(name).exists():
+                if self._path(name).exists():  # gone meanwhile is evicted: nothing to do (a put may follow)
                     log.warning("prefix cache on disk: %s; deleted", exc)
-                self.delete(name)
+                    with self._lock:
+                        self._index.pop(name, None)
+                        self._path(name).unlink(missing_ok=True)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -66,9 +66,14 @@ def test_the_cap_holds_and_keeps_the_most_recently_used_across_a_restart(tmp_pat
 
 def test_a_damaged_or_missing_file_is_a_miss_and_the_damaged_file_is_deleted(tmp_path: Path, caplog) -> None:
     disk = DiskTier(tmp_path, 1 << 20)
-    for i in range(2):
+    for i in range(3):
         disk.put(f"e{i}", entry(i), {"tokens": [i]})
     assert disk.flush(30)
+    header = tmp_path / "e2.kv"
+    data = bytearray(header.read_bytes())
+    data[20] ^= 1  # in its header: a start-up's scan drops it
+    header.write_bytes(bytes(data))
+    assert dict(disk.scan()) == {"e0": {"tokens": [0]}, "e1": {"tokens": [1]}} and not header.exists()
     path = tmp_path / "e0.kv"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
