@@ -2,7 +2,7 @@
 
     magic (6 bytes) | version (u16) | header length (u32) | header's crc32 (u32)
     header: msgpack {"header": the caller's dict, "layers": structure, "arrays": [[dtype, shape, offset, bytes]],
-            "data": the data's length}
+            "data": the data's length, "mlx_lm": the version whose cache classes wrote it}
     the arrays' raw bytes from the next 64-byte boundary, each at a 64-byte boundary (offsets from there)
     crc32 (u32) of each 4 MiB block of every byte before them
 
@@ -27,14 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx_lm
 import msgspec
 
-from engine.diskcache.structure import HostEntry, Unsupported, empty, host_copy, restore, writable_bytes
+from engine.diskcache.structure import HostEntry, Unsupported, empty, host_copy, kinds, restore, writable_bytes
 
-__all__ = ["DamagedEntry", "HostEntry", "file_size", "host_copy", "read_file", "read_header", "write_file"]
+__all__ = ["DamagedEntry", "HostEntry", "file_size", "host_copy", "kinds", "read_file", "read_header", "write_file"]
 
 MAGIC = b"MCSKV\x00"
-VERSION = 1
+VERSION = 1  # bump it when a cache class of engine/kvquant changes its attributes
+# A restored cache is built without __init__ from the attributes written: another mlx-lm may give its classes
+# attributes these files lack, so an upgrade computes its entries again rather than step on a missing one.
+MLX_LM = mlx_lm.__version__
 _PREFIX = struct.Struct("<6sHII")  # magic, version, header length, header's crc32
 _ALIGN = 64
 _BLOCK = 4 << 20  # checksummed unit: a 100 MB entry's 25 blocks spread over the checking threads
@@ -113,7 +117,8 @@ def _layout(entry: HostEntry, header: dict) -> tuple[bytes, list[int], int]:
         offsets.append(at)
         at = _aligned(at + a.nbytes)
     arrays = [[d, s, o, a.nbytes] for a, d, s, o in zip(entry.arrays, entry.dtypes, entry.shapes, offsets)]
-    return _encoder.encode({"header": header, "layers": entry.layers, "arrays": arrays, "data": at}), offsets, at
+    doc = {"header": header, "layers": entry.layers, "arrays": arrays, "data": at, "mlx_lm": MLX_LM}
+    return _encoder.encode(doc), offsets, at
 
 
 def _sizes(length: int, data: int) -> tuple[int, int]:
@@ -186,6 +191,8 @@ def _parse_header(body: bytes, crc: int, path: Path) -> dict:
     if not (isinstance(doc, dict) and isinstance(doc.get("header"), dict) and isinstance(doc.get("data"), int)
             and isinstance(doc.get("layers"), list) and isinstance(doc.get("arrays"), list)):
         raise DamagedEntry(f"{path}: a header without its fields")
+    if doc.get("mlx_lm") != MLX_LM:
+        raise DamagedEntry(f"{path}: written with mlx-lm {doc.get('mlx_lm')}, this engine runs {MLX_LM}")
     return doc
 
 

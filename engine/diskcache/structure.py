@@ -104,6 +104,12 @@ def _encode(value: Any, out: HostEntry, found: list[mx.array]) -> Any:
     raise Unsupported(f"a {kind} cannot be written to disk")
 
 
+def kinds(layers: list[Any]) -> list[Any]:
+    """Each layer's cache class name (a CacheList's as [name, inner kinds]): a restored entry fits a model whose
+    fresh cache (mlx-lm's make_prompt_cache) has the same kinds."""
+    return [[type(c).__name__, kinds(c.caches)] if isinstance(c, CacheList) else type(c).__name__ for c in layers]
+
+
 def restore(layers: list[Any], arrays: list[mx.array]) -> list[Any]:
     """The caches a structure describes, made of arrays (filled, in the structure's order); raises Unsupported
     on a structure this code did not write."""

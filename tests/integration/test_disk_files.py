@@ -13,7 +13,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
-from engine.diskcache.files import VERSION, DamagedEntry, host_copy, read_file, read_header, write_file
+from engine.diskcache import files
+from engine.diskcache.files import VERSION, DamagedEntry, host_copy, kinds, read_file, read_header, write_file
 from engine.kvquant.kinds import install
 from engine.lockstep.prefix import compact
 from engine.zoo.configs import WINDOW
@@ -38,10 +39,6 @@ def _entry(family: str, bits: int | None, dtype: str):
     return model, compact(cache, len(PROMPT))  # what the RAM tier keeps
 
 
-def _kinds(cache) -> list[str]:
-    return [type(c).__name__ + (str(_kinds(c.caches)) if isinstance(c, CacheList) else "") for c in cache]
-
-
 @pytest.mark.parametrize(("family", "bits", "dtype"), CASES, ids=[f"{f}-{b or 'full'}-{d}" for f, b, d in CASES])
 def test_a_restored_entry_extended_by_the_next_turn_gives_the_original_entrys_logits(family, bits, dtype,
                                                                                      tmp_path: Path) -> None:
@@ -50,7 +47,7 @@ def test_a_restored_entry_extended_by_the_next_turn_gives_the_original_entrys_lo
     assert write_file(path, host_copy(entry), HEADER) == path.stat().st_size
     restored, header = read_file(path)
     assert header == HEADER and read_header(path) == HEADER
-    assert _kinds(restored) == _kinds(entry)
+    assert kinds(restored) == kinds(entry) == kinds(make_prompt_cache(model))  # what fits the model
     assert sum(c.nbytes for c in restored) == sum(c.nbytes for c in entry)
     want = model(mx.array([NEXT]), cache=entry)
     got = model(mx.array([NEXT]), cache=restored)
@@ -132,6 +129,14 @@ def test_another_format_version_or_no_file_is_refused(written: bytes, tmp_path: 
         read_file(_damaged(tmp_path, b"PK\x03\x04" + written[4:]))
     with pytest.raises(DamagedEntry):
         read_file(tmp_path / "absent.kv")
+
+
+def test_a_file_another_mlx_lm_wrote_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(files, "MLX_LM", "0.31.0")  # its cache classes may lack attributes today's have
+    write_file(tmp_path / "old.kv", host_copy([]), {})
+    monkeypatch.undo()
+    with pytest.raises(DamagedEntry, match="mlx-lm 0.31.0"):
+        read_header(tmp_path / "old.kv")
 
 
 def test_files_are_private_and_written_whole(tmp_path: Path) -> None:
