@@ -18,6 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".kv"
 QUEUE = 4  # entries waiting for the writer (each a host copy held in memory)
+SCANNERS = 8  # headers read at once by scan()
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -118,16 +120,25 @@ class DiskTier:
 
     def scan(self) -> Iterator[tuple[str, dict]]:
         """(name, header) of every file present (damaged ones are deleted): what rank 0 rebuilds its index from,
-        on a thread of its own (the step thread may put, load and delete meanwhile)."""
-        for name in self.names():
-            try:
-                yield name, files.read_header(self._path(name))
-            except files.DamagedEntry as exc:
-                if self._path(name).exists():  # gone meanwhile is evicted: nothing to do (a put may follow)
-                    log.warning("prefix cache on disk: %s; deleted", exc)
-                    with self._lock:
-                        self._index.pop(name, None)
-                        self._path(name).unlink(missing_ok=True)
+        on a thread of its own (the step thread may put, load and delete meanwhile). Several files are read at
+        once: an SSD answers many small reads in the time of a few in turn."""
+        names = self.names()
+        with ThreadPoolExecutor(SCANNERS, thread_name_prefix="disk-tier-scan") as pool:
+            for at in range(0, len(names), 8 * SCANNERS):  # a window at a time: headers wait for their reader
+                for name, header in pool.map(self._header, names[at:at + 8 * SCANNERS]):
+                    if header is not None:
+                        yield name, header
+
+    def _header(self, name: str) -> tuple[str, dict | None]:
+        try:
+            return name, files.read_header(self._path(name))
+        except files.DamagedEntry as exc:
+            if self._path(name).exists():  # gone meanwhile is evicted: nothing to do (a put may follow)
+                log.warning("prefix cache on disk: %s; deleted", exc)
+                with self._lock:
+                    self._index.pop(name, None)
+                    self._path(name).unlink(missing_ok=True)
+            return name, None
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
