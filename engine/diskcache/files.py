@@ -262,6 +262,8 @@ def _empty_arrays(doc: dict, path: Path) -> tuple[list[mx.array], list[tuple[int
     arrays, layout, at = [], [], 0
     try:
         for dtype, shape, offset, nbytes in doc["arrays"]:
+            if not (isinstance(offset, int) and isinstance(nbytes, int) and isinstance(dtype, str)):
+                raise DamagedEntry(f"{path}: an array's place is not a number")
             a = empty(dtype, shape)
             if a.nbytes != nbytes or offset < at:
                 raise DamagedEntry(f"{path}: an array's size or place does not add up")
