@@ -4,7 +4,11 @@ the turn before computed (cached_tokens) and answers exactly as computing it doe
 from __future__ import annotations
 
 import httpx
+import msgspec
 import pytest
+
+from ipc import Info
+from ops.status import describe_info
 
 from tests.harness import Stack, wait_for
 
@@ -21,18 +25,17 @@ def chat(stack: Stack, key: str, messages: list[dict]) -> dict:
 
 
 def disk(stack: Stack) -> dict | None:
-    """The disk tier's figures as the engine reports them (/health shows them only to an operator here)."""
-    info = stack.probe()
-    if info is None:
-        return None
-    return {k.removeprefix("prompt_cache_disk_"): v for k, v in info.items() if k.startswith("prompt_cache_disk_")}
+    """The disk tier's figures, as /health shows them."""
+    r = httpx.get(stack.base_url + "/health", timeout=10)
+    return r.json()["prompt_cache_disk"] if r.status_code == 200 else None
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(f"{KEY_A}\n{KEY_B}\n")
-    s = Stack(extra={"API_KEYS_FILE": str(keys), "PROMPT_CACHE_BYTES": str(64 << 20)})
+    # the operator's routes open (/health's details, /metrics) with the tenants' keys set
+    s = Stack(extra={"API_KEYS_FILE": str(keys), "PROMPT_CACHE_BYTES": str(64 << 20), "PROTECT_OPS_ROUTES": "false"})
     s.engine, s.api = s.start_engine(), s.start_api()
     yield s
     s.api.stop()
@@ -56,3 +59,9 @@ def test_the_next_turn_after_restart_engine_restores_its_prefix_from_disk_and_an
     assert two["choices"][0]["message"]["content"] == other["choices"][0]["message"]["content"]
     after = disk(stack)
     assert (after["restores"], after["restore_failures"]) == (1, 0) and after["hits"] == 1
+    assert after["entries"] >= 1 and 0 < after["bytes"] <= after["cap_bytes"]
+    metrics = httpx.get(stack.base_url + "/metrics", timeout=10).text
+    assert "mcs_prompt_cache_disk_restores_total 1.0" in metrics
+    assert "mcs_prompt_cache_disk_restore_failures_total 0.0" in metrics
+    status = describe_info(msgspec.convert(stack.probe(), Info))  # what `./launch.sh status` prints
+    assert f"disk cache {after['entries']} entries" in status and "1 restores, 0 restore failures" in status
