@@ -63,7 +63,7 @@ def test_package_imports_nothing_forbidden(package: str) -> None:
 MLX_FREE_ENGINE = ["engine.lockstep.link_pairs", "engine.lockstep.plan", "engine.lockstep.results", "engine.rank0.errors",
                    "engine.rank0.lanes", "engine.rank0.links", "engine.rank0.piece", "engine.rank0.scheduler",
                    "engine.rank0.validate", "engine.parallel", "engine.speculative.ngram",
-                   "engine.speculative.schedule"]
+                   "engine.speculative.schedule", "engine.diskcache.identity"]
 
 IMPORT_ONE = """
 import importlib, json, sys
@@ -147,6 +147,15 @@ def test_lockstep_never_imports_rank0() -> None:
     bad = sorted(f"{path.relative_to(REPO_ROOT)}: {name}" for path in files for name in _imported(path)
                  if _matches(name, "engine.rank0"))
     assert not bad, f"engine/lockstep imports rank 0's modules: {bad}"
+
+
+def test_the_disk_tier_imports_no_rank0_lockstep_or_api() -> None:
+    # engine/diskcache/ is a floor under both rank 0's index and every rank's lockstep: it decides nothing itself.
+    files = sorted((REPO_ROOT / "engine" / "diskcache").rglob("*.py"))
+    assert files
+    bad = sorted(f"{path.relative_to(REPO_ROOT)}: {name}" for path in files for name in _imported(path)
+                 for floor in ("engine.rank0", "engine.lockstep", "engine.leader", "api") if _matches(name, floor))
+    assert not bad, f"engine/diskcache imports what stands on it: {bad}"
 
 
 def test_no_two_modules_import_each_other() -> None:

@@ -1,0 +1,230 @@
+"""One rank's disk tier: entries written by a thread of its own, an LRU under a byte cap, loaded on demand.
+
+put() runs on the step thread: it copies the entry to the host (a memcpy) and queues it; the writer thread
+serialises, checksums and writes it, so a step never waits on the disk. A full queue skips the entry (the RAM tier
+still holds it). A file is evicted, oldest use first, before a write would pass the cap; the order survives a
+restart through the files' mtimes (a load touches its file). A write that fails (a full disk, a quota) stops the
+spilling with one warning: the engine serves on from RAM, and no client ever sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.diskcache import files
+from engine.diskcache.structure import HostEntry, Unsupported, restore
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".kv"
+QUEUE = 4  # entries waiting for the writer (each a host copy held in memory)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskTier:
+    """The entries of one folder (a model identity, layout and precision), at most cap_bytes of files."""
+
+    def __init__(self, folder: Path, cap_bytes: int, queue_entries: int = QUEUE) -> None:
+        self.folder, self.cap = folder, cap_bytes
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)  # a folder made before (or by another umask) is closed too
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._index: OrderedDict[str, int] = OrderedDict()  # name -> bytes, least recently used first
+        self._pending: dict[str, tuple[int, HostEntry]] = {}  # queued writes, by name: (ticket, host copy)
+        self._ticket = 0
+        self._busy = 0  # entries queued or being written
+        self._stopped = False  # a write failed: spilling is off until the engine starts again
+        self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
+                           seconds_restoring=0.0, skipped=0)
+        self._load_index()
+        self._queue: queue.Queue[tuple[str, int, HostEntry, dict] | None] = queue.Queue(queue_entries)
+        self._writer = threading.Thread(target=self._write_loop, name=f"disk-tier {folder.name}", daemon=True)
+        self._writer.start()
+
+    # -- the step thread's side -----------------------------------------------------------------------------
+    def put(self, name: str, layers: list[Any], header: dict) -> None:
+        """Queue the entry's write; never raises, never waits for the disk."""
+        if self._stopped or self.cap <= 0 or self._queue.full():
+            self._skip(name, "the writer is behind" if self._queue.full() else "spilling is off")
+            return
+        try:
+            entry = files.host_copy(layers)
+        except Unsupported as exc:
+            self._skip(name, str(exc))
+            return
+        if entry.nbytes > self.cap:
+            self._skip(name, f"{entry.nbytes} bytes, over the cap of {self.cap}")
+            return
+        with self._lock:
+            self._ticket += 1
+            self._pending[name] = (self._ticket, entry)
+            self._busy += 1
+        self._queue.put_nowait((name, self._ticket, entry, header))  # the only producer: room was checked
+
+    def load(self, name: str) -> list[Any] | None:
+        """The entry's caches, or None when it is missing or damaged (a damaged file is deleted)."""
+        start = time.perf_counter()
+        with self._lock:
+            queued = self._pending.get(name)
+        try:
+            if queued is not None:  # not on disk yet: its host copy is the entry
+                entry = queued[1]
+                layers, size = restore(entry.layers, entry.arrays, entry.dtypes), entry.nbytes
+            else:
+                layers, _ = files.read_file(self._path(name))
+                size = self._index.get(name, 0)
+        except files.DamagedEntry as exc:
+            missing = not self._path(name).exists()
+            if not missing:
+                log.warning("prefix cache on disk: %s; deleted, the entry will be computed", exc)
+            self.delete(name)
+            self._count(restore_failures=1)
+            return None
+        self._touch(name)
+        self._count(restores=1, bytes_restored=size, seconds_restoring=time.perf_counter() - start)
+        return layers
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self._pending.pop(name, None)  # a queued write of it is dropped
+            self._index.pop(name, None)
+            self._path(name).unlink(missing_ok=True)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._index)
+
+    def scan(self) -> Iterator[tuple[str, dict]]:
+        """(name, header) of every file present (damaged ones are deleted): what rank 0 rebuilds its index from."""
+        for name in self.names():
+            try:
+                yield name, files.read_header(self._path(name))
+            except files.DamagedEntry as exc:
+                if self._path(name).exists():
+                    log.warning("prefix cache on disk: %s; deleted", exc)
+                self.delete(name)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(entries=len(self._index), bytes=sum(self._index.values()), cap=self.cap, **self.counts)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued entry is written (or dropped); whether it happened within timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued, then stop the writer."""
+        self._queue.put(None)
+        self._writer.join(timeout)
+
+    # -- the writer thread ----------------------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            name, ticket, entry, header = item
+            try:
+                self._write(name, ticket, entry, header)
+            finally:
+                with self._idle:
+                    if self._pending.get(name, (None,))[0] == ticket:
+                        del self._pending[name]
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def _write(self, name: str, ticket: int, entry: HostEntry, header: dict) -> None:
+        if self._pending.get(name, (None,))[0] != ticket:
+            return  # deleted (or put again) since it was queued
+        if self._stopped:
+            self._skip(name, "spilling is off")
+            return
+        size = files.file_size(entry, header)
+        if size > self.cap:
+            self._skip(name, f"{size} bytes, over the cap of {self.cap}")
+            return
+        with self._lock:
+            self._index.pop(name, None)
+            self._evict(self.cap - size)
+        path = self._path(name)
+        try:
+            written = files.write_file(path, entry, header)
+        except OSError as exc:
+            self._stop(exc)
+            return
+        with self._lock:
+            if self._pending.get(name, (None,))[0] != ticket:  # deleted while being written
+                path.unlink(missing_ok=True)
+                return
+            self._index[name] = written
+            self._stamp(name)
+            self._evict(self.cap, keep=name)
+            self.counts["writes"] += 1
+
+    def _evict(self, room: int, keep: str = "") -> None:
+        """Delete the least recently used files until the rest fit in room bytes (the lock held)."""
+        total = sum(self._index.values())
+        for old in list(self._index):
+            if total <= room:
+                return
+            if old != keep:
+                total -= self._index.pop(old)
+                self._path(old).unlink(missing_ok=True)
+
+    def _stop(self, exc: OSError) -> None:
+        with self._lock:
+            self.counts["write_failures"] += 1
+            first, self._stopped = not self._stopped, True
+        if first:
+            why = "the disk is full" if exc.errno in _FULL else "a write failed"
+            log.warning("prefix cache on disk: %s (%s); no more entries are written to %s until the engine "
+                        "restarts: free space there or lower PROMPT_CACHE_DISK_BYTES", why, exc, self.folder)
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _path(self, name: str) -> Path:
+        return self.folder / (name + SUFFIX)
+
+    def _skip(self, name: str, why: str) -> None:
+        log.debug("prefix entry %s not written to disk: %s", name, why)
+        self._count(skipped=1)
+
+    def _count(self, **add: float) -> None:
+        with self._lock:
+            for k, v in add.items():
+                self.counts[k] += v
+
+    def _touch(self, name: str) -> None:
+        with self._lock:
+            if name in self._index:
+                self._index.move_to_end(name)
+                self._stamp(name)
+
+    def _stamp(self, name: str) -> None:
+        """Set the file's mtime to a time later than every other's (the lock held): the order a restart finds, even
+        where the file system's clock ticks coarser than two uses."""
+        self._clock = max(time.time_ns(), self._clock + 1)
+        with contextlib.suppress(OSError):  # a stamp lost costs only the order
+            os.utime(self._path(name), ns=(self._clock, self._clock))
+
+    def _load_index(self) -> None:
+        """The files present, oldest use first; a crash's leftover tmp files removed."""
+        found = []
+        with os.scandir(self.folder) as it:
+            for e in it:
+                if e.name.endswith(".tmp"):
+                    Path(e.path).unlink(missing_ok=True)
+                elif e.name.endswith(SUFFIX) and e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    found.append((st.st_mtime_ns, e.name[:-len(SUFFIX)], st.st_size))
+        for _, name, size in sorted(found):
+            self._index[name] = size
+        self._clock = max((t for t, _, _ in found), default=0)
