@@ -36,11 +36,14 @@ def disk_cap(setting: int, folder: Path) -> int:
 
 
 def rank_folder(root: Path, model_dir: str, parallel: str, rank: int, size: int, layers, kv_bits, group: int) -> Path:
-    """root / model identity / layout (this rank's shard) / KV precision."""
+    """root / model identity / layout (this rank's shard) / KV precision; raises OSError where the weights cannot be
+    digested."""
     from engine.diskcache.identity import layout_name, model_identity, precision_name
 
-    return (Path(root) / model_identity(model_dir) / layout_name(parallel, rank, size, list(layers))
-            / precision_name(kv_bits, group))
+    identity = model_identity(Path(model_dir), cache_dir=Path(root))
+    if identity is None:
+        raise OSError(f"the weights in {model_dir} cannot be read to name the model")
+    return Path(root) / identity / layout_name(size, rank, parallel, list(layers)) / precision_name(kv_bits, group)
 
 
 def open_in_background(settings, loaded, rank: int, size: int, on_open: Callable[[Any], None]) -> threading.Thread | None:

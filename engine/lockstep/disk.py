@@ -77,7 +77,6 @@ class DiskEntries:
         tier, self.tier = self.tier, None
         if tier is not None:
             try:
-                tier.flush()
                 tier.close()
             except Exception:
                 log.exception("the disk tier could not be closed cleanly")

@@ -17,7 +17,7 @@ def disk_info(index: DiskIndex, tier_stats: dict | None) -> dict[str, int]:
     index is on (a cap of 0 says the tier is off or still opening), and the index's counts."""
     st = tier_stats if tier_stats is not None and index.enabled else {}
     return {"prompt_cache_disk_entries": int(st.get("entries", 0)), "prompt_cache_disk_bytes": int(st.get("bytes", 0)),
-            "prompt_cache_disk_cap_bytes": int(st.get("cap_bytes", 0)),
+            "prompt_cache_disk_cap_bytes": int(st.get("cap", 0)),
             "prompt_cache_disk_hits": index.stats.hits, "prompt_cache_disk_restores": index.stats.restores,
             "prompt_cache_disk_restore_failures": index.stats.restore_failures}
 

@@ -35,7 +35,8 @@ def stack(tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(f"{KEY_A}\n{KEY_B}\n")
     # the operator's routes open (/health's details, /metrics) with the tenants' keys set
-    s = Stack(extra={"API_KEYS_FILE": str(keys), "PROMPT_CACHE_BYTES": str(64 << 20), "PROTECT_OPS_ROUTES": "false"})
+    s = Stack(extra={"API_KEYS_FILE": str(keys), "PROMPT_CACHE_BYTES": str(64 << 20), "PROTECT_OPS_ROUTES": "false",
+                     "PROMPT_CACHE_DISK_BYTES": str(256 << 20)})
     s.engine, s.api = s.start_engine(), s.start_api()
     yield s
     s.api.stop()

@@ -40,7 +40,7 @@ def flip_a_byte_of_rank_1s_entry(root) -> None:
 
 
 def test_a_file_damaged_on_one_rank_is_computed_on_every_rank_and_answers_the_same():
-    s = Stack(extra={"PROMPT_CACHE_BYTES": str(64 << 20)})
+    s = Stack(extra={"PROMPT_CACHE_BYTES": str(64 << 20), "PROMPT_CACHE_DISK_BYTES": str(256 << 20)})
     engine, api = s.start_engine(ranks=2), s.start_api()
     try:
         wait_for(lambda: disk(s).get("cap_bytes"), 60, "the disk tier to open")
