@@ -246,23 +246,22 @@ def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:
                               value=info.prompt_tokens_cached)
 
 
+# The prefix cache's disk tier: rank 0's files, and its restores (failures: a file some rank lacked or found damaged,
+# the prompt computed instead). Each is Info's prompt_cache_disk_<name>.
+_DISK = (
+    (GaugeMetricFamily, "entries", "Prefix cache entries on rank 0's disk tier."),
+    (GaugeMetricFamily, "bytes", "Bytes of rank 0's disk tier files."),
+    (GaugeMetricFamily, "cap_bytes",
+     "Bytes per rank the disk tier may hold (PROMPT_CACHE_DISK_BYTES; 0: off or opening)."),
+    (CounterMetricFamily, "hits", "Lookups that chose a disk entry to restore."),
+    (CounterMetricFamily, "restores", "Disk entries every rank restored."),
+    (CounterMetricFamily, "restore_failures", "Restores some rank could not load (missing or damaged): computed."),
+)
+
+
 def _prefix_disk(info: ipc.Info) -> Iterator[Metric]:
-    """The prefix cache's disk tier: rank 0's files, and its restores (failures: a file some rank lacked or found
-    damaged, the prompt computed instead)."""
-    yield GaugeMetricFamily(f"{PREFIX}_prompt_cache_disk_entries", "Prefix cache entries on rank 0's disk tier.",
-                            value=info.prompt_cache_disk_entries)
-    yield GaugeMetricFamily(f"{PREFIX}_prompt_cache_disk_bytes", "Bytes of rank 0's disk tier files.",
-                            value=info.prompt_cache_disk_bytes)
-    yield GaugeMetricFamily(f"{PREFIX}_prompt_cache_disk_cap_bytes",
-                            "Bytes per rank the disk tier may hold (PROMPT_CACHE_DISK_BYTES; 0: off or opening).",
-                            value=info.prompt_cache_disk_cap_bytes)
-    yield CounterMetricFamily(f"{PREFIX}_prompt_cache_disk_hits", "Lookups that chose a disk entry to restore.",
-                              value=info.prompt_cache_disk_hits)
-    yield CounterMetricFamily(f"{PREFIX}_prompt_cache_disk_restores", "Disk entries every rank restored.",
-                              value=info.prompt_cache_disk_restores)
-    yield CounterMetricFamily(f"{PREFIX}_prompt_cache_disk_restore_failures",
-                              "Restores some rank could not load (missing or damaged): the prompt was computed.",
-                              value=info.prompt_cache_disk_restore_failures)
+    for family, name, text in _DISK:
+        yield family(f"{PREFIX}_prompt_cache_disk_{name}", text, value=getattr(info, f"prompt_cache_disk_{name}"))
 
 
 def _speculative(info: ipc.Info) -> Iterator[Metric]:

@@ -46,7 +46,8 @@ def rank_folder(root: Path, model_dir: str, parallel: str, rank: int, size: int,
     return Path(root) / identity / layout_name(size, rank, parallel, list(layers)) / precision_name(kv_bits, group)
 
 
-def open_in_background(settings, loaded, rank: int, size: int, on_open: Callable[[Any], None]) -> threading.Thread | None:
+def open_in_background(settings, loaded, rank: int, size: int,
+                       on_open: Callable[[Any], None]) -> threading.Thread | None:
     """Open the tier in a daemon thread and hand it to on_open (there, also the start-up scan on rank 0);
     None where PROMPT_CACHE_DISK_BYTES=0 or the prefix cache is off."""
     if settings.PROMPT_CACHE_DISK_BYTES == 0 or settings.PROMPT_CACHE_BYTES == 0:

@@ -2,8 +2,8 @@
 
 No MLX here (token prefixes compare as bytes, engine/rank0/prefix_index.py). The index is rebuilt at start-up from
 rank 0's own files, read by a background thread (`arrive`) while the tier is still off, so serving never waits for
-the disk. Entries stored since join it at once. Only rank 0's files are read: a file another rank lacks or finds damaged is caught when
-the restore is applied (engine/lockstep/disk.py), and computed.
+the disk. Entries stored since join it at once. Only rank 0's files are read: a file another rank lacks or finds
+damaged is caught when the restore is applied (engine/lockstep/disk.py), and computed.
 
 The disk may hold thousands of entries (a RAM index holds tens), so a lookup does not compare the prompt with every
 one: each entry is filed under chained digests of its first BLOCK tokens, 2 x BLOCK, ..., and a prompt's own chain
