@@ -71,6 +71,11 @@ def details(info: ipc.Info) -> dict[str, Any]:
                          "misses": info.prompt_cache_misses, "evictions": info.prompt_cache_evictions,
                          "prompt_tokens": info.prompt_tokens_total, "cached_tokens": info.prompt_tokens_cached,
                          "live_buffers": info.live_buffers, "live_buffers_budget": info.live_buffers_budget},
+        # the disk tier: rank 0's files and its cap (0: off, or still opening), and rank 0's restores from it
+        "prompt_cache_disk": {"entries": info.prompt_cache_disk_entries, "bytes": info.prompt_cache_disk_bytes,
+                              "cap_bytes": info.prompt_cache_disk_cap_bytes, "hits": info.prompt_cache_disk_hits,
+                              "restores": info.prompt_cache_disk_restores,
+                              "restore_failures": info.prompt_cache_disk_restore_failures},
         "speculative": {"mode": info.spec_mode, "draft_tokens": info.spec_draft_tokens,
                         "proposed_tokens": info.spec_proposed_tokens, "accepted_tokens": info.spec_accepted_tokens,
                         "acceptance": round(acceptance(info), 4), "forward_passes": info.spec_forward_passes,

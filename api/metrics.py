@@ -234,6 +234,7 @@ def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:
                               value=info.prompt_cache_misses)
     yield CounterMetricFamily(f"{PREFIX}_prompt_cache_evictions", "Entries evicted (least recently used first).",
                               value=info.prompt_cache_evictions)
+    yield from _prefix_disk(info)
     yield GaugeMetricFamily(f"{PREFIX}_live_buffers", "Arrays (Metal buffers) the batch and the prefix cache hold on "
                             "rank 0, as of the last store or eviction.", value=info.live_buffers)
     yield GaugeMetricFamily(f"{PREFIX}_live_buffers_budget", "Arrays per rank beyond which prefix-cache entries are "
@@ -243,6 +244,24 @@ def _prefix_cache(info: ipc.Info) -> Iterator[Metric]:
     yield CounterMetricFamily(f"{PREFIX}_prompt_cache_tokens",
                               "Of those, tokens whose KV came from the prefix cache instead of being computed.",
                               value=info.prompt_tokens_cached)
+
+
+# The prefix cache's disk tier: rank 0's files, and its restores (failures: a file some rank lacked or found damaged,
+# the prompt computed instead). Each is Info's prompt_cache_disk_<name>.
+_DISK = (
+    (GaugeMetricFamily, "entries", "Prefix cache entries on rank 0's disk tier."),
+    (GaugeMetricFamily, "bytes", "Bytes of rank 0's disk tier files."),
+    (GaugeMetricFamily, "cap_bytes",
+     "Bytes per rank the disk tier may hold (PROMPT_CACHE_DISK_BYTES; 0: off or opening)."),
+    (CounterMetricFamily, "hits", "Lookups that chose a disk entry to restore."),
+    (CounterMetricFamily, "restores", "Disk entries every rank restored."),
+    (CounterMetricFamily, "restore_failures", "Restores some rank could not load (missing or damaged): computed."),
+)
+
+
+def _prefix_disk(info: ipc.Info) -> Iterator[Metric]:
+    for family, name, text in _DISK:
+        yield family(f"{PREFIX}_prompt_cache_disk_{name}", text, value=getattr(info, f"prompt_cache_disk_{name}"))
 
 
 def _speculative(info: ipc.Info) -> Iterator[Metric]:

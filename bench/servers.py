@@ -158,6 +158,8 @@ def start_ours(work: Workdir, model: str, cache_dir: Path, ranks: int, timeout: 
         SOCKET_PATH=str(work.root / f"{api_port}.sock"),
         MODEL=model,
         MODEL_CACHE_DIR=str(cache_dir),
+        # each server's own disk tier: a measurement never restores what an earlier run computed
+        PROMPT_CACHE_DIR=str(work.root / tag / "prompt-cache"),
         API_HOST="127.0.0.1",
         API_PORT=str(api_port),
         RING_PORT=str(ring_port),

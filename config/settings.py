@@ -93,6 +93,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     PREFILL_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
     # -1: a quarter of the memory the smallest rank has left after loading its weights; 0: no prefix cache
     PROMPT_CACHE_BYTES: Annotated[int, Meta(ge=-1)] = -1
+    # the prefix cache's disk tier on each host (a folder per model, layout and rank below it); empty: under
+    # MODEL_CACHE_DIR, the disk chosen to hold models
+    PROMPT_CACHE_DIR: str = ""
+    # bytes per rank the disk tier may hold; -1: a tenth of the folder's free disk at start, at most 100 GiB; 0: off
+    PROMPT_CACHE_DISK_BYTES: Annotated[int, Meta(ge=-1)] = -1
     # arrays (Metal buffers) per rank the batch and the prefix cache may hold before entries are evicted: Metal
     # ends a process at about 499,000 live buffers; 0: no cap
     MAX_LIVE_BUFFERS: Annotated[int, Meta(ge=0)] = 200000
@@ -147,6 +152,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def model_cache_dir(self) -> Path:
         return _resolve(self.MODEL_CACHE_DIR)
+
+    @property
+    def prompt_cache_dir(self) -> Path:
+        return _resolve(self.PROMPT_CACHE_DIR) if self.PROMPT_CACHE_DIR else self.model_cache_dir / "prompt-cache"
 
     def hub_cache(self, rank: int = 0) -> Path:
         """The Hugging Face cache folder of one rank: its HUB_CACHE_PER_RANK entry, HUB_CACHE, or huggingface_hub's."""
@@ -234,6 +243,7 @@ HINTS = {
     "ENGINE_START_TIMEOUT": "a number of seconds > 0",
     "PREFILL_TOKENS_PER_STEP": "an integer >= 16",
     "PROMPT_CACHE_BYTES": "an integer of bytes (0 turns the prefix cache off, -1 sizes it from memory)",
+    "PROMPT_CACHE_DISK_BYTES": "an integer of bytes per rank (0 turns the disk tier off, -1 takes a tenth of the free disk)",
     "KV_MEMORY_BYTES": "an integer of bytes (0: no limit, -1 sizes it from memory)",
     "KV_BITS": "one of off, 8, 4 (bits per stored key and value)",
     "KV_GROUP_SIZE": "one of 32, 64, 128 (keys and values sharing one scale and bias)",

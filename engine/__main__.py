@@ -192,10 +192,25 @@ def _build(settings, joined: Joined, watchdog):
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather, port=settings.doorbell_port)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
     proposer = _speculation(settings, joined, channel, watchdog)
+    batch.disk.agree = channel.gather  # a plan that restores from disk: the ranks agree which entries all loaded
     if joined.rank != 0:
+        from engine.disk_tier import open_in_background
+
+        open_in_background(settings, joined.loaded, joined.rank, joined.size, lambda tier: _open_disk(batch, tier))
         return StepLoop(batch, channel, watchdog, doorbell, links.pairs), None
     return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
                   proposer, pace, kv_dtype)
+
+
+def _open_disk(batch, tier, index=None) -> None:
+    """This rank's disk tier is open (from its background thread): stores are written through from now on; rank 0
+    then reads the entries already on disk into its index (engine/rank0/disk_index.py)."""
+    from engine.disk_tier import scan_into
+
+    batch.disk.tier = tier
+    if index is not None:
+        scan_into(tier, index)
+        index.scan_done()
 
 
 def _pace(settings, joined: Joined, batch, channel, watchdog):
@@ -261,7 +276,9 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
            links, proposer, pace, kv_dtype: str):
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.leader import Leader, LoopStats
+    from engine.disk_tier import open_in_background
     from engine.rank0.admission import Prompter
+    from engine.rank0.disk_plan import disk_info
     from engine.rank0.kv_precision import label
     from engine.rank0.logprobs import extract
     from engine.rank0.prefix_index import PrefixIndex, prefix_info, prompt_cache_budget
@@ -289,6 +306,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                                      else "off")
     scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
                           PrefixIndex(cache_budget, batch.prefix.cuts, settings.MAX_LIVE_BUFFERS), kv)
+    disk_index = scheduler.disk.index
+    open_in_background(settings, loaded, 0, joined.size, lambda tier: _open_disk(batch, tier, disk_index))
     backend = settings.BACKEND if joined.size > 1 else "single"
     # the float type rank 0 measured its keys and values in, else the one config.json names
     precision = label(settings.kv_bits, settings.KV_GROUP_SIZE, kv_dtype or loaded.facts.dtype)
@@ -308,6 +327,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     step_time_sum=stats.step_time_sum, step_time_count=stats.step_time_count,
                     broadcast_time_sum=stats.broadcast_time_sum, broadcast_time_count=stats.broadcast_time_count,
                     facts=loaded.facts, **prefix_info(scheduler.prefix),
+                    **disk_info(disk_index, batch.disk.tier.stats() if batch.disk.tier is not None else None),
                     kv_budget_bytes=kv.budget if kv.enabled else 0, kv_reserved_bytes=scheduler.kv_reserved,
                     kv_token_bytes=kv.token_bytes, kv_window_token_bytes=kv.window_token_bytes,
                     kv_window=kv.window, kv_constant_bytes=kv.constant_bytes, kv_measured=measured,
@@ -398,6 +418,7 @@ def _serve(settings, joined: Joined, loop, server) -> int:
     finally:
         if server is not None:
             server.stop()
+        loop.batch.disk.close()
     log.info("rank %d stopped cleanly", joined.rank)
     return ExitCause.CLEAN
 

@@ -151,8 +151,12 @@ class Leader(StepLoop):
 
     def _apply(self, plan: Plan) -> None:
         """Apply the plan as every rank does, and keep rank 0's view of what the ranks hold, report and measure."""
+        if plan.stores:  # rank 0's files of the entries say their tokens and tenant (its disk index reads them back)
+            self.batch.disk.headers.update(self.scheduler.disk.take_headers())
         self.batch.apply(plan)
-        if plan.stores or plan.evicts:
+        if plan.restores:
+            self.scheduler.disk.restored(plan.restores, self.batch.disk.take_failed())
+        if plan.stores or plan.evicts or plan.restores:
             # what the ranks now hold, measured on this rank's shard; over budget, the LRU go next plan
             prefix = self.batch.prefix
             self.scheduler.prefix.applied(prefix.sizes(), arrays=prefix.arrays, batch_arrays=self.batch.batch_arrays(),

@@ -130,6 +130,13 @@ class Info(Msg):
     prompt_cache_hits: int = 0
     prompt_cache_misses: int = 0
     prompt_cache_evictions: int = 0
+    # the prefix cache's disk tier: rank 0's files, its cap (0: off), and rank 0's restores from it
+    prompt_cache_disk_entries: int = 0
+    prompt_cache_disk_bytes: int = 0
+    prompt_cache_disk_cap_bytes: int = 0
+    prompt_cache_disk_hits: int = 0
+    prompt_cache_disk_restores: int = 0
+    prompt_cache_disk_restore_failures: int = 0
     # prompt tokens of every sequence that joined the batch, and how many of them came from the cache
     prompt_tokens_total: int = 0
     prompt_tokens_cached: int = 0

@@ -45,6 +45,7 @@ def describe_info(i: Info) -> str:
         f"  requests  {i.active} active of {i.max_batch} slots, {i.queued} queued of {i.max_queue}",
         _prefill(i),
         _prompt_cache(i),
+        _prompt_cache_disk(i),
         _speculative(i),
         _kv_memory(i),
     ]
@@ -88,6 +89,14 @@ def _prompt_cache(i: Info) -> str:
     return (f"  prefix cache {i.prompt_cache_entries} entries, {_size(i.prompt_cache_bytes)} of "
             f"{_size(i.prompt_cache_budget)} per rank; {i.prompt_cache_hits} hits, {i.prompt_cache_misses} misses, "
             f"{i.prompt_cache_evictions} evictions; {share} of prompt tokens from the cache")
+
+
+def _prompt_cache_disk(i: Info) -> str:
+    if not i.prompt_cache_disk_cap_bytes:
+        return "  disk cache off (PROMPT_CACHE_DISK_BYTES=0, the prefix cache off, or still opening)"
+    return (f"  disk cache {i.prompt_cache_disk_entries} entries, {_size(i.prompt_cache_disk_bytes)} of "
+            f"{_size(i.prompt_cache_disk_cap_bytes)} on rank 0; {i.prompt_cache_disk_hits} hits, "
+            f"{i.prompt_cache_disk_restores} restores, {i.prompt_cache_disk_restore_failures} restore failures")
 
 
 def _speculative(i: Info) -> str:

@@ -85,6 +85,10 @@ class Stack:
             LOG_DIR=str(self.root / "logs"),
             SOCKET_PATH=str(self.socket),
             MODEL_CACHE_DIR=str(MODEL_CACHE),
+            # the disk tier of the prefix cache, per stack (entries of one test never serve another's), and off
+            # unless a test turns it on: what the RAM tier evicts is then computed again, as those tests expect
+            PROMPT_CACHE_DIR=str(self.root / "prompt-cache"),
+            PROMPT_CACHE_DISK_BYTES="0",
             # plumbing runs on the random-weight demo (fast); a stack of the real default model says MODEL=smollm2-135m
             MODEL="demo-tiny",
             API_HOST="127.0.0.1",

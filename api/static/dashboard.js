@@ -111,6 +111,19 @@ function renderCards(state) {
   $("step-age").textContent = known ? seconds(h.last_step_age) + " ago" : "–";
   $("step-sub").textContent = known ? `step ${h.step} · stall after ${h.stall_deadline} s` : "";
   renderSpeculation(h.speculative);
+  renderDisk(h.prompt_cache_disk);
+}
+
+function renderDisk(d) {
+  // the prefix cache's disk tier on rank 0: entries, bytes of its cap, and the restores it served
+  if (!d || !d.cap_bytes) {
+    $("disk").textContent = "off";
+    $("disk-sub").textContent = d ? "PROMPT_CACHE_DISK_BYTES=0, the prefix cache off, or still opening" : "";
+    return;
+  }
+  $("disk").textContent = `${d.entries}`;
+  $("disk-sub").textContent = `entries · ${bytes(d.bytes)} of ${bytes(d.cap_bytes)} · ${d.hits} hits · ` +
+    `${d.restores} restores, ${d.restore_failures} failed`;
 }
 
 function renderSpeculation(s) {

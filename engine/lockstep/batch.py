@@ -12,7 +12,8 @@ from engine.decoding.constrained import GrammarFailed, Grammars
 from engine.decoding.sampling import failpoint_seed, make_processors, make_sampler
 from engine.lockstep.boundaries import Boundaries
 from engine.lockstep.buffers import cache_arrays
-from engine.lockstep.plan import Plan, Store, fingerprint, token_checksum
+from engine.lockstep.disk import DiskEntries
+from engine.lockstep.plan import Plan, Restore, Store, fingerprint, token_checksum
 from engine.lockstep.prefix import PrefixEntries, model_cuts
 from engine.lockstep.prompt_logprobs import PromptLogprobs
 from engine.lockstep.results import StepResults
@@ -112,6 +113,7 @@ class LockstepBatch:
         # be kept, and the caches of those that ended in the last step (with the tokens they fed), until the
         # next plan stores or drops them.
         self.prefix = PrefixEntries(model_cuts(model))
+        self.disk = DiskEntries()  # its disk tier: stores written through, restores loaded (engine/lockstep/disk.py)
         self.keep: set[str] = set()
         self.ended: dict[str, tuple[list, int]] = {}
         # ...kept through one more plan: a plan sent ahead was made before rank 0 saw them end
@@ -199,6 +201,8 @@ class LockstepBatch:
         if plan.prefill_chunk and plan.prefill_chunk != self.gen.prefill_step_size:
             mlx_compat.set_prefill_chunk(self.gen, plan.prefill_chunk)
         gone = set(plan.removes)
+        if plan.disk_deletes:  # before the stores: a name deleted and stored again in one plan is stored
+            self.disk.delete(plan.disk_deletes)
         removed_stores = self._store(plan.stores, gone)
         stored = {s.rid for s in plan.stores}
         self.ended_before = {rid: c for rid, c in self.ended.items() if rid not in stored}
@@ -217,7 +221,7 @@ class LockstepBatch:
                     if rid in removed_stores and uid in caches:
                         cache, tokens = caches[uid]
                         st = removed_stores[rid]
-                        self.prefix.put(st.entry, cache, st.keeps(len(tokens)), len(tokens))
+                        self._put(st, cache, st.keeps(len(tokens)), len(tokens))
             for uid in uids:
                 self.rid_of.pop(uid, None)
             self.prompt_logprobs.forget(uids)
@@ -226,6 +230,8 @@ class LockstepBatch:
             self.keep -= gone
             for rid in gone:
                 self.boundaries.forget(rid)
+        if plan.restores:
+            self._restore(plan.restores)
         if plan.inserts:
             self._insert(plan.inserts)
         if plan.evicts:
@@ -249,6 +255,28 @@ class LockstepBatch:
         self.ended.clear()
         self.ended_before.clear()
         self.boundaries.clear()
+        self.disk.settle()
+
+    def _put(self, st: Store, cache, length: int, have: int) -> None:
+        """Keep a store's cache as its entry, and write the entry as kept through to the disk tier."""
+        self.prefix.put(st.entry, cache, length, have)
+        if st.disk:
+            self.disk.stored(st.disk, self.prefix.entries.get(st.entry), self.prefix.lengths.get(st.entry, 0))
+
+    def _restore(self, restores: list[Restore]) -> None:
+        """Load each restored entry from this rank's disk tier, then keep only those every rank loaded (one
+        collective, made in every plan that restores: every rank reads the plan); the others are dropped on every
+        rank, and the inserts naming them compute their prompts."""
+        for r in restores:
+            try:
+                self.prefix.put(r.entry, self.disk.load(r.name), r.length, r.length)
+            except Exception:  # a file of another shape than this model's caches: as damaged
+                log.exception("disk entry %s could not be restored", r.name)
+                self.prefix.evict([r.entry])
+        for r, ok in zip(restores, self.disk.agreed([r.entry in self.prefix.entries for r in restores])):
+            if not ok:
+                self.prefix.evict([r.entry])
+                self.disk.failed.append(r.name)
 
     def _store(self, stores, gone: set[str]) -> dict[str, Store]:
         """Keep what the plan's stores name, each from the state holding exactly its tokens where one is held (a
@@ -260,10 +288,10 @@ class LockstepBatch:
         for st in stores:
             held = self.boundaries.pop(st.rid, st.length)
             if held is not None:
-                self.prefix.put(st.entry, held, st.length, st.length)
+                self._put(st, held, st.length, st.length)
             elif st.rid in ended:
                 cache, fed = ended.pop(st.rid)
-                self.prefix.put(st.entry, cache, st.keeps(fed), fed)
+                self._put(st, cache, st.keeps(fed), fed)
             elif st.rid in gone:
                 removed.setdefault(st.rid, st)
             elif st.rid in self.uid_of:
@@ -279,7 +307,7 @@ class LockstepBatch:
             return
         if uid in caches:
             cache, tokens = caches[uid]
-            self.prefix.put(st.entry, cache, st.keeps(len(tokens)), len(tokens))
+            self._put(st, cache, st.keeps(len(tokens)), len(tokens))
 
     def _insert(self, inserts) -> None:
         """Insert what can be built; a request whose sampler or grammar cannot be made fails alone."""

@@ -70,12 +70,23 @@ class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # not 0: a sequence removed while its prompt was being prefilled; keep every token it has fed, up to `length`,
     # where that is at least `least` (every rank fed the same: rank 0 reads the length kept once it has applied it)
     least: int = 0
+    # not empty: every rank also writes the entry to its disk tier under this name (engine/lockstep/disk.py)
+    disk: str = ""
 
     def keeps(self, fed: int) -> int:
         """Tokens to keep of a sequence that has fed `fed` (0: none)."""
         if not self.least:
             return self.length
         return min(fed, self.length) if fed >= self.least else 0
+
+
+class Restore(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Load the disk tier's entry `name` (its first `length` tokens) as prefix cache entry `entry`, on every rank; where
+    any rank lacks it or finds it damaged, no rank keeps it (engine/lockstep/disk.py)."""
+
+    entry: int
+    name: str
+    length: int
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -109,6 +120,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # it, so that rank 0 can propose drafts continuing the tokens this step samples. Every rank reads it here, in the
     # plan before, so the ranks' collectives stay in the same order.
     next_after: bool = False
+    # The disk tier (engine/lockstep/disk.py): entries loaded from disk before the inserts that start from them (one
+    # extra collective agrees which every rank has), and disk copies to delete (their RAM entry was superseded).
+    restores: list[Restore] = []
+    disk_deletes: list[str] = []
 
 
 class PlanError(RuntimeError):

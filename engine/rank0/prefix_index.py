@@ -77,6 +77,7 @@ class Entry:
     shared: bool = False  # where several conversations part: none of them supersedes it by going on from it
     nbytes: int = 0  # known once the store has been applied
     arrays: int = 0  # arrays (Metal buffers) it holds, known with nbytes
+    disk: str = ""  # its name in the disk tier, where it was written there (engine/rank0/disk_plan.py)
 
     @property
     def length(self) -> int:
@@ -120,6 +121,7 @@ class PrefixIndex:
         self.stats = CacheStats()
         self.partial: dict[int, Partial] = {}  # entry id -> planned, until the plan is applied
         self.held = 0  # bytes of the entries as of the last plan applied (read by other threads)
+        self.superseded: list[str] = []  # disk names of entries a longer one made redundant, for the next plan
 
     @property
     def enabled(self) -> bool:
@@ -186,13 +188,13 @@ class PrefixIndex:
             self.entries.move_to_end(source)
             return None
         if old is not None and reused >= old.prompt and not old.shared:
-            self._evict(source)
+            self._evict(source, superseded=True)
         cut = self.cuts.can_cut(len(tokens))
         for entry_id, entry in list(self.entries.items()):
             if entry.tenant != tenant:
                 continue
             if key.startswith(entry.tokens) and cut:
-                self._evict(entry_id)
+                self._evict(entry_id, superseded=True)
             elif entry.tokens.startswith(key) and (entry.tokens == key or self.cuts.can_cut(entry.length)):
                 self.entries.move_to_end(entry_id)
                 return None  # an entry already covers it
@@ -203,6 +205,13 @@ class PrefixIndex:
         self.entries[entry_id] = Entry(tokens=key, prompt=len(tokens) if prompt < 0 else min(prompt, len(tokens)),
                                        tenant=tenant, shared=shared)
         self.stats.stored += 1
+        return entry_id
+
+    def restored(self, tokens: bytes, tenant: str, prompt: int, disk: str) -> int:
+        """A new entry for a disk entry the next plan restores (its bytes known once the plan is applied)."""
+        entry_id = self.next_id
+        self.next_id += 1
+        self.entries[entry_id] = Entry(tokens=tokens, prompt=prompt, tenant=tenant, disk=disk)
         return entry_id
 
     def reserve(self, tokens: list[int], least: int, source: int = 0, reused: int = 0, tenant: str = "") -> int:
@@ -258,7 +267,10 @@ class PrefixIndex:
             freed += entry.nbytes
         return freed
 
-    def _evict(self, entry_id: int) -> None:
+    def _evict(self, entry_id: int, superseded: bool = False) -> None:
+        """superseded: a longer entry serves what it did, so its disk copy goes too (the LRU's stay on disk)."""
+        if superseded and self.entries[entry_id].disk:
+            self.superseded.append(self.entries[entry_id].disk)
         del self.entries[entry_id]
         self.evicting.append(entry_id)
         self.stats.evictions += 1

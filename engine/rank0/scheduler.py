@@ -16,6 +16,7 @@ import msgspec
 from engine.lockstep.plan import GRAMMAR_CACHE_SIZE, Insert, Plan, Store
 from engine.lockstep.results import StepResults
 from engine.rank0 import errors
+from engine.rank0.disk_plan import DiskPlanner
 from engine.rank0.kv_budget import KVBudget, batch_bytes
 from engine.rank0.piece import Piece
 from engine.rank0.prompt_logprobs import ENTRIES_PER_EVENT, entries, first_entry
@@ -49,9 +50,10 @@ class Scheduler:
     """
 
     def __init__(self, max_batch: int, eos_token_ids: set[int], counters: Counters, extract: ExtractLogprobs,
-                 prefix: PrefixIndex | None = None, kv: KVBudget | None = None):
+                 prefix: PrefixIndex | None = None, kv: KVBudget | None = None, disk: DiskPlanner | None = None):
         self.max_batch = max_batch
         self.prefix = prefix if prefix is not None else PrefixIndex(0)
+        self.disk = disk if disk is not None else DiskPlanner(self.prefix)  # the disk tier (off until opened)
         self.kv = kv if kv is not None else KVBudget(0, 0)
         self.kv_reserved = 0  # KV bytes per rank the running sequences may take (read by the socket thread)
         self.stores: list[Store] = []  # sequences that ended, whose KV the next plan keeps
@@ -99,7 +101,8 @@ class Scheduler:
                 self.to_remove.append(req.rid)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.to_remove or self.stores or self.prefix.evicting)
+        return bool(self.running or self.waiting or self.to_remove or self.stores or self.prefix.evicting
+                    or self.disk.has_work())
 
     def expire(self, now: float) -> None:
         """Requests past REQUEST_TIMEOUT end with an error, in any phase."""
@@ -137,6 +140,8 @@ class Scheduler:
                 # a prompt whose logprobs are asked is computed whole (an entry holds KV, not logits); its KV is
                 # still kept for the prompts after it
                 entry, reuse = self.prefix.lookup(req.insert.tokens, req.tenant) if not req.scores else (0, 0)
+                if not req.scores:  # a disk entry giving more is restored (every rank loads it before the insert)
+                    entry, reuse = self.disk.lookup(req.insert.tokens, req.tenant, entry, reuse)
                 req.cached_tokens = reuse  # what the lookup promises; the step's results say what was reused
                 # where its entry could not be cut back to the prompt, the prompt's end is kept apart: a next turn
                 # extends the prompt, not the answer as it was sampled
@@ -154,9 +159,11 @@ class Scheduler:
         self.kv_reserved = self._reserved()
         stores, self.stores = self.stores, []
         evicts = self.prefix.take_evictions()
+        restores, deletes = self.disk.take()
+        busy = inserts or removes or stores or evicts or restores or deletes
         return Plan(step=self.step, fingerprint=fingerprint, token_check=token_check,
-                    inserts=inserts, removes=removes, stores=stores, evicts=evicts,
-                    idle=idle and not inserts and not removes and not stores and not evicts, shutdown=shutdown)
+                    inserts=inserts, removes=removes, stores=stores, evicts=evicts, restores=restores,
+                    disk_deletes=deletes, idle=idle and not busy, shutdown=shutdown)
 
     def kv_bytes(self, req: Request) -> int:
         """The most KV req's sequence can take on a rank."""
@@ -234,14 +241,14 @@ class Scheduler:
         if ins.keep_at:
             entry = self.prefix.add(ins.tokens[:ins.keep_at], tenant=req.tenant, shared=True)
             if entry is not None:
-                self.stores.append(Store(rid=req.rid, entry=entry, length=ins.keep_at))
+                self._store(req, entry, ins.tokens[:ins.keep_at], ins.keep_at)
         # kept as the state before the prompt's last token (Insert.keep_prompt): a next turn extends it, and the
         # very same prompt again (a regenerated answer, a retry) computes only that last token
         tokens = ins.tokens[:-1] if ins.keep_prompt else ins.tokens
         source = (ins.cache_id, ins.cache_len) if ins.keep_prompt else (0, 0)  # a turn moving on from its last
         entry = self.prefix.add(tokens, *source, tenant=req.tenant)
         if entry is not None:
-            self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
+            self._store(req, entry, tokens, len(tokens))
 
     def _keep(self, req: Request) -> None:
         """Plan to store the KV of a sequence that ends, as a prefix cache entry: the prompt and all but the last
@@ -257,7 +264,12 @@ class Scheduler:
         source = (0, 0) if req.insert.keep_prompt else (req.insert.cache_id, req.insert.cache_len)
         entry = self.prefix.add(tokens, *source, len(req.insert.tokens), req.tenant)
         if entry is not None:
-            self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens)))
+            self._store(req, entry, tokens, len(req.insert.tokens))
+
+    def _store(self, req: Request, entry: int, tokens: list[int], prompt: int) -> None:
+        """Plan to keep `tokens` of req's sequence as entry, in RAM and written through to the disk tier."""
+        name = self.disk.name(entry, tokens, req.tenant, min(prompt, len(tokens)))
+        self.stores.append(Store(rid=req.rid, entry=entry, length=len(tokens), disk=name))
 
     def _keep_fed(self, req: Request) -> None:
         """Plan to store what a sequence removed mid-prefill (its client gone, timed out) has fed of its prompt, so
