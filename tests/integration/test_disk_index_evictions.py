@@ -3,10 +3,12 @@ restore (which would fail on every rank and count a restore failure), and the in
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
+from engine.diskcache import files
 from engine.diskcache.tier import DiskTier
 from engine.lockstep.disk import DiskEntries
 from engine.lockstep.results import StepResults
@@ -41,3 +43,40 @@ def test_entries_the_cap_evicted_are_not_restored(tmp_path: Path) -> None:
     submit(sched, "next", turns[0] + [7])  # the first conversation's file went first
     assert plan(sched).restores == []
     assert set(sched.disk.index.entries) <= on_disk
+
+
+@pytest.mark.xfail(strict=True, reason="a superseded file is deleted when the plan says so, even where this rank's "
+                                       "write of the entry superseding it was skipped (its writer behind)")
+def test_a_turn_whose_write_is_skipped_keeps_the_turn_before_on_disk(tmp_path: Path, monkeypatch) -> None:
+    tier = DiskTier(tmp_path / "tier", 1 << 30, queue_entries=1)
+    disk = DiskEntries()
+    disk.tier = tier
+    sched = scheduler(opened())
+    turn = list(range(1000, 1300))
+    submit(sched, "t1", turn)
+    plan(sched)
+    sched.absorb(StepResults(reused={"t1": 0}))
+    sched.absorb(StepResults(tokens=[("t1", EOS, "stop")]))
+    (first,) = plan(sched).stores
+    disk.headers.update(sched.disk.take_headers())
+    disk.stored(first.disk, entry(1), 300)
+    assert tier.flush(30) and tier.names() == [first.disk]
+    # other conversations' writes keep the writer busy (a slow disk, many agents ending at once)
+    writing, gate, real = threading.Event(), threading.Event(), files.write_file
+    monkeypatch.setattr(files, "write_file", lambda *a: (writing.set(), gate.wait(30), real(*a))[2])
+    disk.stored("busy-1", entry(2), 300)
+    assert writing.wait(30)
+    disk.stored("busy-2", entry(3), 300)  # the queue is full now
+    submit(sched, "t2", turn + [7, 8])  # the conversation's next turn, from its RAM entry
+    plan(sched)
+    sched.absorb(StepResults(reused={"t2": 299}))
+    sched.absorb(StepResults(tokens=[("t2", EOS, "stop")]))
+    second = plan(sched)
+    (store,) = second.stores
+    disk.headers.update(sched.disk.take_headers())
+    disk.delete(second.disk_deletes)  # as a rank applies the plan: deletes, then stores
+    disk.stored(store.disk, entry(4), 302)
+    gate.set()
+    assert tier.flush(30)
+    tier.close()
+    assert {first.disk, store.disk} & set(tier.names()), "after a restart the conversation is computed whole"
