@@ -6,6 +6,7 @@ there are then read into its disk index (engine/rank0/disk_index.py), also witho
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import threading
@@ -46,6 +47,26 @@ def rank_folder(root: Path, model_dir: str, parallel: str, rank: int, size: int,
     return Path(root) / identity / layout_name(size, rank, parallel, list(layers)) / precision_name(kv_bits, group)
 
 
+def own_share(root: Path, folder: Path, cap: int) -> int:
+    """The cap is this rank's for all of root: the entries other models (or KV precisions) left for this layout, which
+    a switch back restores, keep at most half of it, the least recently used deleted first; folder gets the rest."""
+    from engine.diskcache.tier import SUFFIX
+
+    others = []
+    for path in Path(root).glob(f"*/{folder.parent.name}/*/*{SUFFIX}"):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if path.parent != folder:
+                st = path.stat()
+                others.append((st.st_mtime_ns, st.st_size, path))
+    held = sum(size for _, size, _ in others)
+    for _, size, path in sorted(others):
+        if held <= cap // 2:
+            break
+        path.unlink(missing_ok=True)
+        held -= size
+    return cap - held
+
+
 def open_in_background(settings, loaded, rank: int, size: int,
                        on_open: Callable[[Any], None]) -> threading.Thread | None:
     """Open the tier in a daemon thread and hand it to on_open (there, also the start-up scan on rank 0);
@@ -64,7 +85,7 @@ def open_in_background(settings, loaded, rank: int, size: int,
                 return
             folder = rank_folder(settings.prompt_cache_dir, loaded.path, loaded.parallel, rank, size,
                                  loaded.pipeline_split, settings.kv_bits, settings.KV_GROUP_SIZE)
-            tier = DiskTier(folder, cap)
+            tier = DiskTier(folder, own_share(settings.prompt_cache_dir, folder, cap))
         except Exception as exc:  # the engine serves on without it: one line with the fix
             log.warning("prefix cache disk tier off: %s (set PROMPT_CACHE_DIR to a writable folder, or "
                         "PROMPT_CACHE_DISK_BYTES=0)", exc)

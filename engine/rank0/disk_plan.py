@@ -64,10 +64,14 @@ class DiskPlanner:
 
     def take(self) -> tuple[list[Restore], list[str]]:
         """The next plan's restores and deletes."""
-        superseded, self.ram.superseded = self.ram.superseded, []
-        self.index.forget(superseded)
         restores, self.restores = self.restores, []
-        deletes, self.deletes = list(dict.fromkeys(self.deletes + superseded)), []
+        # every rank deletes before it restores: a name this plan restores stays (its restored RAM entry carries
+        # the name, so the entry superseding that one deletes it later)
+        reading = {r.name for r in restores}
+        superseded, self.ram.superseded = [n for n in self.ram.superseded if n not in reading], []
+        self.index.forget(superseded)
+        deletes = [n for n in dict.fromkeys(self.deletes + superseded) if n not in reading]
+        self.deletes = []
         return restores, deletes
 
     def take_headers(self) -> dict[str, dict]:
