@@ -31,6 +31,10 @@ CLI_TIMEOUT = 900.0
 # Code asks to continue a cut answer, which also takes it through the prefix cache. (Codex CLI has no
 # such setting, and it fails on a response cut by the server's limit, so its turn runs to the end.)
 OUTPUT_TOKENS = 64
+# Codex's own ~17k-character instructions and its bundled skills' list were half of its ~18.7k-token request,
+# prefilled and attended to by every one of the ~1,700 tokens the demo model decoded to its end (154 s in CI).
+# A short instructions file keeps the request's shape: the same tools, messages and wire fields.
+CODEX_INSTRUCTIONS = "You are Codex, a coding agent in a terminal. Be concise.\n"
 CLAUDE_TOOLS = "Bash,Read,Edit"  # a ~7k-token request: the shape of the full one at a sixth of its length
 
 
@@ -126,12 +130,16 @@ def test_codex_exec_ends_with_a_last_message(clis, stack, model, tmp_path):
     home.mkdir()
     (home / "config.toml").write_text(
         f'model = "{model}"\n'
-        'model_provider = "local"\n\n'
+        'model_provider = "local"\n'
+        f'model_instructions_file = "{home / "instructions.md"}"\n\n'
         "[model_providers.local]\n"
         'name = "mlx-cluster-serve"\n'
         f'base_url = "{stack.base_url}/v1"\n'
-        'wire_api = "responses"\n'
+        'wire_api = "responses"\n\n'
+        "[skills.bundled]\n"
+        "enabled = false\n"
     )
+    (home / "instructions.md").write_text(CODEX_INSTRUCTIONS)
     last = tmp_path / "last-message.txt"
     env = _agent_env(tmp_path, CODEX_HOME=str(home))
     r = _run([str(clis / "codex"), "exec", "--skip-git-repo-check", "--output-last-message", str(last),
