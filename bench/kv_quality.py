@@ -58,19 +58,24 @@ QUESTIONS = [
 class Config:
     bits: int | None  # None: the model's own precision
     group: int = 64
+    start: int | None = None  # in process only: the first `start` positions kept exact (quantized_kv_start)
 
     @classmethod
     def parse(cls, text: str) -> Config:
-        """`off`, `8`, `4/32` (bits/group)."""
+        """`off`, `8`, `4/32` (bits/group), `4/64@256` (the first 256 positions in full precision)."""
         if text == "off":
             return cls(None)
+        text, _, start = text.partition("@")
         bits, _, group = text.partition("/")
-        return cls(int(bits), int(group or 64))
+        return cls(int(bits), int(group or 64), int(start) if start else None)
 
     def __str__(self) -> str:
-        return "float" if self.bits is None else f"{self.bits} bits / {self.group}"
+        kept = "" if self.start is None else f", first {self.start} exact"
+        return "float" if self.bits is None else f"{self.bits} bits / {self.group}{kept}"
 
     def env(self) -> dict[str, str]:
+        if self.start is not None:
+            raise SystemExit(f"{self}: the engine has no setting for exact first positions; use --way inprocess")
         return {"KV_BITS": "off" if self.bits is None else str(self.bits), "KV_GROUP_SIZE": str(self.group)}
 
 
@@ -126,7 +131,30 @@ def make_cache(model, config: Config):
 
     if config.bits is None:
         return make_prompt_cache(model)
+    if config.start is not None:
+        return [_head_exact_cache(config) for _ in model.layers]
     return [QuantizedKVCache(group_size=config.group, bits=config.bits) for _ in model.layers]
+
+
+def _head_exact_cache(config: Config):
+    """A float KVCache holding, from position config.start on, mx.quantize's values (quantized then dequantized,
+    as they land): what a quantized cache that keeps its first positions exact would attend to."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    def rounded(x, first: int):
+        cut = min(x.shape[2], max(0, config.start - first))
+        if cut == x.shape[2]:
+            return x
+        q = mx.quantize(x[:, :, cut:], group_size=config.group, bits=config.bits)
+        tail = mx.dequantize(*q, group_size=config.group, bits=config.bits).astype(x.dtype)
+        return mx.concatenate([x[:, :, :cut], tail], axis=2) if cut else tail
+
+    class HeadExact(KVCache):
+        def update_and_fetch(self, keys, values):
+            return super().update_and_fetch(rounded(keys, self.offset), rounded(values, self.offset))
+
+    return HeadExact()
 
 
 def inprocess_scores(model, tokens: list[int], configs: list[Config]) -> list[Scores]:
@@ -257,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--way", default="inprocess", choices=("inprocess", "api"))
     ap.add_argument("--ranks", type=int, default=1, help="--way api: the engine's ranks")
     ap.add_argument("--configs", default="off,8/64,4/64",
-                    help="KV_BITS/KV_GROUP_SIZE, comma-separated; the first is the reference")
+                    help="KV_BITS/KV_GROUP_SIZE[@N: the first N positions exact, in process], comma-separated; the first is the reference")
     ap.add_argument("--text", type=Path, default=REPO / "docs" / "cluster.md", help="the held text scored")
     ap.add_argument("--tokens", type=int, default=3000, help="about how many tokens of it, in one sequence (0: none)")
     ap.add_argument("--edges", default="0,512,2048", help="position buckets' starts")

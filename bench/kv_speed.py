@@ -88,7 +88,7 @@ def inprocess_once(model, config: Config, prompts: list[list[int]], chunk: int, 
 def api_once(base_url: str, prompts: list[list[int]], n: int, bias: dict[int, float]) -> tuple[float, float]:
     from bench import clients
 
-    result = clients.load(base_url, [clients.completion(p, n, bias, None) for p in prompts], len(prompts),
+    result = clients.load(base_url, [clients.completion(p, n, bias, "default") for p in prompts], len(prompts),
                           timeout=3600)
     if result.errors or result.tokens < n * len(prompts):
         raise RuntimeError(f"{base_url}: {result.errors[:1] or f'{result.tokens} of {n * len(prompts)} tokens'}")

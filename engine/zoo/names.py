@@ -20,5 +20,9 @@ FORMAT_MODELS = {"gpt-oss-harmony": "gpt-oss", "deepseek-v3.1-tools": "deepseek-
 # llama-9-heads has SmolLM2's 9 query and 3 KV heads, which 2 ranks cannot split but 3 can.
 SHAPE_MODELS = {"llama-9-heads": "llama"}
 ZOO_MODELS = ARCH_MODELS + TOOL_MODELS + tuple(FORMAT_MODELS) + tuple(SHAPE_MODELS)
+# A family with heads 64 wide (engine/zoo/wide.py), by family: the zoo's heads of 16 are too narrow for KV_BITS,
+# so these serve plain KV, MLA's latent and sliding windows quantized. Generated on request only (not in ZOO_MODELS).
+WIDE_SUFFIX = "-wide"
+WIDE_MODELS = {family + WIDE_SUFFIX: family for family in ("llama", "deepseek-v3", "ministral3")}
 # Every name MODEL=zoo-... accepts.
-SERVED_MODELS = ZOO_MODELS
+SERVED_MODELS = ZOO_MODELS + tuple(WIDE_MODELS)

@@ -8,7 +8,8 @@ from pathlib import Path
 from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
 from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, SHAPES, config
-from engine.zoo.names import FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS, TOOLS_PREFIX
+from engine.zoo.names import (FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS, TOOLS_PREFIX,
+                              WIDE_MODELS)
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
@@ -32,7 +33,7 @@ def _generate(name: str, out: Path) -> dict:
         model, cfg = _format_model(name, FORMAT_MODELS[name], out)
         size, eos_id = cfg["vocab_size"], cfg["eos_token_id"][0]
     else:
-        family = SHAPE_MODELS.get(name, name.removesuffix(QUANTIZED_SUFFIX))
+        family = SHAPE_MODELS.get(name) or WIDE_MODELS.get(name) or name.removesuffix(QUANTIZED_SUFFIX)
         extra, tokenizer_options = (), {}
         if name.startswith(TOOLS_PREFIX):  # a tool-call format's model: the small Qwen3, the family's tokenizer
             from engine.zoo import tool_families
@@ -44,6 +45,10 @@ def _generate(name: str, out: Path) -> dict:
         eos_id = vocab[IM_END]
         size = VOCAB + len(extra)
         cfg = config(family, size, eos_id, vocab[ENDOFTEXT]) | SHAPES.get(name, {})
+        if name in WIDE_MODELS:
+            from engine.zoo.wide import widened
+
+            cfg = widened(cfg)
         hidden = SHAPES.get(name, {}).get("hidden_size", HIDDEN)
         model, cfg = build(cfg, hidden, quiet_ids(vocab, tuple(text for text, _ in extra)),
                            quantized=name.endswith(QUANTIZED_SUFFIX))

@@ -49,3 +49,7 @@ def test_quantized_bytes_per_token_are_what_the_bits_say():
     assert kv_token_bytes(30, 3, 64, 4, Config(8, 64)) == 12960
     # the weights are read once a step for the whole batch
     assert read_per_token(800, 10.0, 100, 8) == 100 + 1000
+    # the first positions kept exact: in process only, the engine has no such setting
+    assert Config.parse("4/64@256") == Config(4, 64, 256) and str(Config(4, 64, 256)) == "4 bits / 64, first 256 exact"
+    with pytest.raises(SystemExit, match="--way inprocess"):
+        Config(4, 64, 256).env()
