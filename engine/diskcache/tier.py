@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 SUFFIX = ".kv"
 QUEUE = 4  # entries waiting for the writer (each a host copy held in memory)
 SCANNERS = 8  # headers read at once by scan()
+# names the LRU evicted, kept for rank 0's index to forget (take_evicted, every plan); on other ranks nobody takes
+# them, so only the latest are kept: a name lost here costs one restore that fails alike on every rank and computes
+EVICTED = 4096
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -51,6 +54,7 @@ class DiskTier:
         self._stopped = False  # a write failed: spilling is off until the engine starts again
         self._closed = False
         self._told_kind = False  # the warning that a cache kind cannot be written, given once
+        self._evicted: deque[str] = deque(maxlen=EVICTED)
         self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
                            seconds_restoring=0.0, skipped=0)
         self._load_index()
@@ -117,6 +121,13 @@ class DiskTier:
     def names(self) -> list[str]:
         with self._lock:
             return list(self._index)
+
+    def take_evicted(self) -> list[str]:
+        """The names the byte cap deleted since last asked (rank 0's index forgets them: never restored)."""
+        with self._lock:
+            out = list(self._evicted)
+            self._evicted.clear()
+            return out
 
     def scan(self) -> Iterator[tuple[str, dict]]:
         """(name, header) of every file present (damaged ones are deleted): what rank 0 rebuilds its index from,
@@ -210,6 +221,7 @@ class DiskTier:
             if old != keep:
                 total -= self._index.pop(old)
                 self._path(old).unlink(missing_ok=True)
+                self._evicted.append(old)
 
     def _stop(self, exc: OSError) -> None:
         with self._lock:

@@ -6,6 +6,8 @@ No MLX: the RAM index (engine/rank0/prefix_index.py) and the disk index (engine/
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.diskcache.identity import entry_name
 from engine.lockstep.plan import Restore
 from engine.rank0.disk_index import DiskIndex
@@ -31,6 +33,7 @@ class DiskPlanner:
         self.restores: list[Restore] = []
         self.deletes: list[str] = []
         self.headers: dict[str, dict] = {}  # what rank 0's file of each stored entry says (its tokens, tenant)
+        self.tier: Any = None  # rank 0's DiskTier once open: the names its byte cap evicted are forgotten each plan
 
     def has_work(self) -> bool:
         return bool(self.restores or self.deletes or self.ram.superseded)
@@ -65,6 +68,9 @@ class DiskPlanner:
     def take(self) -> tuple[list[Restore], list[str]]:
         """The next plan's restores and deletes."""
         restores, self.restores = self.restores, []
+        tier = self.tier
+        if tier is not None:  # before any lookup of the next plan could choose one of them
+            self.index.forget(tier.take_evicted())
         # every rank deletes before it restores: a name this plan restores stays (its restored RAM entry carries
         # the name, so the entry superseding that one deletes it later)
         reading = {r.name for r in restores}
