@@ -99,11 +99,14 @@ def model_identity(model_dir: Path, cache_dir: Path | None = None) -> str | None
                     known[key], learned = _sha256(path), True
                 blob = known[key]
             parts.append([path.name, blob])
-        if learned and sidecar is not None:
-            _save_sidecar(sidecar, known)
     except OSError as exc:
         log.warning("the prefix cache's disk tier stays off: the weights of %s cannot be read (%s)", model_dir, exc)
         return None
+    if learned and sidecar is not None:
+        try:
+            _save_sidecar(sidecar, known)
+        except OSError as exc:  # the digest stands; opening the tier's folder there fails next, and says so
+            log.debug("model identities not remembered in %s: %s", sidecar, exc)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 
