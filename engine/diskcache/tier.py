@@ -58,13 +58,14 @@ class DiskTier:
         self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
                            seconds_restoring=0.0, skipped=0)
         self._load_index()
-        self._queue: queue.Queue[tuple[str, int, HostEntry, dict] | None] = queue.Queue(queue_entries)
+        self._queue: queue.Queue[tuple[str, int, HostEntry, dict, list[str]] | None] = queue.Queue(queue_entries)
         self._writer = threading.Thread(target=self._write_loop, name=f"disk-tier {folder.name}", daemon=True)
         self._writer.start()
 
     # -- the step thread's side -----------------------------------------------------------------------------
-    def put(self, name: str, layers: list[Any], header: dict) -> None:
-        """Queue the entry's write; never raises, never waits for the disk."""
+    def put(self, name: str, layers: list[Any], header: dict, replaces: list[str] = ()) -> None:
+        """Queue the entry's write; never raises, never waits for the disk. replaces: entries it supersedes, deleted
+        once it is written (a write skipped or failed leaves them: what a restart finds stays usable)."""
         if self._stopped or self._closed or self.cap <= 0 or self._queue.full():
             self._skip(name, "the writer is behind" if self._queue.full() else "spilling is off")
             return
@@ -85,7 +86,7 @@ class DiskTier:
             self._pending[name] = (ticket, entry)
             self._busy += 1
         try:
-            self._queue.put_nowait((name, ticket, entry, header))
+            self._queue.put_nowait((name, ticket, entry, header, list(replaces)))
         except queue.Full:  # only when put() is called from two threads at once
             self._finished(name, ticket)
             self._skip(name, "the writer is behind")
@@ -114,9 +115,13 @@ class DiskTier:
 
     def delete(self, name: str) -> None:
         with self._lock:
-            self._pending.pop(name, None)  # a queued write of it is dropped
-            self._index.pop(name, None)
-            self._path(name).unlink(missing_ok=True)
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """The entry's file and a queued write of it go (the lock held)."""
+        self._pending.pop(name, None)
+        self._index.pop(name, None)
+        self._path(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
         with self._lock:
@@ -169,9 +174,9 @@ class DiskTier:
     # -- the writer thread ----------------------------------------------------------------------------------
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            name, ticket, entry, header = item
+            name, ticket, entry, header, replaces = item
             try:
-                self._write(name, ticket, entry, header)
+                self._write(name, ticket, entry, header, replaces)
             except Exception:  # a header msgpack cannot encode: a bug to log, never the writer's end
                 log.exception("prefix entry %s not written to disk", name)
                 self._count(write_failures=1)
@@ -185,7 +190,7 @@ class DiskTier:
             self._busy -= 1
             self._idle.notify_all()
 
-    def _write(self, name: str, ticket: int, entry: HostEntry, header: dict) -> None:
+    def _write(self, name: str, ticket: int, entry: HostEntry, header: dict, replaces: list[str]) -> None:
         if self._pending.get(name, (None,))[0] != ticket:
             return  # deleted (or put again) since it was queued
         if self._stopped:
@@ -209,6 +214,9 @@ class DiskTier:
                 return
             self._index[name] = written
             self._stamp(name)
+            for old in replaces:
+                if old != name:
+                    self._drop(old)
             self._evict(self.cap, keep=name)
             self.counts["writes"] += 1
 

@@ -1,5 +1,6 @@
 """Rank 0's disk tier decisions for the plans: names for what is stored, restores for lookups the disk serves
-better than RAM, and deletes of what longer entries superseded (engine/lockstep/disk.py applies them on every rank).
+better than RAM, and what longer entries supersede: deleted once those are written (engine/lockstep/disk.py applies them
+on every rank).
 
 No MLX: the RAM index (engine/rank0/prefix_index.py) and the disk index (engine/rank0/disk_index.py) are plain data.
 """
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from engine.diskcache.identity import entry_name
-from engine.lockstep.plan import Restore
+from engine.lockstep.plan import Restore, Store
 from engine.rank0.disk_index import DiskIndex
 from engine.rank0.prefix_index import PrefixIndex
 
@@ -33,6 +36,7 @@ class DiskPlanner:
         self.restores: list[Restore] = []
         self.deletes: list[str] = []
         self.headers: dict[str, dict] = {}  # what rank 0's file of each stored entry says (its tokens, tenant)
+        self.replaces: dict[str, list[str]] = {}  # name of an entry being stored -> the disk entries it supersedes
         self.tier: Any = None  # rank 0's DiskTier once open: the names its byte cap evicted are forgotten each plan
 
     def has_work(self) -> bool:
@@ -60,13 +64,17 @@ class DiskPlanner:
             return ""
         name = entry_name(tenant, tokens)
         self.ram.entries[entry].disk = name
-        self.deletes += self.index.supersede(tokens, tenant)
+        # what it supersedes (on disk, and the RAM entries the add just replaced) goes once it is written; the
+        # index forgets the RAM ones in take(), where a lookup of this same plan restores none of them
+        replaces = [n for n in dict.fromkeys(self.index.supersede(tokens, tenant) + self.ram.superseded) if n != name]
+        self.ram.superseded = []
+        self.replaces[name] = replaces
         self.index.stored(name, tokens, tenant, prompt)
         self.headers[name] = {"tokens": list(tokens), "tenant": tenant, "prompt": prompt}
         return name
 
-    def take(self) -> tuple[list[Restore], list[str]]:
-        """The next plan's restores and deletes."""
+    def take(self, stores: list[Store]) -> tuple[list[Store], list[Restore], list[str]]:
+        """The next plan's stores (with what each supersedes), restores and deletes."""
         restores, self.restores = self.restores, []
         tier = self.tier
         if tier is not None:  # before any lookup of the next plan could choose one of them
@@ -78,7 +86,13 @@ class DiskPlanner:
         self.index.forget(superseded)
         deletes = [n for n in dict.fromkeys(self.deletes + superseded) if n not in reading]
         self.deletes = []
-        return restores, deletes
+        out = []
+        for st in stores:
+            replaces = [n for n in self.replaces.pop(st.disk, ()) if n not in reading]
+            self.index.forget(replaces)
+            out.append(msgspec.structs.replace(st, replaces=replaces) if replaces else st)
+        self.replaces.clear()  # a store named but not planned (none today) supersedes nothing
+        return out, restores, deletes
 
     def take_headers(self) -> dict[str, dict]:
         headers, self.headers = self.headers, {}

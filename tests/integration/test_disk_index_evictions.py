@@ -6,8 +6,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import pytest
-
 from engine.diskcache import files
 from engine.diskcache.tier import DiskTier
 from engine.lockstep.disk import DiskEntries
@@ -45,8 +43,6 @@ def test_entries_the_cap_evicted_are_not_restored(tmp_path: Path) -> None:
     assert set(sched.disk.index.entries) <= on_disk
 
 
-@pytest.mark.xfail(strict=True, reason="a superseded file is deleted when the plan says so, even where this rank's "
-                                       "write of the entry superseding it was skipped (its writer behind)")
 def test_a_turn_whose_write_is_skipped_keeps_the_turn_before_on_disk(tmp_path: Path, monkeypatch) -> None:
     tier = DiskTier(tmp_path / "tier", 1 << 30, queue_entries=1)
     disk = DiskEntries()
