@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import queue
@@ -34,6 +35,33 @@ SCANNERS = 8  # headers read at once by scan()
 # them, so only the latest are kept: a name lost here costs one restore that fails alike on every rank and computes
 EVICTED = 4096
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+LOCK = ".lock"  # beside the folder (its name + this), flock'd by the one engine using it: two would each hold the
+# cap, and clean up each other's writes; beside it, the folder holds entries and nothing else
+
+
+def _lock(folder: Path) -> int | None:
+    """An open descriptor holding the folder's exclusive lock (released when closed), or None where another process
+    holds it. A file system without locks (some network mounts) counts as unshared: nothing better can be known."""
+    fd = os.open(folder.with_name(folder.name + LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError as exc:
+        log.debug("prefix cache on disk: %s cannot be locked (%s)", folder, exc)
+    return fd
+
+
+def _alive(tmp_name: str) -> bool:
+    """Whether the process whose pid a tmp file's name carries (files.write_file) still runs: it may be writing it."""
+    try:
+        os.kill(int(tmp_name.rsplit(".", 2)[-2]), 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class DiskTier:
@@ -57,7 +85,15 @@ class DiskTier:
         self._evicted: deque[str] = deque(maxlen=EVICTED)
         self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
                            seconds_restoring=0.0, skipped=0)
-        self._load_index()
+        self._clock = 0
+        self._held = _lock(folder)
+        self.shared = self._held is None  # another engine writes here: this one is off (put skips, nothing listed)
+        if self.shared:
+            self._stopped = True
+            log.warning("prefix cache on disk: another engine is using %s, so this one's disk tier is off; give each "
+                        "engine its own PROMPT_CACHE_DIR", folder)
+        else:
+            self._load_index()
         self._queue: queue.Queue[tuple[str, int, HostEntry, dict, list[str]] | None] = queue.Queue(queue_entries)
         self._writer = threading.Thread(target=self._write_loop, name=f"disk-tier {folder.name}", daemon=True)
         self._writer.start()
@@ -170,6 +206,9 @@ class DiskTier:
         self._closed = True
         self._queue.put(None)
         self._writer.join(timeout)
+        held, self._held = self._held, None
+        if held is not None:
+            os.close(held)  # the lock goes with it: the folder is free for the next engine
 
     # -- the writer thread ----------------------------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -267,12 +306,14 @@ class DiskTier:
             os.utime(self._path(name), ns=(self._clock, self._clock))
 
     def _load_index(self) -> None:
-        """The files present, oldest use first; a crash's leftover tmp files removed."""
+        """The files present, oldest use first; a crash's leftover tmp files removed (the lock held: no other engine
+        of ours writes here, but a process still running may be finishing a write)."""
         found = []
         with os.scandir(self.folder) as it:
             for e in it:
                 if e.name.endswith(".tmp"):
-                    Path(e.path).unlink(missing_ok=True)
+                    if not _alive(e.name):
+                        Path(e.path).unlink(missing_ok=True)
                 elif e.name.endswith(SUFFIX) and e.is_file(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
                     found.append((st.st_mtime_ns, e.name[:-len(SUFFIX)], st.st_size))
