@@ -163,6 +163,11 @@ class DiskTier:
         with self._lock:
             return list(self._index)
 
+    def size(self, name: str) -> int:
+        """The bytes of the entry's file (0: not on disk)."""
+        with self._lock:
+            return self._index.get(name, 0)
+
     def take_evicted(self) -> list[str]:
         """The names the byte cap deleted since last asked (rank 0's index forgets them: never restored)."""
         with self._lock:

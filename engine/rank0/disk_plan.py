@@ -27,6 +27,11 @@ def disk_info(index: DiskIndex, tier_stats: dict | None) -> dict[str, int]:
             "prompt_cache_disk_restore_failures": index.stats.restore_failures}
 
 
+# Bytes of entries one plan restores at most: every rank reads (and checks) them inside one step, which must end
+# within WATCHDOG_TIMEOUT (30 s) even on a slow disk (4 GiB at 500 MB/s is 8 s); a prompt past it computes.
+RESTORE_BYTES = 4 << 30
+
+
 class DiskPlanner:
     """What the next plan asks of the ranks' disk tiers."""
 
@@ -38,6 +43,8 @@ class DiskPlanner:
         self.headers: dict[str, dict] = {}  # what rank 0's file of each stored entry says (its tokens, tenant)
         self.replaces: dict[str, list[str]] = {}  # name of an entry being stored -> the disk entries it supersedes
         self.tier: Any = None  # rank 0's DiskTier once open: the names its byte cap evicted are forgotten each plan
+        self.restore_bytes = RESTORE_BYTES
+        self.restoring = 0  # bytes of the restores planned so far for the next plan (rank 0's file sizes)
 
     def has_work(self) -> bool:
         return bool(self.restores or self.deletes or self.ram.superseded)
@@ -48,6 +55,11 @@ class DiskPlanner:
         name, n, found = self.index.choose(tokens, tenant, reuse)
         if found is None:
             return entry, reuse
+        size = self.tier.size(name) if self.tier is not None else 0
+        if self.restoring + size > self.restore_bytes:  # this plan reads enough already: the prompt computes
+            self.index.stats.hits -= 1
+            return entry, reuse
+        self.restoring += size
         restored = self.ram.restored(found.tokens, tenant, found.prompt, name)
         self.restores.append(Restore(entry=restored, name=name, length=found.length))
         stats = self.ram.stats
@@ -75,7 +87,7 @@ class DiskPlanner:
 
     def take(self, stores: list[Store]) -> tuple[list[Store], list[Restore], list[str]]:
         """The next plan's stores (with what each supersedes), restores and deletes."""
-        restores, self.restores = self.restores, []
+        restores, self.restores, self.restoring = self.restores, [], 0
         tier = self.tier
         if tier is not None:  # before any lookup of the next plan could choose one of them
             self.index.forget(tier.take_evicted())
