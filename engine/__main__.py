@@ -202,15 +202,16 @@ def _build(settings, joined: Joined, watchdog):
                   proposer, pace, kv_dtype)
 
 
-def _open_disk(batch, tier, index=None) -> None:
+def _open_disk(batch, tier, planner=None) -> None:
     """This rank's disk tier is open (from its background thread): stores are written through from now on; rank 0
     then reads the entries already on disk into its index (engine/rank0/disk_index.py)."""
     from engine.disk_tier import scan_into
 
     batch.disk.tier = tier
-    if index is not None:
-        scan_into(tier, index)
-        index.scan_done()
+    if planner is not None:
+        planner.tier = tier  # what the cap evicts is forgotten by the index (engine/rank0/disk_plan.py)
+        scan_into(tier, planner.index)
+        planner.index.scan_done()
 
 
 def _pace(settings, joined: Joined, batch, channel, watchdog):
@@ -307,7 +308,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     scheduler = Scheduler(settings.MAX_BATCH, set(tokenizer.eos_token_ids), counters, extract,
                           PrefixIndex(cache_budget, batch.prefix.cuts, settings.MAX_LIVE_BUFFERS), kv)
     disk_index = scheduler.disk.index
-    open_in_background(settings, loaded, 0, joined.size, lambda tier: _open_disk(batch, tier, disk_index))
+    open_in_background(settings, loaded, 0, joined.size, lambda tier: _open_disk(batch, tier, scheduler.disk))
     backend = settings.BACKEND if joined.size > 1 else "single"
     # the float type rank 0 measured its keys and values in, else the one config.json names
     precision = label(settings.kv_bits, settings.KV_GROUP_SIZE, kv_dtype or loaded.facts.dtype)

@@ -90,6 +90,9 @@ def open_in_background(settings, loaded, rank: int, size: int,
             log.warning("prefix cache disk tier off: %s (set PROMPT_CACHE_DIR to a writable folder, or "
                         "PROMPT_CACHE_DISK_BYTES=0)", exc)
             return
+        if tier.shared:  # another engine's folder: the tier said so, once
+            tier.close()
+            return
         log.info("prefix cache disk tier: %s, up to %.0f MiB (opened in %.1f s)", folder, cap / 2**20,
                  time.monotonic() - started)
         on_open(tier)

@@ -53,8 +53,10 @@ def _sha256(path: Path) -> str:
 
 
 def _key(path: Path) -> str:
+    """Size and mtime alone miss weights replaced by a copy that kept its source's mtime (rsync -a, cp -p): a new
+    file has another inode, and a rename or write sets ctime, which no copy tool can carry over."""
     st = path.stat()
-    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_ctime_ns}"
 
 
 def _load_sidecar(path: Path) -> dict[str, str]:
@@ -81,7 +83,7 @@ def model_identity(model_dir: Path, cache_dir: Path | None = None) -> str | None
 
     Files linked into a Hugging Face cache's blobs/ are named by their content's hash: those names are digested,
     free. Any other file's content is hashed once (minutes for a large model: call this from a background thread,
-    never where serving waits) and remembered in cache_dir's sidecar by (path, size, mtime_ns)."""
+    never where serving waits) and remembered in cache_dir's sidecar by (path, size, mtime_ns, inode, ctime_ns)."""
     files = _files(model_dir)
     if not files:
         return None
@@ -97,11 +99,14 @@ def model_identity(model_dir: Path, cache_dir: Path | None = None) -> str | None
                     known[key], learned = _sha256(path), True
                 blob = known[key]
             parts.append([path.name, blob])
-        if learned and sidecar is not None:
-            _save_sidecar(sidecar, known)
     except OSError as exc:
         log.warning("the prefix cache's disk tier stays off: the weights of %s cannot be read (%s)", model_dir, exc)
         return None
+    if learned and sidecar is not None:
+        try:
+            _save_sidecar(sidecar, known)
+        except OSError as exc:  # the digest stands; opening the tier's folder there fails next, and says so
+            log.debug("model identities not remembered in %s: %s", sidecar, exc)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 

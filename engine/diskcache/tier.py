@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +31,37 @@ log = logging.getLogger(__name__)
 SUFFIX = ".kv"
 QUEUE = 4  # entries waiting for the writer (each a host copy held in memory)
 SCANNERS = 8  # headers read at once by scan()
+# names the LRU evicted, kept for rank 0's index to forget (take_evicted, every plan); on other ranks nobody takes
+# them, so only the latest are kept: a name lost here costs one restore that fails alike on every rank and computes
+EVICTED = 4096
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+LOCK = ".lock"  # beside the folder (its name + this), flock'd by the one engine using it: two would each hold the
+# cap, and clean up each other's writes; beside it, the folder holds entries and nothing else
+
+
+def _lock(folder: Path) -> int | None:
+    """An open descriptor holding the folder's exclusive lock (released when closed), or None where another process
+    holds it. A file system without locks (some network mounts) counts as unshared: nothing better can be known."""
+    fd = os.open(folder.with_name(folder.name + LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError as exc:
+        log.debug("prefix cache on disk: %s cannot be locked (%s)", folder, exc)
+    return fd
+
+
+def _alive(tmp_name: str) -> bool:
+    """Whether the process whose pid a tmp file's name carries (files.write_file) still runs: it may be writing it."""
+    try:
+        os.kill(int(tmp_name.rsplit(".", 2)[-2]), 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class DiskTier:
@@ -51,16 +82,26 @@ class DiskTier:
         self._stopped = False  # a write failed: spilling is off until the engine starts again
         self._closed = False
         self._told_kind = False  # the warning that a cache kind cannot be written, given once
+        self._evicted: deque[str] = deque(maxlen=EVICTED)
         self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
                            seconds_restoring=0.0, skipped=0)
-        self._load_index()
-        self._queue: queue.Queue[tuple[str, int, HostEntry, dict] | None] = queue.Queue(queue_entries)
+        self._clock = 0
+        self._held = _lock(folder)
+        self.shared = self._held is None  # another engine writes here: this one is off (put skips, nothing listed)
+        if self.shared:
+            self._stopped = True
+            log.warning("prefix cache on disk: another engine is using %s, so this one's disk tier is off; give each "
+                        "engine its own PROMPT_CACHE_DIR", folder)
+        else:
+            self._load_index()
+        self._queue: queue.Queue[tuple[str, int, HostEntry, dict, list[str]] | None] = queue.Queue(queue_entries)
         self._writer = threading.Thread(target=self._write_loop, name=f"disk-tier {folder.name}", daemon=True)
         self._writer.start()
 
     # -- the step thread's side -----------------------------------------------------------------------------
-    def put(self, name: str, layers: list[Any], header: dict) -> None:
-        """Queue the entry's write; never raises, never waits for the disk."""
+    def put(self, name: str, layers: list[Any], header: dict, replaces: list[str] = ()) -> None:
+        """Queue the entry's write; never raises, never waits for the disk. replaces: entries it supersedes, deleted
+        once it is written (a write skipped or failed leaves them: what a restart finds stays usable)."""
         if self._stopped or self._closed or self.cap <= 0 or self._queue.full():
             self._skip(name, "the writer is behind" if self._queue.full() else "spilling is off")
             return
@@ -81,7 +122,7 @@ class DiskTier:
             self._pending[name] = (ticket, entry)
             self._busy += 1
         try:
-            self._queue.put_nowait((name, ticket, entry, header))
+            self._queue.put_nowait((name, ticket, entry, header, list(replaces)))
         except queue.Full:  # only when put() is called from two threads at once
             self._finished(name, ticket)
             self._skip(name, "the writer is behind")
@@ -110,13 +151,29 @@ class DiskTier:
 
     def delete(self, name: str) -> None:
         with self._lock:
-            self._pending.pop(name, None)  # a queued write of it is dropped
-            self._index.pop(name, None)
-            self._path(name).unlink(missing_ok=True)
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """The entry's file and a queued write of it go (the lock held)."""
+        self._pending.pop(name, None)
+        self._index.pop(name, None)
+        self._path(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
         with self._lock:
             return list(self._index)
+
+    def size(self, name: str) -> int:
+        """The bytes of the entry's file (0: not on disk)."""
+        with self._lock:
+            return self._index.get(name, 0)
+
+    def take_evicted(self) -> list[str]:
+        """The names the byte cap deleted since last asked (rank 0's index forgets them: never restored)."""
+        with self._lock:
+            out = list(self._evicted)
+            self._evicted.clear()
+            return out
 
     def scan(self) -> Iterator[tuple[str, dict]]:
         """(name, header) of every file present (damaged ones are deleted): what rank 0 rebuilds its index from,
@@ -154,13 +211,16 @@ class DiskTier:
         self._closed = True
         self._queue.put(None)
         self._writer.join(timeout)
+        held, self._held = self._held, None
+        if held is not None:
+            os.close(held)  # the lock goes with it: the folder is free for the next engine
 
     # -- the writer thread ----------------------------------------------------------------------------------
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            name, ticket, entry, header = item
+            name, ticket, entry, header, replaces = item
             try:
-                self._write(name, ticket, entry, header)
+                self._write(name, ticket, entry, header, replaces)
             except Exception:  # a header msgpack cannot encode: a bug to log, never the writer's end
                 log.exception("prefix entry %s not written to disk", name)
                 self._count(write_failures=1)
@@ -174,7 +234,7 @@ class DiskTier:
             self._busy -= 1
             self._idle.notify_all()
 
-    def _write(self, name: str, ticket: int, entry: HostEntry, header: dict) -> None:
+    def _write(self, name: str, ticket: int, entry: HostEntry, header: dict, replaces: list[str]) -> None:
         if self._pending.get(name, (None,))[0] != ticket:
             return  # deleted (or put again) since it was queued
         if self._stopped:
@@ -198,6 +258,9 @@ class DiskTier:
                 return
             self._index[name] = written
             self._stamp(name)
+            for old in replaces:
+                if old != name:
+                    self._drop(old)
             self._evict(self.cap, keep=name)
             self.counts["writes"] += 1
 
@@ -210,6 +273,7 @@ class DiskTier:
             if old != keep:
                 total -= self._index.pop(old)
                 self._path(old).unlink(missing_ok=True)
+                self._evicted.append(old)
 
     def _stop(self, exc: OSError) -> None:
         with self._lock:
@@ -247,12 +311,14 @@ class DiskTier:
             os.utime(self._path(name), ns=(self._clock, self._clock))
 
     def _load_index(self) -> None:
-        """The files present, oldest use first; a crash's leftover tmp files removed."""
+        """The files present, oldest use first; a crash's leftover tmp files removed (the lock held: no other engine
+        of ours writes here, but a process still running may be finishing a write)."""
         found = []
         with os.scandir(self.folder) as it:
             for e in it:
                 if e.name.endswith(".tmp"):
-                    Path(e.path).unlink(missing_ok=True)
+                    if not _alive(e.name):
+                        Path(e.path).unlink(missing_ok=True)
                 elif e.name.endswith(SUFFIX) and e.is_file(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
                     found.append((st.st_mtime_ns, e.name[:-len(SUFFIX)], st.st_size))

@@ -261,7 +261,8 @@ class LockstepBatch:
         """Keep a store's cache as its entry, and write the entry as kept through to the disk tier."""
         self.prefix.put(st.entry, cache, length, have)
         if st.disk:
-            self.disk.stored(st.disk, self.prefix.entries.get(st.entry), self.prefix.lengths.get(st.entry, 0))
+            self.disk.stored(st.disk, self.prefix.entries.get(st.entry), self.prefix.lengths.get(st.entry, 0),
+                             st.replaces)
 
     def _restore(self, restores: list[Restore]) -> None:
         """Load each restored entry from this rank's disk tier, then keep only those every rank loaded (one

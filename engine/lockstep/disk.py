@@ -1,5 +1,6 @@
 """Every rank's side of the prefix cache's disk tier, as plans drive it: what a plan stores is written through to
-this rank's DiskTier (engine/diskcache), what it supersedes is deleted, and what it restores is loaded back.
+this rank's DiskTier (engine/diskcache), what it supersedes is deleted once it is written, and what it restores is
+loaded back.
 
 Rank 0 decides everything (engine/rank0/disk_index.py). A restore is the one disk operation whose outcome can differ
 between ranks (a file missing or damaged on one host), so the ranks agree on it in one small collective before any
@@ -33,14 +34,15 @@ class DiskEntries:
         self.headers: dict[str, dict] = {}
         self.failed: list[str] = []  # rank 0: names a restore could not load on some rank, since last taken
 
-    def stored(self, name: str, cache: list[Any] | None, length: int) -> None:
-        """A store was applied: the entry's cache as this rank keeps it (None: not kept) goes to disk too."""
+    def stored(self, name: str, cache: list[Any] | None, length: int, replaces: list[str] = ()) -> None:
+        """A store was applied: the entry's cache as this rank keeps it (None: not kept) goes to disk too; the
+        entries it supersedes are deleted once it is written (never, where it is not)."""
         header = self.headers.pop(name, {})
         tier = self.tier
         if not name or cache is None or tier is None:
             return
         try:
-            tier.put(name, cache, {**header, "length": length})
+            tier.put(name, cache, {**header, "length": length}, replaces=list(replaces))
         except Exception:  # the RAM entry stands; a restore of it later fails alike on every rank and computes
             log.exception("prefix entry %s could not be written to the disk tier", name)
 

@@ -72,6 +72,9 @@ class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     least: int = 0
     # not empty: every rank also writes the entry to its disk tier under this name (engine/lockstep/disk.py)
     disk: str = ""
+    # disk entries this one supersedes: deleted only once it is written, so a write skipped (the writer behind, a
+    # full disk) leaves the turn before on disk
+    replaces: list[str] = []
 
     def keeps(self, fed: int) -> int:
         """Tokens to keep of a sequence that has fed `fed` (0: none)."""

@@ -1,13 +1,18 @@
 """Rank 0's disk tier decisions for the plans: names for what is stored, restores for lookups the disk serves
-better than RAM, and deletes of what longer entries superseded (engine/lockstep/disk.py applies them on every rank).
+better than RAM, and what longer entries supersede: deleted once those are written (engine/lockstep/disk.py applies them
+on every rank).
 
 No MLX: the RAM index (engine/rank0/prefix_index.py) and the disk index (engine/rank0/disk_index.py) are plain data.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from engine.diskcache.identity import entry_name
-from engine.lockstep.plan import Restore
+from engine.lockstep.plan import Restore, Store
 from engine.rank0.disk_index import DiskIndex
 from engine.rank0.prefix_index import PrefixIndex
 
@@ -22,6 +27,11 @@ def disk_info(index: DiskIndex, tier_stats: dict | None) -> dict[str, int]:
             "prompt_cache_disk_restore_failures": index.stats.restore_failures}
 
 
+# Bytes of entries one plan restores at most: every rank reads (and checks) them inside one step, which must end
+# within WATCHDOG_TIMEOUT (30 s) even on a slow disk (4 GiB at 500 MB/s is 8 s); a prompt past it computes.
+RESTORE_BYTES = 4 << 30
+
+
 class DiskPlanner:
     """What the next plan asks of the ranks' disk tiers."""
 
@@ -31,6 +41,10 @@ class DiskPlanner:
         self.restores: list[Restore] = []
         self.deletes: list[str] = []
         self.headers: dict[str, dict] = {}  # what rank 0's file of each stored entry says (its tokens, tenant)
+        self.replaces: dict[str, list[str]] = {}  # name of an entry being stored -> the disk entries it supersedes
+        self.tier: Any = None  # rank 0's DiskTier once open: the names its byte cap evicted are forgotten each plan
+        self.restore_bytes = RESTORE_BYTES
+        self.restoring = 0  # bytes of the restores planned so far for the next plan (rank 0's file sizes)
 
     def has_work(self) -> bool:
         return bool(self.restores or self.deletes or self.ram.superseded)
@@ -41,6 +55,11 @@ class DiskPlanner:
         name, n, found = self.index.choose(tokens, tenant, reuse)
         if found is None:
             return entry, reuse
+        size = self.tier.size(name) if self.tier is not None else 0
+        if self.restoring + size > self.restore_bytes:  # this plan reads enough already: the prompt computes
+            self.index.stats.hits -= 1
+            return entry, reuse
+        self.restoring += size
         restored = self.ram.restored(found.tokens, tenant, found.prompt, name)
         self.restores.append(Restore(entry=restored, name=name, length=found.length))
         stats = self.ram.stats
@@ -57,14 +76,21 @@ class DiskPlanner:
             return ""
         name = entry_name(tenant, tokens)
         self.ram.entries[entry].disk = name
-        self.deletes += self.index.supersede(tokens, tenant)
+        # what it supersedes (on disk, and the RAM entries the add just replaced) goes once it is written; the
+        # index forgets the RAM ones in take(), where a lookup of this same plan restores none of them
+        replaces = [n for n in dict.fromkeys(self.index.supersede(tokens, tenant) + self.ram.superseded) if n != name]
+        self.ram.superseded = []
+        self.replaces[name] = replaces
         self.index.stored(name, tokens, tenant, prompt)
         self.headers[name] = {"tokens": list(tokens), "tenant": tenant, "prompt": prompt}
         return name
 
-    def take(self) -> tuple[list[Restore], list[str]]:
-        """The next plan's restores and deletes."""
-        restores, self.restores = self.restores, []
+    def take(self, stores: list[Store]) -> tuple[list[Store], list[Restore], list[str]]:
+        """The next plan's stores (with what each supersedes), restores and deletes."""
+        restores, self.restores, self.restoring = self.restores, [], 0
+        tier = self.tier
+        if tier is not None:  # before any lookup of the next plan could choose one of them
+            self.index.forget(tier.take_evicted())
         # every rank deletes before it restores: a name this plan restores stays (its restored RAM entry carries
         # the name, so the entry superseding that one deletes it later)
         reading = {r.name for r in restores}
@@ -72,7 +98,13 @@ class DiskPlanner:
         self.index.forget(superseded)
         deletes = [n for n in dict.fromkeys(self.deletes + superseded) if n not in reading]
         self.deletes = []
-        return restores, deletes
+        out = []
+        for st in stores:
+            replaces = [n for n in self.replaces.pop(st.disk, ()) if n not in reading]
+            self.index.forget(replaces)
+            out.append(msgspec.structs.replace(st, replaces=replaces) if replaces else st)
+        self.replaces.clear()  # a store named but not planned (none today) supersedes nothing
+        return out, restores, deletes
 
     def take_headers(self) -> dict[str, dict]:
         headers, self.headers = self.headers, {}

@@ -159,7 +159,7 @@ class Scheduler:
         self.kv_reserved = self._reserved()
         stores, self.stores = self.stores, []
         evicts = self.prefix.take_evictions()
-        restores, deletes = self.disk.take()
+        stores, restores, deletes = self.disk.take(stores)
         busy = inserts or removes or stores or evicts or restores or deletes
         return Plan(step=self.step, fingerprint=fingerprint, token_check=token_check,
                     inserts=inserts, removes=removes, stores=stores, evicts=evicts, restores=restores,

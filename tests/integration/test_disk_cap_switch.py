@@ -49,8 +49,6 @@ def test_switching_models_keeps_the_whole_folder_under_the_cap(tmp_path: Path) -
     back.close()
 
 
-@pytest.mark.xfail(strict=True, reason="identity.model_identity returns None when its sidecar cannot be saved, so "
-                                       "the warnings blame the weights, twice")
 def test_an_unwritable_prompt_cache_dir_warns_once_naming_it(tmp_path: Path, caplog) -> None:
     root = tmp_path / "not-a-folder"
     root.write_text("")  # PROMPT_CACHE_DIR names a file: nothing can be made under it (as a folder without access)

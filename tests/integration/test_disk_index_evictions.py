@@ -6,8 +6,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import pytest
-
 from engine.diskcache import files
 from engine.diskcache.tier import DiskTier
 from engine.lockstep.disk import DiskEntries
@@ -18,12 +16,12 @@ from tests.unit.test_disk_index import opened, plan, scheduler, submit
 EOS = 0
 
 
-@pytest.mark.xfail(strict=True, reason="the tier's LRU evictions never reach rank 0's DiskIndex")
 def test_entries_the_cap_evicted_are_not_restored(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path / "tier", 2 * size_of_one(tmp_path) + 4096)
     disk = DiskEntries()
     disk.tier = tier
     sched = scheduler(opened())
+    sched.disk.tier = tier  # as the engine hands rank 0's planner its tier once open
     turns = [[1000 * (c + 1) + i for i in range(300)] for c in range(5)]
     for c, turn in enumerate(turns):  # five conversations end one after another, each written through
         submit(sched, f"c{c}", turn)
@@ -45,8 +43,6 @@ def test_entries_the_cap_evicted_are_not_restored(tmp_path: Path) -> None:
     assert set(sched.disk.index.entries) <= on_disk
 
 
-@pytest.mark.xfail(strict=True, reason="a superseded file is deleted when the plan says so, even where this rank's "
-                                       "write of the entry superseding it was skipped (its writer behind)")
 def test_a_turn_whose_write_is_skipped_keeps_the_turn_before_on_disk(tmp_path: Path, monkeypatch) -> None:
     tier = DiskTier(tmp_path / "tier", 1 << 30, queue_entries=1)
     disk = DiskEntries()

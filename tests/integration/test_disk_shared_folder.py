@@ -8,14 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from engine.diskcache import files
 from engine.diskcache.tier import DiskTier
 from tests.integration.test_disk_tier import entry, on_disk, size_of_one
 
 
-@pytest.mark.xfail(strict=True, reason="DiskTier start deletes every *.tmp, also another live engine's write")
 def test_a_second_engine_starting_keeps_the_first_engines_write_in_flight(tmp_path: Path) -> None:
     folder = tmp_path / "tier"
     folder.mkdir(mode=0o700)
@@ -31,7 +29,6 @@ def test_a_second_engine_starting_keeps_the_first_engines_write_in_flight(tmp_pa
         other.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="each DiskTier counts only its own files: two on one folder hold 2x the cap")
 def test_two_engines_on_one_folder_hold_its_cap(tmp_path: Path) -> None:
     one = size_of_one(tmp_path)
     folder = tmp_path / "tier"

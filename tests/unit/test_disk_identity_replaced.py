@@ -7,13 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from engine.diskcache.identity import model_identity
 
 
-@pytest.mark.xfail(strict=True, reason="the sidecar keys a digest by (path, size, mtime_ns) only: inode and ctime "
-                                       "are not part of it, so replaced weights keep the old identity")
 def test_weights_replaced_with_same_size_and_mtime_change_the_identity(tmp_path: Path) -> None:
     model, cache = tmp_path / "model", tmp_path / "cache"
     model.mkdir()

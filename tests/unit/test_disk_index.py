@@ -135,8 +135,9 @@ def test_a_stored_turn_is_named_written_through_and_deletes_the_turn_it_extends_
     second = plan(sched)
     (store,) = second.stores
     assert store.disk and store.disk not in ("turn-1", "other-tenant")
-    # the conversation's earlier turn is superseded in RAM (restored there) and so on disk; the other tenant's stays
-    assert second.disk_deletes == ["turn-1"]
+    # the conversation's earlier turn is superseded in RAM (restored there) and so on disk, once the store is written;
+    # the other tenant's stays
+    assert store.replaces == ["turn-1"] and second.disk_deletes == []
     assert set(index.entries) == {store.disk, "other-tenant"}
     assert sched.disk.take_headers()[store.disk] == {"tokens": TURN + [7, 8, 5], "tenant": "t", "prompt": 302}
     assert first.restores[0].name == "turn-1"

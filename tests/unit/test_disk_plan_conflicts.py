@@ -28,3 +28,27 @@ def test_a_branch_restoring_the_entry_its_sibling_just_extended_finds_it_on_disk
     assert [r.name for r in second.restores] == ["turn-1"]
     # every rank deletes before it restores: deleting it in this very plan makes the restore fail on every rank
     assert "turn-1" not in second.disk_deletes
+
+
+class Files:
+    """Rank 0's tier as the planner asks it: each file's size (3 GiB: a long context of a large model)."""
+
+    def size(self, name: str) -> int:
+        return 3 << 30
+
+    def take_evicted(self) -> list[str]:
+        return []
+
+
+def test_one_plan_restores_no_more_bytes_than_a_step_can_read_within_the_watchdog() -> None:
+    other, third = list(range(5000, 5300)), list(range(6000, 6300))
+    sched = scheduler(opened(("turn-a", header(TURN)), ("turn-b", header(other)), ("turn-c", header(third))))
+    sched.disk.tier = Files()
+    submit(sched, "a", TURN + [7])
+    submit(sched, "b", other + [7])
+    first = plan(sched)
+    assert [r.name for r in first.restores] == ["turn-a"]
+    assert {i.rid: i.cache_len for i in first.inserts} == {"a": 300, "b": 0}  # b computes its prompt
+    assert sched.disk.index.stats.hits == 1
+    submit(sched, "c", third + [7])  # the next plan has its own budget
+    assert [r.name for r in plan(sched).restores] == ["turn-c"]
