@@ -52,7 +52,7 @@ class DiskTier:
         self._closed = False
         self._told_kind = False  # the warning that a cache kind cannot be written, given once
         self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
-                           seconds_restoring=0.0, skipped=0)
+                           seconds_restoring=0.0, skipped=0, evictions=0)
         self._load_index()
         self._queue: queue.Queue[tuple[str, int, HostEntry, dict] | None] = queue.Queue(queue_entries)
         self._writer = threading.Thread(target=self._write_loop, name=f"disk-tier {folder.name}", daemon=True)
@@ -210,6 +210,7 @@ class DiskTier:
             if old != keep:
                 total -= self._index.pop(old)
                 self._path(old).unlink(missing_ok=True)
+                self.counts["evictions"] += 1
 
     def _stop(self, exc: OSError) -> None:
         with self._lock:
