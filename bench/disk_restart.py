@@ -73,9 +73,10 @@ def main() -> None:
                          body["usage"]["prompt_tokens_details"]["cached_tokens"], disk(s)))
         restored, cold = rows[1][1], rows[2][1]
         print(f"{args.model}, {args.ranks} rank(s), turn N {one['usage']['prompt_tokens']} tokens "
-              f"(computed in {cold_one:.2f} s); file {rows[1][4].get('bytes', 0) / 2**20:.1f} MiB on rank 0")
+              f"(computed in {cold_one:.2f} s); {rows[1][4].get('bytes', 0) / 2**20:.1f} MiB on rank 0's disk")
         for label, seconds, prompt, cached, _ in rows:
-            print(f"  turn N+1 after restart-engine, {label:8}: TTFT {seconds:7.2f} s, {prompt} prompt tokens, "
+            where = "no restart" if label == "RAM hit" else "after restart-engine"
+            print(f"  turn N+1, {label:8} ({where:20}): TTFT {seconds:7.2f} s, {prompt} prompt tokens, "
                   f"{cached} cached")
         print(f"  restored / cold: {restored / cold:.3f}")
         st = rows[1][4]
