@@ -256,6 +256,10 @@ _DISK = (
     (CounterMetricFamily, "hits", "Lookups that chose a disk entry to restore."),
     (CounterMetricFamily, "restores", "Disk entries every rank restored."),
     (CounterMetricFamily, "restore_failures", "Restores some rank could not load (missing or damaged): computed."),
+    (CounterMetricFamily, "writes", "Entries rank 0 wrote to its disk tier."),
+    (CounterMetricFamily, "evictions", "Entries rank 0 deleted, oldest use first, to stay under the cap."),
+    (CounterMetricFamily, "bytes_restored", "Bytes rank 0 read back from disk (over seconds_restoring: the rate)."),
+    (CounterMetricFamily, "seconds_restoring", "Seconds rank 0 spent reading, checking and rebuilding entries."),
 )
 
 

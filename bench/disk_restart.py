@@ -3,16 +3,22 @@ computed cold (the engine restarted with PROMPT_CACHE_DISK_BYTES=0), on one or m
 
     .venv/bin/python -m bench.disk_restart [--model smollm2-135m] [--tokens 7500] [--ranks 1]
 
-Each request asks for one token, so its latency is its time to first token.
+Each request asks for one token, so its latency is its time to first token. Rows: turn N+1 served from RAM (no
+restart), restored from disk after the restart, computed cold; then the engine's restore rate (rank 0's
+bytes_restored / seconds_restoring from /health) against a plain read of the same file, its pages dropped first.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 
+from bench.disk_tier import drop
 from tests.harness import Stack, wait_for
 
 DISK_BYTES = str(4 << 30)
@@ -40,7 +46,9 @@ def main() -> None:
     words = " ".join(f"Step {i}: open file src/mod{i % 41}.py, read line {i * 7 % 300}, note what it does."
                      for i in range(args.tokens // 28))
     first = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": words}]
+    folder = Path(tempfile.mkdtemp(prefix="disk-restart-"))
     s = Stack(extra={"MODEL": args.model, "PROMPT_CACHE_BYTES": str(2 << 30), "PROMPT_CACHE_DISK_BYTES": DISK_BYTES,
+                     "PROMPT_CACHE_DIR": str(folder),
                      "WATCHDOG_TIMEOUT": "600", "REQUEST_TIMEOUT": "1800"})
     engine, api = s.start_engine(ranks=args.ranks, timeout=600), s.start_api()
     try:
@@ -49,7 +57,10 @@ def main() -> None:
         wait_for(lambda: disk(s).get("entries"), 120, "turn N on disk")
         turn = first + [{"role": "assistant", "content": one["choices"][0]["message"]["content"]},
                         {"role": "user", "content": "Now summarise what you read in one line."}]
-        rows = []
+        # another follow-up on the same turn N: served from RAM, and not the prompt the restarts below restore
+        ram_s, ram_body = ask(s, turn[:-1] + [{"role": "user", "content": "Now list the files you read."}])
+        rows = [("RAM hit", ram_s, ram_body["usage"]["prompt_tokens"],
+                 ram_body["usage"]["prompt_tokens_details"]["cached_tokens"], disk(s))]
         for label, disk_bytes in (("restored", DISK_BYTES), ("cold", "0")):
             engine.stop()
             engine = s.start_engine(ranks=args.ranks, timeout=600, PROMPT_CACHE_DISK_BYTES=disk_bytes)
@@ -60,16 +71,30 @@ def main() -> None:
             seconds, body = ask(s, turn)
             rows.append((label, seconds, body["usage"]["prompt_tokens"],
                          body["usage"]["prompt_tokens_details"]["cached_tokens"], disk(s)))
-        restored, cold = rows[0][1], rows[1][1]
+        restored, cold = rows[1][1], rows[2][1]
         print(f"{args.model}, {args.ranks} rank(s), turn N {one['usage']['prompt_tokens']} tokens "
-              f"(computed in {cold_one:.2f} s); file {rows[0][4].get('bytes', 0) / 2**20:.1f} MiB on rank 0")
+              f"(computed in {cold_one:.2f} s); {rows[1][4].get('bytes', 0) / 2**20:.1f} MiB on rank 0's disk")
         for label, seconds, prompt, cached, _ in rows:
-            print(f"  turn N+1 after restart-engine, {label:8}: TTFT {seconds:7.2f} s, {prompt} prompt tokens, "
+            where = "no restart" if label == "RAM hit" else "after restart-engine"
+            print(f"  turn N+1, {label:8} ({where:20}): TTFT {seconds:7.2f} s, {prompt} prompt tokens, "
                   f"{cached} cached")
         print(f"  restored / cold: {restored / cold:.3f}")
+        st = rows[1][4]
+        engine_rate = st.get("bytes_restored", 0) / max(1e-9, st.get("seconds_restoring", 0.0))
+        path = max(folder.rglob("*.kv"), key=lambda p: p.stat().st_size)
+        drop(path)
+        start = time.perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            size = len(f.read())
+        plain = size / (time.perf_counter() - start)
+        print(f"  restore rate (rank 0, /health): {st.get('bytes_restored', 0) / 2**20:.1f} MiB in "
+              f"{st.get('seconds_restoring', 0.0) * 1e3:.0f} ms = {engine_rate / 1e9:.2f} GB/s; plain read of the "
+              f"largest file ({size / 2**20:.1f} MiB, pages dropped): {plain / 1e9:.2f} GB/s; "
+              f"ratio {engine_rate / plain:.2f}")
     finally:
         api.stop()
         engine.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

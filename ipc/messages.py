@@ -137,6 +137,10 @@ class Info(Msg):
     prompt_cache_disk_hits: int = 0
     prompt_cache_disk_restores: int = 0
     prompt_cache_disk_restore_failures: int = 0
+    prompt_cache_disk_writes: int = 0  # rank 0's files written, and evicted under the cap
+    prompt_cache_disk_evictions: int = 0
+    prompt_cache_disk_bytes_restored: int = 0  # over seconds_restoring: the restore rate
+    prompt_cache_disk_seconds_restoring: float = 0.0
     # prompt tokens of every sequence that joined the batch, and how many of them came from the cache
     prompt_tokens_total: int = 0
     prompt_tokens_cached: int = 0

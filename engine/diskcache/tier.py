@@ -84,7 +84,7 @@ class DiskTier:
         self._told_kind = False  # the warning that a cache kind cannot be written, given once
         self._evicted: deque[str] = deque(maxlen=EVICTED)
         self.counts = dict(writes=0, write_failures=0, restores=0, restore_failures=0, bytes_restored=0,
-                           seconds_restoring=0.0, skipped=0)
+                           seconds_restoring=0.0, skipped=0, evictions=0)
         self._clock = 0
         self._held = _lock(folder)
         self.shared = self._held is None  # another engine writes here: this one is off (put skips, nothing listed)
@@ -274,6 +274,7 @@ class DiskTier:
                 total -= self._index.pop(old)
                 self._path(old).unlink(missing_ok=True)
                 self._evicted.append(old)
+                self.counts["evictions"] += 1
 
     def _stop(self, exc: OSError) -> None:
         with self._lock:

@@ -17,14 +17,18 @@ from engine.rank0.disk_index import DiskIndex
 from engine.rank0.prefix_index import PrefixIndex
 
 
-def disk_info(index: DiskIndex, tier_stats: dict | None) -> dict[str, int]:
+def disk_info(index: DiskIndex, tier_stats: dict | None) -> dict[str, float]:
     """The Info fields of the disk tier: rank 0's files (tier_stats: its DiskTier's stats(); None: not open) once its
     index is on (a cap of 0 says the tier is off or still opening), and the index's counts."""
     st = tier_stats if tier_stats is not None and index.enabled else {}
     return {"prompt_cache_disk_entries": int(st.get("entries", 0)), "prompt_cache_disk_bytes": int(st.get("bytes", 0)),
             "prompt_cache_disk_cap_bytes": int(st.get("cap", 0)),
             "prompt_cache_disk_hits": index.stats.hits, "prompt_cache_disk_restores": index.stats.restores,
-            "prompt_cache_disk_restore_failures": index.stats.restore_failures}
+            "prompt_cache_disk_restore_failures": index.stats.restore_failures,
+            "prompt_cache_disk_writes": int(st.get("writes", 0)),
+            "prompt_cache_disk_evictions": int(st.get("evictions", 0)),
+            "prompt_cache_disk_bytes_restored": int(st.get("bytes_restored", 0)),
+            "prompt_cache_disk_seconds_restoring": float(st.get("seconds_restoring", 0.0))}
 
 
 # Bytes of entries one plan restores at most: every rank reads (and checks) them inside one step, which must end

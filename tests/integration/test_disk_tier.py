@@ -47,7 +47,7 @@ def test_the_cap_holds_and_keeps_the_most_recently_used_across_a_restart(tmp_pat
         if i == 8:
             assert disk.load("e6") is not None  # used again: kept over the newer e7
         assert on_disk(folder) <= cap and disk.stats()["bytes"] == on_disk(folder)
-    assert disk.names() == ["e8", "e6", "e9"]
+    assert disk.names() == ["e8", "e6", "e9"] and disk.stats()["evictions"] == 7  # ten written, three kept
     disk.put("huge", entry(1) * 4, {"tokens": []})  # larger than the cap: never written
     assert disk.flush(30) and "huge" not in disk.names()
     assert disk.load("e8") is not None
