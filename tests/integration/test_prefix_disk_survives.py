@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from engine.diskcache.tier import SUFFIX
+from tests.integration.test_prefix_disk import chat, disk
 from tests.launch_stack import Launch, gone, wait_for
 
 KEY_A, KEY_B = "sk-survive-tenant-a-01", "sk-survive-tenant-b-02"
@@ -24,31 +25,15 @@ def system(topic: str) -> str:
                     for i in range(40))
 
 
-def chat(launch: Launch, key: str, messages: list[dict]) -> dict:
-    r = httpx.post(launch.url + "/v1/chat/completions", timeout=300, headers={"Authorization": f"Bearer {key}"},
-                   json={"model": "default", "messages": messages, "max_tokens": 10, "temperature": 0})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def disk(launch: Launch) -> dict | None:
-    """The disk tier's figures, as /health shows them (None while no engine serves)."""
-    try:
-        r = httpx.get(launch.url + "/health", timeout=10)
-    except httpx.HTTPError:
-        return None
-    return r.json()["prompt_cache_disk"] if r.status_code == 200 else None
-
-
 def tier_open(launch: Launch) -> dict:
-    return wait_for(lambda: (d := disk(launch)) and d["cap_bytes"] > 0 and d, 120, "the disk tier to open")
+    return wait_for(lambda: (d := disk(launch.url)) and d["cap_bytes"] > 0 and d, 120, "the disk tier to open")
 
 
 def written(launch: Launch, key: str, messages: list[dict]) -> dict:
     """One turn, once its entry is on disk (rank 0 wrote it)."""
     before = tier_open(launch)["writes"]
-    answer = chat(launch, key, messages)
-    wait_for(lambda: (d := disk(launch)) and d["writes"] > before, 30, "the turn's entry on disk")
+    answer = chat(launch.url, key, messages)
+    wait_for(lambda: (d := disk(launch.url)) and d["writes"] > before, 30, "the turn's entry on disk")
     return answer
 
 
@@ -76,12 +61,12 @@ def survives(launch: Launch, topic: str, end: Callable[[], None]) -> None:
     tier_open(launch)
     turn = first + [{"role": "assistant", "content": one["choices"][0]["message"]["content"]},
                     {"role": "user", "content": "And rule 8?"}]
-    two = chat(launch, KEY_A, turn)
+    two = chat(launch.url, KEY_A, turn)
     assert two["usage"]["prompt_tokens_details"]["cached_tokens"] >= one["usage"]["prompt_tokens"] - 8, two["usage"]
-    computed = chat(launch, KEY_B, turn)
+    computed = chat(launch.url, KEY_B, turn)
     assert computed["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert two["choices"][0]["message"]["content"] == computed["choices"][0]["message"]["content"]
-    after = disk(launch)  # the engine's own figures: this restart restored once and failed none
+    after = disk(launch.url)  # the engine's own figures: this restart restored once and failed none
     assert (after["restores"], after["restore_failures"]) == (1, 0), after
 
 
