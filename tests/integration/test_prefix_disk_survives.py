@@ -66,7 +66,9 @@ def survives(launch: Launch, topic: str, end: Callable[[], None]) -> None:
     computed = chat(launch.url, KEY_B, turn)
     assert computed["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert two["choices"][0]["message"]["content"] == computed["choices"][0]["message"]["content"]
-    after = disk(launch.url)  # the engine's own figures: this restart restored once and failed none
+    # the engine's own figures: this restart restored once and failed none; both turns written before the next test
+    # counts writes (one still under way would pass for its turn one's)
+    after = wait_for(lambda: (d := disk(launch.url)) and d["writes"] >= 2 and d, 30, "both turns two on disk")
     assert (after["restores"], after["restore_failures"]) == (1, 0), after
 
 
