@@ -82,6 +82,9 @@ def test_a_frozen_idle_rank_is_named_by_rank_and_host_in_health_and_the_dashboar
     with two_ranks(stall=STALL) as (s, engine):
         get = lambda path: httpx.get(s.base_url + path, timeout=15)  # noqa: E731
         wait_for(lambda: len(get("/health").json().get("rank_states") or []) >= 2, 30, "both ranks' first reports")
+        # the first link probe (2 s after start) runs in collectives: a rank frozen inside one leaves rank 0 waiting
+        # in it, unable to tell which rank is late; once it is recorded the next is a minute away, and the ranks sleep
+        wait_for(lambda: get("/health").json().get("links"), 30, "the first link probe")
         rank1 = next(rank for rank in get("/health").json()["rank_states"] if rank["rank"] == 1)
         assert rank1["host"] and rank1["unanswered"] == 0
 
