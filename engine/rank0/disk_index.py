@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from engine.lockstep.cuts import CacheCuts
-from engine.rank0.prefix_index import MIN_REUSE_TOKENS, common_prefix, token_bytes
+from engine.rank0.prefix_index import _WIDTH, MIN_REUSE_TOKENS, common_prefix, token_bytes
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,16 @@ def chain(tenant: str, key: bytes) -> list[bytes]:
 
 def _entry(header: dict) -> DiskEntry | None:
     """A file's header as an entry, or None where it lacks what rank 0 writes (tokens, an int length)."""
-    tokens = header.get("tokens")
-    if not isinstance(tokens, list) or len(tokens) != header.get("length") or len(tokens) < MIN_REUSE_TOKENS:
+    key = header.get("tokens")  # token_bytes of the tokens (engine/rank0/disk_plan.py writes them packed)
+    if not isinstance(key, bytes) or len(key) % _WIDTH:
+        return None
+    length = len(key) // _WIDTH
+    if length != header.get("length") or length < MIN_REUSE_TOKENS:
         return None
     try:
-        key, tenant = token_bytes(tokens), str(header.get("tenant", ""))
-        return DiskEntry(key, tenant, int(header.get("prompt", len(tokens))), chain(tenant, key))
-    except (OverflowError, TypeError, ValueError):  # not token ids
+        tenant = str(header.get("tenant", ""))
+        return DiskEntry(key, tenant, int(header.get("prompt", length)), chain(tenant, key))
+    except (TypeError, ValueError):  # a prompt length that is not a number
         return None
 
 

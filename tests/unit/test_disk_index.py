@@ -10,7 +10,7 @@ from engine.lockstep.plan import Insert
 from engine.lockstep.results import StepResults
 from engine.rank0.disk_index import MIN_RESTORE_TOKENS, DiskIndex
 from engine.rank0.disk_plan import DiskPlanner
-from engine.rank0.prefix_index import PrefixIndex
+from engine.rank0.prefix_index import PrefixIndex, token_bytes
 from engine.rank0.requests import Counters, Request
 from engine.rank0.scheduler import Scheduler
 from ipc import Finish
@@ -42,7 +42,8 @@ class Splitter:
 
 
 def header(tokens: list[int], tenant: str = "", prompt: int | None = None) -> dict:
-    return {"tokens": tokens, "tenant": tenant, "length": len(tokens), "prompt": len(tokens) if prompt is None else prompt}
+    return {"tokens": token_bytes(tokens), "tenant": tenant, "length": len(tokens),
+            "prompt": len(tokens) if prompt is None else prompt}
 
 
 def opened(*files: tuple[str, dict], cuts: CacheCuts = CacheCuts()) -> DiskIndex:
@@ -139,7 +140,7 @@ def test_a_stored_turn_is_named_written_through_and_deletes_the_turn_it_extends_
     # the other tenant's stays
     assert store.replaces == ["turn-1"] and second.disk_deletes == []
     assert set(index.entries) == {store.disk, "other-tenant"}
-    assert sched.disk.take_headers()[store.disk] == {"tokens": TURN + [7, 8, 5], "tenant": "t", "prompt": 302}
+    assert sched.disk.take_headers()[store.disk] == {"tokens": token_bytes(TURN + [7, 8, 5]), "tenant": "t", "prompt": 302}
     assert first.restores[0].name == "turn-1"
 
 
