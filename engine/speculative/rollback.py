@@ -10,9 +10,10 @@ MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary 
 batch cache (engine/kvquant: KV_BITS) holds each of keys and values as three arrays (packed, scales, biases) laid out
 by token alike, and each of them moves as one array would.
 
-A sliding-window cache (RotatingKVCache) overwrites its oldest tokens in place and a linear-attention state
-(ArraysCache) folds every token into a fixed-size state: neither can give back a suffix, so such a model verifies
-no drafts.
+A linear-attention state (ArraysCache) folds every token into a fixed-size state and gives back none: the verify
+pass records each such layer's state after every position (engine/speculative/linear.py), and row i keeps the one
+after its last kept token. A sliding-window cache (RotatingKVCache) overwrites its oldest tokens in place and cannot
+give back a suffix, so such a model verifies no drafts.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, CacheList, KVCache, dynamic_roll, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache, dynamic_roll, make_prompt_cache
 
 from engine.kvquant.cache import BatchQuantizedKVCache, BatchQuantizedLatentCache, QuantizedKV, QuantizedLatent
+from engine.speculative import linear
 
 _WHY = {
     "RotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
     "BatchRotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
     "QuantizedRotating": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
     "BatchQuantizedRotating": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
-    "ArraysCache": "a linear-attention state folds every token in and cannot drop rejected drafts",
+    "ArraysCache": "its linear-attention layers are not ones whose state after each position can be recorded, so "
+                   "it cannot drop rejected drafts",
 }
 # the kinds whose rows keep their tokens right-aligned at one write index, as BatchKVCache does
 _SUFFIX_KINDS = (KVCache, BatchKVCache, QuantizedKV, BatchQuantizedKVCache, QuantizedLatent, BatchQuantizedLatentCache)
@@ -38,22 +41,34 @@ _SUFFIX_KINDS = (KVCache, BatchKVCache, QuantizedKV, BatchQuantizedKVCache, Quan
 def can_verify(model_or_cache: Any) -> tuple[bool, str]:
     """Whether every layer's cache can drop a different number of last tokens per sequence (a model: as a fresh
     cache of its own says; or a list of layer caches), and if not, why."""
-    layers = model_or_cache if isinstance(model_or_cache, (list, tuple)) else make_prompt_cache(model_or_cache)
-    for layer in _flat(layers):
-        if type(layer) not in _SUFFIX_KINDS:
+    given = isinstance(model_or_cache, (list, tuple))
+    layers = _flat(model_or_cache if given else make_prompt_cache(model_or_cache))
+    # a linear-attention state rolls back only where the layers that write it can be recorded (a model's)
+    states = not given and linear.supports(model_or_cache, layers)
+    for layer in layers:
+        if type(layer) not in _SUFFIX_KINDS and not (states and type(layer) is ArraysCache):
             name = type(layer).__name__
             return False, _WHY.get(name, f"its {name} layers cannot drop rejected drafts per sequence")
     return True, ""
 
 
-def drop_last(layers: list, counts: list[int]) -> None:
-    """Make row i of every layer's batch cache forget its last counts[i] tokens."""
+def drop_last(layers: list, counts: list[int], recorded: linear.Recording | None = None) -> None:
+    """Make row i of every layer's batch cache forget its last counts[i] tokens (a linear-attention layer: take the
+    state recorded after the pass's position width - 1 - counts[i])."""
     if not any(counts):
         return
     common = min(counts)
     extra = [n - common for n in counts]
     shifts = mx.array(extra) if any(extra) else None
-    for layer in _flat(layers):
+    flat = _flat(layers)
+    if any(isinstance(layer, ArraysCache) for layer in flat):
+        width = next(iter(recorded.kept.values()))[1].shape[1]
+        last = mx.array([width - 1 - n for n in counts])
+        for layer in flat:
+            if isinstance(layer, ArraysCache):
+                recorded.select(layer, last)
+        flat = [layer for layer in flat if not isinstance(layer, ArraysCache)]
+    for layer in flat:
         if common:
             layer.trim(common)
         if shifts is not None:
@@ -63,12 +78,12 @@ def drop_last(layers: list, counts: list[int]) -> None:
             layer.left_padding = layer.left_padding + shifts
             layer.offset = layer.offset - shifts
     if shifts is not None:
-        _drop_common_padding(layers)
+        _drop_common_padding(flat)
 
 
 def held(layers: list) -> int:
     """Positions the batch's caches hold per row (padding included): where the next forward pass writes."""
-    flat = _flat(layers)
+    flat = [layer for layer in _flat(layers) if not isinstance(layer, ArraysCache)]
     return flat[0]._idx if flat else 0
 
 
@@ -77,7 +92,7 @@ def _drop_common_padding(layers: list) -> None:
     the buffer by the most any row kept each step while each row grows by what it kept itself (rows accepting in
     turn), past the longest sequence the KV budget reserves every row for."""
     flat = _flat(layers)
-    pad = min(flat[0].left_padding.tolist()) if flat else 0
+    pad = min(flat[0].left_padding.tolist()) if flat else 0  # layers: the KV layers alone
     if pad <= 0:
         return
     for layer in flat:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engine.mlx_compat import Decoding
+from engine.speculative import linear
 from engine.speculative.rollback import drop_last, held
 
 
@@ -53,7 +54,8 @@ def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Except
     drafts = [d[:max(0, min(dec.remaining(i) - 1, room))] for i, d in enumerate(drafts)]
     width = 1 + max(map(len, drafts))
     fed = mx.array([[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(pending, drafts)], dtype=mx.uint32)
-    logits = dec.model(fed, cache=dec.cache)
+    with linear.recording(dec.model, dec.cache) as recorded:
+        logits = dec.model(fed, cache=dec.cache)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     walks = []
     for i, d in enumerate(drafts):
@@ -64,7 +66,7 @@ def verify(dec: Decoding, drafts: list[list[int]], failed: Callable[[int, Except
             failed(i, exc)
             walk = Walk([pending[i]], [pending_rows[i]], mx.argmax(logprobs[i, 0]).item(), logprobs[i, 0])
         walks.append(walk)
-    return _finish(dec, walks, drafts, width, fed[:, 0])
+    return _finish(dec, walks, drafts, width, fed[:, 0], recorded)
 
 
 def _room(dec: Decoding) -> int:
@@ -111,7 +113,8 @@ def _greedy(logprobs: mx.array, draft: int | None) -> tuple[int, bool]:
     return token, token == draft
 
 
-def _finish(dec: Decoding, walks: list[Walk], drafts: list[list[int]], width: int, fed: mx.array) -> Verified:
+def _finish(dec: Decoding, walks: list[Walk], drafts: list[list[int]], width: int, fed: mx.array,
+            recorded: linear.Recording | None) -> Verified:
     """Count the tokens each sequence returns, roll back what it does not keep, and answer as mlx-lm's step."""
     out = Verified([], drafted=[i for i, d in enumerate(drafts) if d], positions=len(drafts) * width)
     mx.eval([w.rows for w in walks], [w.next_row for w in walks])
@@ -129,7 +132,7 @@ def _finish(dec: Decoding, walks: list[Walk], drafts: list[list[int]], width: in
         out.accepted += len(walk.tokens) - 1
         dec.fed(i).extend(walk.tokens)
         ends.append(reason)
-    drop_last(dec.cache, [width - len(w.tokens) for w in walks])
+    drop_last(dec.cache, [width - len(w.tokens) for w in walks], recorded)
     keep = []
     for i, (walk, reason) in enumerate(zip(walks, ends)):
         last = len(walk.tokens) - 1

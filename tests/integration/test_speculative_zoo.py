@@ -1,6 +1,6 @@
 """SPECULATIVE=ngram through the API on one rank, across the zoo's cache kinds: greedy answers, logprobs, a second
-turn from the prefix cache and concurrent requests equal plain decoding's; sliding-window and hybrid models decode
-plainly with one log line saying why."""
+turn from the prefix cache and concurrent requests equal plain decoding's, linear-attention hybrids included;
+sliding-window models decode plainly with one log line saying why."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 from tests.speculative_zoo import zoo_answers
 
 # plain KV; MLA's latent (4-bit: the tiny bf16 one never repeats itself, so nothing would be proposed); MoE;
-# 4-bit weights. Then a sliding window and linear attention, which decode plainly.
-VERIFYING = ["qwen3", "deepseek-v3-4bit", "qwen3-moe", "llama-4bit"]
-FALLBACK = ["gpt-oss", "qwen3.5"]
+# 4-bit weights; linear attention beside full attention (Qwen3.5 4-bit, as its bf16 one never repeats itself;
+# Qwen3-Next with experts). Then a sliding window, which decodes plainly.
+VERIFYING = ["qwen3", "deepseek-v3-4bit", "qwen3-moe", "llama-4bit", "qwen3.5-4bit", "qwen3-next"]
+FALLBACK = ["gpt-oss"]
 
 
 @pytest.mark.parametrize("name", VERIFYING + FALLBACK)
