@@ -20,8 +20,10 @@ How the pieces fit (each in its own module of this package):
   at the first token that ends it, accepted drafts after it discarded.
 - Every rank computes the same acceptances from the same logits, and the token checksum of the next plan covers
   every token gained, so ranks cannot diverge silently.
-- A model whose caches cannot roll back a suffix per sequence (sliding-window RotatingKVCache, linear-attention
-  ArraysCache) decodes plainly, with one log line at start saying why.
+- A linear-attention layer (ArraysCache: Qwen3.5, Qwen3-Next) keeps no tokens to drop: the verify pass records its
+  state after every position (`linear`), and each sequence keeps the one after its last kept token.
+- A model whose caches cannot roll back a suffix per sequence (sliding-window RotatingKVCache, an ArraysCache of
+  layers `linear` cannot record) decodes plainly, with one log line at start saying why.
 - StepResults count proposed and accepted draft tokens; Info, /metrics (`mcs_spec_proposed_tokens_total`,
   `mcs_spec_accepted_tokens_total`), /health, status and the dashboard report them with tokens per forward pass.
 """

@@ -1,7 +1,7 @@
 """Can SPECULATIVE run with these models? Asked by `launch.sh check` and before `launch.sh start`, in a child
 process (ops never imports MLX), with the same answers the engine applies when it builds rank 0's proposer: a
 draft model of another tokenizer, a model without multi-token-prediction heads. Only tokenizers and configs are
-read, no weights. A model whose caches cannot roll back a draft (a sliding window, linear attention) is warned of:
+read, no weights. A model whose caches cannot roll back a draft (a sliding window) is warned of:
 it serves, decoding plainly, as its engine log says at start. Prints one JSON line {"verdict", "text"} and exits
 with the verdict.
 """
