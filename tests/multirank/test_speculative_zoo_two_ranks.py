@@ -1,6 +1,6 @@
 """SPECULATIVE=ngram on two ranks across the zoo's cache kinds, tensor parallel and pipelined: greedy answers,
 logprobs, a second turn from the prefix cache and concurrent requests equal plain decoding's on the same ranks, no
-rank desyncs; a sliding-window model decodes plainly with its log line."""
+rank desyncs, linear-attention hybrids included; a sliding-window model decodes plainly with its log line."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ pytestmark = pytest.mark.multirank
     ("llama-4bit", {}),  # plain KV, quantized, tensor parallel
     ("qwen3-moe", {}),  # MoE, tensor parallel
     ("deepseek-v3-4bit", {"PARALLEL": "pipeline"}),  # MLA, each rank verifying with its own layers
+    ("qwen3-next", {}),  # linear attention: each rank records the states of its own shard of the heads
     ("gpt-oss", {}),  # sliding window: plain decoding
 ])
 def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, settings: dict) -> None:
