@@ -49,6 +49,10 @@ def can_verify(model_or_cache: Any) -> tuple[bool, str]:
         if type(layer) not in _SUFFIX_KINDS and not (states and type(layer) is ArraysCache):
             name = type(layer).__name__
             return False, _WHY.get(name, f"its {name} layers cannot drop rejected drafts per sequence")
+    if layers and not any(type(layer) in _SUFFIX_KINDS for layer in layers):
+        # a pipeline rank of linear layers alone: no KV says where the batch's positions stand (`held`), which
+        # every rank must agree on to feed drafts of the same width
+        return False, "this rank holds linear-attention layers only, and no KV layer to bound the drafts by"
     return True, ""
 
 
