@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multirank
     ("llama-4bit", {}),  # plain KV, quantized, tensor parallel
     ("qwen3-moe", {}),  # MoE, tensor parallel
     ("deepseek-v3-4bit", {"PARALLEL": "pipeline"}),  # MLA, each rank verifying with its own layers
-    ("qwen3-next", {}),  # linear attention: each rank records the states of its own shard of the heads
+    ("qwen3.5-4bit", {}),  # linear attention, tensor parallel: each rank records its own shard of the heads
     ("gpt-oss", {}),  # sliding window: plain decoding
 ])
 def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, settings: dict) -> None:
