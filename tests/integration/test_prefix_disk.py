@@ -15,7 +15,7 @@ from ipc import Info
 from ops.status import describe_info
 
 from tests.harness import Stack, wait_for
-from tests.integration.test_dashboard import CHROMIUM, CHROMIUM_ARGS
+from tests.integration.test_dashboard import CHROMIUM, chromium_page
 
 KEY_A, KEY_B = "sk-disk-tenant-a-01", "sk-disk-tenant-b-02"
 SYSTEM = " ".join(f"Rule {i}: keep the answer short, cite file {i % 17}.py and never guess." for i in range(40))
@@ -54,25 +54,16 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dashboard(stack):
     """disk_card() -> the dashboard's disk card text once its poll shows `wanted` (one browser for the module)."""
-    from playwright.sync_api import sync_playwright
+    with chromium_page() as (page, errors):
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
+        def disk_card(wanted: str) -> str:
+            page.goto(stack.base_url + "/dashboard")
+            page.wait_for_function("w => document.getElementById('disk-sub').textContent.includes(w)", arg=wanted,
+                                   timeout=15_000)
+            assert not errors, errors
+            return page.locator("#disk-sub").inner_text()
 
-            def disk_card(wanted: str) -> str:
-                page.goto(stack.base_url + "/dashboard")
-                page.wait_for_function("w => document.getElementById('disk-sub').textContent.includes(w)", arg=wanted,
-                                       timeout=15_000)
-                assert not errors, errors
-                return page.locator("#disk-sub").inner_text()
-
-            yield disk_card
-        finally:
-            browser.close()
+        yield disk_card
 
 
 def gb_per_second(d: dict) -> str:
