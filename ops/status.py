@@ -96,7 +96,16 @@ def _prompt_cache_disk(i: Info) -> str:
         return "  disk cache off (PROMPT_CACHE_DISK_BYTES=0, the prefix cache off, or still opening)"
     return (f"  disk cache {i.prompt_cache_disk_entries} entries, {_size(i.prompt_cache_disk_bytes)} of "
             f"{_size(i.prompt_cache_disk_cap_bytes)} on rank 0; {i.prompt_cache_disk_hits} hits, "
-            f"{i.prompt_cache_disk_restores} restores, {i.prompt_cache_disk_restore_failures} restore failures")
+            f"{i.prompt_cache_disk_restores} restores, {i.prompt_cache_disk_restore_failures} restore failures, "
+            f"restore rate {_restore_rate(i)}; {i.prompt_cache_disk_writes} writes, "
+            f"{i.prompt_cache_disk_evictions} evictions")
+
+
+def _restore_rate(i: Info) -> str:
+    """Bytes read back per second spent reading, checking and rebuilding ("–" before the first restore)."""
+    if not (i.prompt_cache_disk_bytes_restored and i.prompt_cache_disk_seconds_restoring):
+        return "–"
+    return _rate(i.prompt_cache_disk_bytes_restored / i.prompt_cache_disk_seconds_restoring)
 
 
 def _speculative(i: Info) -> str:

@@ -115,7 +115,8 @@ function renderCards(state) {
 }
 
 function renderDisk(d) {
-  // the prefix cache's disk tier on rank 0: entries, bytes of its cap, and the restores it served
+  // the prefix cache's disk tier on rank 0: entries, bytes of its cap, the restores it served and at what rate
+  // (bytes read back over the seconds spent reading and rebuilding them), the files written and evicted
   if (!d || !d.cap_bytes) {
     $("disk").textContent = "off";
     $("disk-sub").textContent = d ? "PROMPT_CACHE_DISK_BYTES=0, the prefix cache off, or still opening" : "";
@@ -123,7 +124,9 @@ function renderDisk(d) {
   }
   $("disk").textContent = `${d.entries}`;
   $("disk-sub").textContent = `entries · ${bytes(d.bytes)} of ${bytes(d.cap_bytes)} · ${d.hits} hits · ` +
-    `${d.restores} restores, ${d.restore_failures} failed`;
+    `${d.restores} restores, ${d.restore_failures} failed · restore rate ` +
+    `${rate(d.seconds_restoring ? d.bytes_restored / d.seconds_restoring : 0)} · ` +
+    `${d.writes} writes, ${d.evictions} evictions`;
 }
 
 function renderSpeculation(s) {

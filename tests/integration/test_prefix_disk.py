@@ -1,7 +1,11 @@
 """The prefix cache's disk tier on the real engine: a conversation's next turn after `restart-engine` restores what
-the turn before computed (cached_tokens) and answers exactly as computing it does; another tenant finds none of it."""
+the turn before computed (cached_tokens) and answers exactly as computing it does; another tenant finds none of it.
+The dashboard's card (in Chromium) says no restore rate before the restore, and /health's rate after it."""
 
 from __future__ import annotations
+
+import os
+import re
 
 import httpx
 import msgspec
@@ -11,6 +15,7 @@ from ipc import Info
 from ops.status import describe_info
 
 from tests.harness import Stack, wait_for
+from tests.integration.test_dashboard import CHROMIUM, chromium_page
 
 KEY_A, KEY_B = "sk-disk-tenant-a-01", "sk-disk-tenant-b-02"
 SYSTEM = " ".join(f"Rule {i}: keep the answer short, cite file {i % 17}.py and never guess." for i in range(40))
@@ -46,6 +51,35 @@ def stack(tmp_path_factory):
     s.engine.stop()
 
 
+@pytest.fixture(scope="module")
+def dashboard(stack):
+    """disk_card() -> the dashboard's disk card text once its poll shows `wanted` (one browser for the module)."""
+    with chromium_page() as (page, errors):
+
+        def disk_card(wanted: str) -> str:
+            page.goto(stack.base_url + "/dashboard")
+            page.wait_for_function("w => document.getElementById('disk-sub').textContent.includes(w)", arg=wanted,
+                                   timeout=15_000)
+            assert not errors, errors
+            return page.locator("#disk-sub").inner_text()
+
+        yield disk_card
+
+
+def gb_per_second(d: dict) -> str:
+    """The restore rate a person reads: /health's bytes_restored over seconds_restoring."""
+    n = d["bytes_restored"] / d["seconds_restoring"]
+    return f"{n / 1e9:.2f} GB/s" if n >= 1e9 else f"{n / 1e6:.1f} MB/s"
+
+
+@pytest.mark.needs_tool(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} (apt-get install chromium)")
+def test_the_dashboard_shows_no_restore_rate_before_any_restore(stack, dashboard):
+    wait_for(lambda: (d := disk(stack.base_url)) and d["cap_bytes"] > 0, 60, "the disk tier to open")
+    assert disk(stack.base_url)["restores"] == 0
+    card = dashboard("restore rate –")
+    assert re.search(r"0 restores, 0 failed · restore rate – · \d+ writes, \d+ evictions", card), card
+
+
 def test_the_next_turn_after_restart_engine_restores_its_prefix_from_disk_and_answers_the_same(stack):
     wait_for(lambda: (d := disk(stack.base_url)) and d["cap_bytes"] > 0, 60, "the disk tier to open")
     one = chat(stack.base_url, KEY_A, FIRST)
@@ -69,3 +103,12 @@ def test_the_next_turn_after_restart_engine_restores_its_prefix_from_disk_and_an
     assert "mcs_prompt_cache_disk_restore_failures_total 0.0" in metrics
     status = describe_info(msgspec.convert(stack.probe(), Info))  # what `./launch.sh status` prints
     assert f"disk cache {after['entries']} entries" in status and "1 restores, 0 restore failures" in status
+    assert re.search(r"restore rate \d+\.\d+ [MG]B/s; \d+ writes, \d+ evictions", status), status
+
+
+@pytest.mark.needs_tool(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} (apt-get install chromium)")
+def test_the_dashboard_shows_the_restore_rate_after_the_restore(stack, dashboard):
+    d = disk(stack.base_url)
+    assert d["restores"] == 1 and d["seconds_restoring"] > 0, f"the restore test above runs first: {d}"
+    card = dashboard(f"restore rate {gb_per_second(d)}")
+    assert f"1 restores, 0 failed · restore rate {gb_per_second(d)} · {d['writes']} writes" in card, card

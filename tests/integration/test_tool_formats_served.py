@@ -1,7 +1,11 @@
-"""Forced tool calls in every format, served on one rank: each format's zoo model (its family's template and
-markers) answers a required and a named tool_choice with calls whose arguments validate against the schema,
-streamed exactly as not streamed, through chat completions, Anthropic's messages, Responses and Ollama's chat
-(which has no tool_choice: its `format` beside tools makes the answer either that JSON or a call).
+"""Forced tool calls in every mlx-lm format, served on one rank: each format's zoo model (its family's template
+and markers) answers a required and a named tool_choice with calls whose arguments validate against the schema,
+streamed exactly as not streamed, through chat completions. What only serving adds per format is the engine's
+side (the model's template, the grammar on real tokens, the detokeniser feeding the splitter), so one dialect
+shows it; the dialects never see a format, only calls (and a forced call reaches them whole, in the closing
+piece, in every format), so Anthropic's messages, Responses and Ollama's chat (no tool_choice: its `format`
+beside tools makes the answer either that JSON or a call) are served on one format, Qwen3-Coder's XML.
+The families' own chat formats (gpt-oss harmony, DeepSeek's) are served in tests/integration/test_toolformats_forced.py.
 
 The models have random weights: every valid call below is the grammar's doing. Greedy decoding, so a streamed
 request must equal its non-streamed twin."""
@@ -16,7 +20,7 @@ import ollama
 import openai
 import pytest
 
-from engine.zoo.names import FORMAT_MODELS, TOOL_MODELS
+from engine.zoo.names import TOOL_MODELS
 from tests.harness import Stack, assert_engine_logs_clean
 
 WEATHER = {
@@ -118,26 +122,37 @@ def _ollama(local: ollama.Client) -> None:
         jsonschema.validate(json.loads(content), ANSWER)
 
 
-# every format's model: the small Qwen3 per mlx-lm format, and the families' own chat formats (gpt-oss's harmony,
-# DeepSeek's), on their own architectures
-@pytest.mark.parametrize("model", [*TOOL_MODELS, *FORMAT_MODELS])
-def test_forced_calls_in_the_models_own_format_through_every_dialect(model: str) -> None:
-    stack = Stack(extra={"MODEL": f"zoo-{model}"})
-    engine = stack.start_engine()
+# the format every dialect is served in: XML parameters, whose raw-text values the format types by the schema
+DIALECTS_MODEL = "tools-qwen3_coder"
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """One API for the module; each format's engine starts under it, as `./launch.sh switch` does."""
+    s = Stack()
+    api = s.start_api()
+    yield s
+    api.stop()
+
+
+def _every_other_dialect(client: openai.OpenAI, base_url: str) -> None:
+    _valid(_responses(client, "required"))
+    with anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0, timeout=120) as claude:
+        _valid(_messages(claude, {"type": "any", "disable_parallel_tool_use": True}))
+        _valid(_messages(claude, {"type": "tool", "name": "get_weather"}), "get_weather")
+    with ollama.Client(host=base_url, timeout=120) as local:
+        _ollama(local)
+
+
+@pytest.mark.parametrize("model", TOOL_MODELS)
+def test_forced_calls_in_the_models_own_format_served(stack: Stack, model: str) -> None:
+    engine = stack.start_engine(MODEL=f"zoo-{model}")
     try:
-        api = stack.start_api()
-        try:
-            with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
-                _valid(_chat(client, "required"))
-                _valid(_chat(client, {"type": "function", "function": {"name": "get_time"}}), "get_time")
-                _valid(_responses(client, "required"))
-            with anthropic.Anthropic(base_url=stack.base_url, api_key="x", max_retries=0, timeout=120) as claude:
-                _valid(_messages(claude, {"type": "any", "disable_parallel_tool_use": True}))
-                _valid(_messages(claude, {"type": "tool", "name": "get_weather"}), "get_weather")
-            with ollama.Client(host=stack.base_url, timeout=120) as local:
-                _ollama(local)
-        finally:
-            api.stop()
+        with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
+            _valid(_chat(client, "required"))
+            _valid(_chat(client, {"type": "function", "function": {"name": "get_time"}}), "get_time")
+            if model == DIALECTS_MODEL:
+                _every_other_dialect(client, stack.base_url)
     finally:
         engine.stop()
     assert_engine_logs_clean(stack)

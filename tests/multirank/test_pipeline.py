@@ -104,6 +104,13 @@ def clean_log(engine) -> str:
     return log
 
 
+def seeded_twice(client) -> list[str]:
+    """One seeded sampled chat asked twice: the same tokens on every rank (a desync would end the engine) and every
+    time."""
+    kw = dict(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=16, temperature=0.9, seed=7)
+    return [client.chat.completions.create(**kw).choices[0].message.content for _ in range(2)]
+
+
 def answers(name: str, ranks: int = 2, **extra: str) -> tuple[list[str], list[str], str, dict]:
     """(one by one, all at once, engine log, Info) of the chats on `ranks` ranks."""
     s, engine, api, client = serve(name, ranks, **extra)
@@ -111,9 +118,7 @@ def answers(name: str, ranks: int = 2, **extra: str) -> tuple[list[str], list[st
         alone = [chat(client, c, m) for c, m in zip(CHATS, MAX_TOKENS)]
         with cf.ThreadPoolExecutor(len(CHATS)) as pool:  # continuous batching: one batch, every row its own
             together = list(pool.map(lambda cm: chat(client, *cm), zip(CHATS, MAX_TOKENS)))
-        # seeded sampling draws the same tokens on every rank (a desync would end the engine) and every time
-        kw = dict(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=16, temperature=0.9, seed=7)
-        sampled = [client.chat.completions.create(**kw).choices[0].message.content for _ in range(2)]
+        sampled = seeded_twice(client)
         assert sampled[0] == sampled[1]
         info = s.probe()
     finally:
@@ -152,13 +157,10 @@ def test_an_unequal_layer_split_answers_the_same(qwen3_next_reference):
 @pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-next"])
 def test_a_model_with_both_modes_served_pipelined_answers_as_mlx_lm_with_the_prefix_cache_on_and_off(
         name, tmp_path, request):
-    if name == "qwen3-next":
-        # it pipelines by default: the first test checked its cache-off answers pipelined against this reference
-        reference = request.getfixturevalue("qwen3_next_reference")
-    else:
-        reference = mlx_lm_pipelined(name, tmp_path)
-        off, _, _, _ = answers(name, PARALLEL="pipeline", **CACHE_OFF)
-        assert off == reference
+    # qwen3-next pipelines by default: the first test checked its cache-off answers pipelined against this
+    # reference; the other model's are checked on the cache-off stack at the end
+    checked_off = name == "qwen3-next"
+    reference = request.getfixturevalue("qwen3_next_reference") if checked_off else mlx_lm_pipelined(name, tmp_path)
     s, engine, api, client = serve(name, PARALLEL="pipeline")
     try:
         # a second conversation turn extends the first: its prefix comes from each rank's own layers' entries
@@ -182,11 +184,14 @@ def test_a_model_with_both_modes_served_pipelined_answers_as_mlx_lm_with_the_pre
     s2, engine2, api2, client2 = serve(name, PARALLEL="pipeline", **CACHE_OFF)
     try:
         fresh = client2.chat.completions.create(model="default", max_tokens=12, temperature=0, messages=turn)
+        off = [] if checked_off else [chat(client2, c, m) for c, m in zip(CHATS, MAX_TOKENS)]
+        sampled = [] if checked_off else seeded_twice(client2)
     finally:
-        client2.close()
-        api2.stop()
-        engine2.stop()
+        stop(client2, api2, engine2)
+    clean_log(engine2)
     assert fresh.choices[0].message.content == cached[1].choices[0].message.content
+    if not checked_off:
+        assert off == reference and sampled[0] == sampled[1]
     # the second turn reuses the first's prompt; asked again, all but its own last token
     assert cached[0].usage.prompt_tokens_details.cached_tokens > 0
     assert cached[1].usage.prompt_tokens_details.cached_tokens == cached[1].usage.prompt_tokens - 1
