@@ -37,3 +37,14 @@ def test_a_draft_model_equal_to_the_target_answers_as_plain_decoding_with_every_
     assert spec["mode"] == "draft" and "ERROR" not in spec["log"], spec["log"][-3000:]
     proposed, accepted = (spec["counters"][f"mcs_spec_{k}_tokens_total"] for k in ("proposed", "accepted"))
     assert proposed > 0 and accepted == proposed
+
+
+def test_mtp_heads_answer_as_plain_decoding_and_really_propose() -> None:
+    # the zoo's DeepSeek-V3 with one MTP layer of random weights: its drafts are proposed and (nearly) all rejected
+    plain = zoo_answers("deepseek-v3-mtp", 1, "off")
+    spec = zoo_answers("deepseek-v3-mtp", 1, "mtp")
+    assert spec["texts"] == plain["texts"]
+    assert spec["tokens"] == plain["tokens"] and spec["top"] == plain["top"]
+    assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
+    assert "ERROR" not in spec["log"] and "Traceback" not in spec["log"], spec["log"][-3000:]
+    assert spec["mode"] == "mtp" and spec["counters"]["mcs_spec_proposed_tokens_total"] > 0

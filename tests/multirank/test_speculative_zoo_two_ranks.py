@@ -28,3 +28,13 @@ def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, setting
         assert spec["mode"] == "off" and "decodes without speculation" in spec["log"]
     else:
         assert spec["mode"] == "ngram" and spec["counters"]["mcs_spec_accepted_tokens_total"] > 0
+
+
+def test_mtp_heads_on_two_ranks_tensor_parallel_answer_as_plain_decoding() -> None:
+    plain = zoo_answers("deepseek-v3-mtp", 2, "off", PARALLEL="tensor")
+    spec = zoo_answers("deepseek-v3-mtp", 2, "mtp", PARALLEL="tensor")
+    assert spec["texts"] == plain["texts"]
+    assert spec["tokens"] == plain["tokens"] and spec["top"] == plain["top"]
+    assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
+    assert "ERROR" not in spec["log"] and "Traceback" not in spec["log"], spec["log"][-3000:]
+    assert spec["mode"] == "mtp" and spec["counters"]["mcs_spec_proposed_tokens_total"] > 0
