@@ -160,16 +160,12 @@ def _with_heads(loaded, group):
     import dataclasses
 
     from engine.model import ModelError
+    from engine.speculative.mtp import PIPELINE_MTP
     from engine.speculative.mtp_model import with_heads
 
     if loaded.parallel == "pipeline":
         raise ModelError(PIPELINE_MTP)
     return dataclasses.replace(loaded, model=with_heads(loaded, group if loaded.parallel == "tensor" else None))
-
-
-# the heads would sit on the last stage, whose hidden only it holds: not built yet
-PIPELINE_MTP = ("SPECULATIVE=mtp cannot run under pipeline parallel yet (the heads need the last stage's hidden "
-                "state on every rank); set PARALLEL=tensor, or SPECULATIVE=ngram")
 
 
 def _build(settings, joined: Joined, watchdog):

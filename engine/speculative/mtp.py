@@ -15,6 +15,10 @@ from typing import Any
 from config import Settings
 from engine.model import LoadedModel, ModelError
 
+# the heads would sit on the last stage, which alone holds the final hidden state: not built yet
+PIPELINE_MTP = ("SPECULATIVE=mtp cannot run under pipeline parallel yet (the heads need the last stage's hidden "
+                "state on every rank); set PARALLEL=tensor, or SPECULATIVE=ngram")
+
 
 def mtp_refusal(folder: Path) -> str | None:
     """Why SPECULATIVE=mtp cannot run on this model folder (`launch.sh check` and start), None when it can."""
