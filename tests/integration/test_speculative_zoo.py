@@ -39,10 +39,11 @@ def test_a_draft_model_equal_to_the_target_answers_as_plain_decoding_with_every_
     assert proposed > 0 and accepted == proposed
 
 
-def test_mtp_heads_answer_as_plain_decoding_and_really_propose() -> None:
-    # the zoo's DeepSeek-V3 with one MTP layer of random weights: its drafts are proposed and (nearly) all rejected
-    plain = zoo_answers("deepseek-v3-mtp", 1, "off")
-    spec = zoo_answers("deepseek-v3-mtp", 1, "mtp")
+@pytest.mark.parametrize("name", ["deepseek-v3-mtp", "glm4-moe-mtp"])
+def test_mtp_heads_answer_as_plain_decoding_and_really_propose(name: str) -> None:
+    # a zoo model with one MTP layer of random weights: its drafts are proposed and (nearly) all rejected
+    plain = zoo_answers(name, 1, "off")
+    spec = zoo_answers(name, 1, "mtp")
     assert spec["texts"] == plain["texts"]
     assert spec["tokens"] == plain["tokens"] and spec["top"] == plain["top"]
     assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
