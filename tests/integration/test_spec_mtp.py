@@ -61,3 +61,16 @@ def test_a_checkpoint_without_heads_is_refused_in_engine_mtps_sentence(tmp_path)
     settings = load_settings({"MODEL": "zoo-deepseek-v3", "SPECULATIVE": "mtp"}, env_file=tmp_path / "none.env")
     with pytest.raises(ModelError, match="^SPECULATIVE=mtp cannot run"):
         MtpProposer(settings, loaded)
+
+
+def test_an_entry_with_the_heads_kv_and_carry_goes_to_disk_and_back_whole() -> None:
+    from engine.diskcache.structure import from_host, host_copy
+    from engine.speculative.carry import HiddenCarry
+
+    wrapped = with_heads(_loaded("deepseek-v3-mtp"))
+    cache = wrapped.make_cache()
+    wrapped(mx.array([[5, 9, 17, 33]]), cache=cache)
+    back = from_host(host_copy(cache))
+    assert [type(c) for c in back] == [type(c) for c in cache] and isinstance(back[-1], HiddenCarry)
+    assert mx.array_equal(back[-1][0], cache[-1][0])
+    assert mx.array_equal(back[-2].keys[..., :4, :], cache[-2].keys[..., :4, :])
