@@ -60,6 +60,8 @@ def _generate(name: str, out: Path) -> dict:
         if name in SHAPES:  # the checkpoint's dtypes: float16 weights around float32 norms
             model.update(tree_map_with_path(lambda path, v: v if "norm" in path else v.astype(mx.float16),
                                             model.parameters()))
+    if name in MTP_MODELS:
+        model = mtp.main_model(name, model)
     tensors = dict(sorted(tree_flatten(model.parameters())))
     if name in MTP_MODELS:  # the heads, in the file mlx-lm reads for the family where it drops them
         heads = mtp.heads(name, model, cfg, hidden, quiet)
