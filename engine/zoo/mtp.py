@@ -32,15 +32,15 @@ def main_model(name: str, model: Any) -> Any:
     return model
 
 
-def heads(name: str, model: Any, cfg: dict, hidden: int, quiet_ids: list[int]) -> dict[str, Any]:
+def heads(name: str, model: Any, cfg: dict, hidden: int, quiet_ids: list[int]) -> tuple[dict[str, Any], dict]:
     """The MTP tensors of zoo model `name`: drawn, and for a "-trained" one trained on `model`'s own greedy
-    continuations (engine/zoo/mtp_train.py)."""
-    tensors = head_tensors(cfg, hidden, quiet_ids)
+    continuations (engine/zoo/mtp_train.py), with what training measured (for the marker file)."""
+    tensors, facts = head_tensors(cfg, hidden, quiet_ids), {}
     if name.endswith("-trained"):
         from engine.zoo.mtp_train import trained
 
-        tensors = trained(model, cfg, tensors, quiet_ids)
-    return dict(sorted(tensors.items()))
+        tensors, facts = trained(model, cfg, tensors, quiet_ids)
+    return dict(sorted(tensors.items())), facts
 
 
 def mtp_config(cfg: dict) -> dict:

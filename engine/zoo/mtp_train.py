@@ -12,7 +12,7 @@ from typing import Any
 SEED = 38
 PROMPTS, PROMPT_TOKENS, CONTINUATION = 32, 4, 40  # per batch of greedy continuations
 HELD_OUT = 16
-STEPS, LEARNING_RATE = 40, 3e-3
+STEPS, LEARNING_RATE = 20, 3e-3  # held-out agreement levels off by then (70% at 20, 71% at 40)
 
 
 def continuations(model: Any, prompts: Any, tokens: int) -> Any:
@@ -49,8 +49,9 @@ def agreement(heads: Any, hidden: Any, tokens: Any, targets: Any) -> float:
     return float(hits.astype(mx.float32).mean())
 
 
-def trained(model: Any, cfg: dict, tensors: dict[str, Any], quiet_ids: list[int]) -> dict[str, Any]:
-    """The MTP tensors (checkpoint names) after training on `model`'s greedy continuations; seeded, offline."""
+def trained(model: Any, cfg: dict, tensors: dict[str, Any], quiet_ids: list[int]) -> tuple[dict[str, Any], dict]:
+    """The MTP tensors (checkpoint names) after training on `model`'s greedy continuations, seeded and offline;
+    and the head's top-1 agreement with the model's next-next token on held-out prompts, before and after."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -81,11 +82,30 @@ def trained(model: Any, cfg: dict, tensors: dict[str, Any], quiet_ids: list[int]
     optimizer = optim.Adam(learning_rate=LEARNING_RATE)
     step = nn.value_and_grad(heads, loss)
     before = agreement(heads, *held)
-    for i in range(STEPS):
-        value, grads = step(heads, *train)
+    for _ in range(STEPS):
+        _, grads = step(heads, *train)
         optimizer.update(heads, grads)
         mx.eval(heads.parameters(), optimizer.state)
-        if i % 10 == 0:
-            print(i, float(value), agreement(heads, *train), agreement(heads, *held))
-    print("before", before, "after", agreement(heads, *held))
-    return dict(tree_flatten(heads.parameters()))
+    facts = {"held_out_agreement_before": round(before, 4), "held_out_agreement": round(agreement(heads, *held), 4)}
+    return to_checkpoint(dict(tree_flatten(heads.parameters())), cfg), facts
+
+
+def to_checkpoint(params: dict[str, Any], cfg: dict) -> dict[str, Any]:
+    """Heads' parameters back under the checkpoint's names (engine/zoo/mtp.py's layout): the inverse of what
+    load_heads does (experts unstacked, MLA's embed_q and unembed_out joined into kv_b_proj)."""
+    import mlx.core as mx
+
+    prefix = f"model.layers.{cfg['num_hidden_layers']}."
+    out = {}
+    for name, value in params.items():
+        name = name.removeprefix("layers.0.").replace("mtp_block.", "")
+        if ".switch_mlp." in name:
+            for e in range(value.shape[0]):
+                out[prefix + name.replace(".switch_mlp.", f".experts.{e}.")] = value[e]
+        elif name.endswith("self_attn.embed_q.weight"):  # (heads, latent, nope) and (heads, v, latent)
+            wv = params["layers.0.mtp_block." + name.replace("embed_q", "unembed_out")]
+            joined = mx.concatenate([value.swapaxes(-1, -2), wv], axis=1)
+            out[prefix + name.replace("embed_q", "kv_b_proj")] = joined.reshape(-1, joined.shape[-1])
+        elif not name.endswith("self_attn.unembed_out.weight"):
+            out[prefix + name] = value
+    return out

@@ -124,3 +124,21 @@ def test_a_checkpoint_without_heads_is_refused_in_one_sentence(name, says):
     with pytest.raises(ModelError) as refused:
         load_heads(model, folder)
     assert str(refused.value) == sentence
+
+
+def test_the_trained_zoo_head_predicts_the_main_models_next_next_token_on_unseen_prompts():
+    """What makes drafts accepted: loaded from its files as the engine loads it, the head trained at build time
+    agrees with the model's own greedy token two positions on, on prompts drawn apart from its training data."""
+    import json
+
+    from engine.zoo.mtp_train import PROMPT_TOKENS, agreement, continuations, pairs
+
+    folder = ensure_zoo_model("deepseek-v3-mtp-trained", MODEL_CACHE)
+    model, _ = load(str(folder))
+    heads = load_heads(model, folder)
+    prompts = mx.array(np.random.default_rng(2026).integers(100, 1000, size=(8, PROMPT_TOKENS)))
+    unseen = agreement(heads, *pairs(model, continuations(model, prompts, 24)))
+    assert unseen >= 0.5
+    assert json.loads((folder / "zoo-model.json").read_text())["mtp"]["held_out_agreement"] >= 0.5
+    untrained = load_heads(model, ensure_zoo_model("deepseek-v3-mtp", MODEL_CACHE))
+    assert agreement(untrained, *pairs(model, continuations(model, prompts, 24))) < 0.1
