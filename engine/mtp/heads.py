@@ -19,7 +19,7 @@ import mlx.nn as nn
 
 from engine.model import ModelError
 from engine.mtp import nextn
-from engine.mtp.files import Checkpoint
+from engine.mtp.files import Checkpoint, nextn_depth
 
 
 class _Main:
@@ -92,16 +92,24 @@ def load_heads(model: Any, folder: Path) -> Heads:
     weights: dict[str, mx.array] = {}
     for file in sorted(set(names.values())):
         weights.update({k: v for k, v in mx.load(str(checkpoint.folder / file)).items() if k in names})
-    layers, embed = [], None
-    for depth in checkpoint.depths():
-        own = nextn.layer_weights(model, weights, checkpoint.layers, depth)
-        layer = nextn.NextnLayer(model, checkpoint.layers + depth, head="shared_head.head.weight" in own)
+    return build_heads(model, checkpoint.config, weights, checkpoint.layers)
+
+
+def build_heads(model: Any, config: dict, weights: dict[str, mx.array], layers: int) -> Heads:
+    """Heads from the checkpoint's MTP tensors (named as in the checkpoint) of a model of `layers` main layers."""
+    family = type(model).__module__.rsplit(".", 1)[-1]
+    built, embed = [], None
+    for depth in sorted({nextn_depth(name, layers) for name in weights}):
+        own = nextn.layer_weights(model, weights, layers, depth)
+        layer = nextn.NextnLayer(model, layers + depth, head="shared_head.head.weight" in own)
         if embed is None and "embed_tokens.weight" in own:  # vLLM loads the first layer's copy only
             embed = nn.Embedding(*own["embed_tokens.weight"].shape)
-            _load(embed, {"weight": own["embed_tokens.weight"]}, checkpoint.config)
-        _load(layer, {k: v for k, v in own.items() if not k.startswith("embed_tokens.")}, checkpoint.config)
-        layers.append(layer)
-    return Heads(model, family, layers, embed)
+            _load(embed, {"weight": own["embed_tokens.weight"]}, config)
+        _load(layer, {k: v for k, v in own.items() if not k.startswith("embed_tokens.")}, config)
+        built.append(layer)
+    heads = Heads(model, family, built, embed)
+    heads.eval()  # as mlx-lm leaves the main model
+    return heads
 
 
 def _load(module: nn.Module, weights: dict[str, mx.array], config: dict) -> None:

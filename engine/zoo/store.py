@@ -60,9 +60,11 @@ def _generate(name: str, out: Path) -> dict:
         if name in SHAPES:  # the checkpoint's dtypes: float16 weights around float32 norms
             model.update(tree_map_with_path(lambda path, v: v if "norm" in path else v.astype(mx.float16),
                                             model.parameters()))
+    if name in MTP_MODELS:
+        model = mtp.main_model(name, model)
     tensors = dict(sorted(tree_flatten(model.parameters())))
     if name in MTP_MODELS:  # the heads, in the file mlx-lm reads for the family where it drops them
-        heads = mtp.heads(name, model, cfg, hidden, quiet)
+        heads, trained = mtp.heads(name, model, cfg, hidden, quiet)
         file = mtp.HEADS_FILE.get(cfg["model_type"], "model.safetensors")
         if file == "model.safetensors":
             tensors = dict(sorted((tensors | heads).items()))
@@ -80,6 +82,8 @@ def _generate(name: str, out: Path) -> dict:
         "dtype": cfg.get("torch_dtype", "float32"),
         "quantization": cfg.get("quantization"),
     }
+    if name in MTP_MODELS and trained:
+        marker["mtp"] = trained
     # Written last: a directory without it is unfinished and never used.
     write_json(out / MARKER_FILE, marker)
     marker["seconds"] = time.perf_counter() - started  # returned, not written: files stay reproducible
