@@ -28,7 +28,8 @@ def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, setting
 
 
 def test_mtp_heads_on_two_ranks_tensor_parallel_answer_as_plain_decoding() -> None:
-    plain = zoo_answers("deepseek-v3-mtp", 2, "off", PARALLEL="tensor")
-    spec = zoo_answers("deepseek-v3-mtp", 2, "mtp", PARALLEL="tensor")
+    # the heads are sharded as the main layers: their all_sums meet at the end of every step, on both ranks
+    plain = zoo_answers("deepseek-v3-mtp-trained", 2, "off", PARALLEL="tensor")
+    spec = zoo_answers("deepseek-v3-mtp-trained", 2, "mtp", PARALLEL="tensor")
     assert_answers_equal(spec, plain)
-    assert spec["mode"] == "mtp" and spec["counters"]["mcs_spec_proposed_tokens_total"] > 0
+    assert spec["mode"] == "mtp" and spec["counters"]["mcs_spec_tokens_per_forward"] >= 1.5, spec["counters"]
