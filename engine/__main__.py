@@ -143,7 +143,7 @@ def _join(settings, watchdog) -> Joined:
     watchdog.beat("loading the model")
     loaded = load(settings, group)
     if settings.SPECULATIVE == "mtp":
-        loaded = _with_heads(loaded, group)
+        loaded = _with_heads(settings, loaded, group)
     how = {"single": "whole", "tensor": "tensor parallel"}.get(loaded.parallel, loaded.parallel + " parallel")
     if loaded.pipeline_split:
         how += f": {loaded.pipeline_split[rank]} of {sum(loaded.pipeline_split)} layers"
@@ -154,7 +154,7 @@ def _join(settings, watchdog) -> Joined:
     return Joined(group, rank, size, loaded, started)
 
 
-def _with_heads(loaded, group):
+def _with_heads(settings, loaded, group):
     """SPECULATIVE=mtp: the model with its checkpoint's MTP heads, on every rank; raises ModelError in one sentence
     where the checkpoint ships none or the layout cannot run them."""
     import dataclasses
@@ -165,6 +165,9 @@ def _with_heads(loaded, group):
 
     if loaded.parallel == "pipeline":
         raise ModelError(PIPELINE_MTP)
+    if settings.kv_bits:  # the heads' KV would stay unquantized beside a quantized batch: not tried yet
+        raise ModelError(f"SPECULATIVE=mtp cannot be combined with KV_BITS={settings.kv_bits} yet; set KV_BITS=off, "
+                         "or SPECULATIVE=ngram")
     return dataclasses.replace(loaded, model=with_heads(loaded, group if loaded.parallel == "tensor" else None))
 
 
