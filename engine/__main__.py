@@ -142,6 +142,8 @@ def _join(settings, watchdog) -> Joined:
     started = time.time()
     watchdog.beat("loading the model")
     loaded = load(settings, group)
+    if settings.SPECULATIVE == "mtp":
+        loaded = _with_heads(settings, loaded, group)
     how = {"single": "whole", "tensor": "tensor parallel"}.get(loaded.parallel, loaded.parallel + " parallel")
     if loaded.pipeline_split:
         how += f": {loaded.pipeline_split[rank]} of {sum(loaded.pipeline_split)} layers"
@@ -150,6 +152,23 @@ def _join(settings, watchdog) -> Joined:
         settings.model_name, loaded.path, loaded.context_length, how, time.time() - started, os.getpid(),
         socket.gethostname())
     return Joined(group, rank, size, loaded, started)
+
+
+def _with_heads(settings, loaded, group):
+    """SPECULATIVE=mtp: the model with its checkpoint's MTP heads, on every rank; raises ModelError in one sentence
+    where the checkpoint ships none or the layout cannot run them."""
+    import dataclasses
+
+    from engine.model import ModelError
+    from engine.speculative.mtp import PIPELINE_MTP
+    from engine.speculative.mtp_model import with_heads
+
+    if loaded.parallel == "pipeline":
+        raise ModelError(PIPELINE_MTP)
+    if settings.kv_bits:  # the heads' KV would stay unquantized beside a quantized batch: not tried yet
+        raise ModelError(f"SPECULATIVE=mtp cannot be combined with KV_BITS={settings.kv_bits} yet; set KV_BITS=off, "
+                         "or SPECULATIVE=ngram")
+    return dataclasses.replace(loaded, model=with_heads(loaded, group if loaded.parallel == "tensor" else None))
 
 
 def _build(settings, joined: Joined, watchdog):
@@ -192,6 +211,10 @@ def _build(settings, joined: Joined, watchdog):
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather, port=settings.doorbell_port)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
     proposer = _speculation(settings, joined, channel, watchdog)
+    if settings.SPECULATIVE == "mtp" and hasattr(joined.loaded.model, "chain") and batch.verifies:
+        batch.chain_tokens = settings.NUM_DRAFT_TOKENS  # every rank chains the heads: their all_sums must meet
+        if proposer is not None:
+            proposer.read_from(batch)
     batch.disk.agree = channel.gather  # a plan that restores from disk: the ranks agree which entries all loaded
     if joined.rank != 0:
         from engine.disk_tier import open_in_background

@@ -202,3 +202,11 @@ def decoding_histories(gen: Any) -> dict[int, list[int]]:
         return {}
     nexts = batch._next_tokens.tolist()
     return {uid: [*tokens, nxt] for uid, tokens, nxt in zip(batch.uids, batch.tokens, nexts)}
+
+
+def next_inputs(gen: Any) -> tuple[list[int], Any]:
+    """The decoding sequences' uids and their next inputs (an array; sampled by the last step, fed by the next)."""
+    batch = gen._generation_batch
+    if not batch.uids or batch._next_tokens is None:
+        return [], None
+    return list(batch.uids), batch._next_tokens

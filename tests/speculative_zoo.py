@@ -64,3 +64,13 @@ def zoo_answers(name: str, ranks: int, speculative: str, **settings: str) -> dic
     return dict(texts=[one["text"], first, second, *concurrent], tokens=lp["tokens"],
                 logprobs=lp["token_logprobs"], top=[sorted(t) for t in lp["top_logprobs"]], counters=spec,
                 mode=health["mode"], log=log)
+
+
+def assert_answers_equal(spec: dict, plain: dict) -> None:
+    """Speculation changed nothing a client sees (texts, tokens, logprobs) and logged no error."""
+    import pytest
+
+    assert spec["texts"] == plain["texts"]
+    assert spec["tokens"] == plain["tokens"] and spec["top"] == plain["top"]
+    assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
+    assert "ERROR" not in spec["log"] and "Traceback" not in spec["log"], spec["log"][-3000:]

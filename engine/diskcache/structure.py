@@ -20,11 +20,13 @@ from mlx_lm.models.cache import (ArraysCache, CacheList, ChunkedKVCache, Concate
 
 from engine.kvquant.cache import QuantizedKV, QuantizedLatent
 from engine.kvquant.rotating import QuantizedRotating
+from engine.speculative.carry import HiddenCarry
 
-# the single-sequence kinds an entry holds (a batch's kinds never reach the prefix cache)
+# the single-sequence kinds an entry holds (a batch's kinds never reach the prefix cache); SPECULATIVE=mtp's
+# HiddenCarry is a kind of its own, so an entry made with the heads never fits a model served without them
 CLASSES = {c.__name__: c for c in (KVCache, RotatingKVCache, ArraysCache, CacheList, ChunkedKVCache,
                                    ConcatenateKVCache, QuantizedKVCache, QuantizedKV, QuantizedLatent,
-                                   QuantizedRotating)}
+                                   QuantizedRotating, HiddenCarry)}
 # every MLX dtype, by the name its str() ends in ("bool" is mx.bool_)
 DTYPES = {str(d).rsplit(".", 1)[-1]: d for d in (
     mx.bool_, mx.uint8, mx.uint16, mx.uint32, mx.uint64, mx.int8, mx.int16, mx.int32, mx.int64, mx.float16,

@@ -122,6 +122,10 @@ class LockstepBatch:
         self.boundaries = Boundaries()
         # Whether this model's caches can drop rejected drafts per sequence (engine/speculative/rollback.py)
         self.verifies = can_verify(model)[0]
+        # SPECULATIVE=mtp (engine/speculative/mtp_model.py): drafts its heads chain after each step, this many deep;
+        # rank 0's MtpProposer reads them (request id -> [the next input they follow, drafts...])
+        self.chain_tokens = 0
+        self.mtp_drafts: dict[str, list[int]] = {}
         # token ids past it index past the embedding: a draft is cut there (a draft model may have a larger vocabulary)
         self.vocab = getattr(getattr(model, "args", None), "vocab_size", None) or 1 << 31
 
@@ -378,6 +382,8 @@ class LockstepBatch:
                 _, responses = self.gen.next()
             else:
                 responses = mlx_compat.step_with_decoding(self.gen, lambda batch: self._verify(batch, rows, out))
+            if self.chain_tokens:
+                self._chain()
         except Exception as exc:
             log.exception("the batched step raised")
             self.reset(_reason(exc))
@@ -416,6 +422,17 @@ class LockstepBatch:
         out.reused, self.reused = self.reused, {}
         self.failed.clear()  # in place: the guards of running requests hold this dict
         return out
+
+    def _chain(self) -> None:
+        """Every rank: the MTP heads' drafts for each decoding sequence's next input (their layers are sharded, so
+        every rank runs them); rank 0's proposer hands them out with the next plan."""
+        uids, nexts = mlx_compat.next_inputs(self.gen)
+        self.mtp_drafts = {}
+        if uids:
+            cache = mlx_compat.Decoding(mlx_compat.decoding_batch(self.gen)).cache
+            drafts = self.model.chain(cache, nexts, self.chain_tokens).tolist()
+            self.mtp_drafts = {self.rid_of[uid]: [y, *d] for uid, y, d in zip(uids, nexts.tolist(), drafts)
+                               if uid in self.rid_of}
 
     def _draft_rows(self, drafts: dict[str, list[int]]) -> list[list[int]] | None:
         """Drafts per row of the decoding batch (None: no decoding sequence has any)."""

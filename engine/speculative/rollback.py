@@ -10,6 +10,8 @@ MLA's latent cache (DeepSeek V3) is a KVCache holding the latent and the rotary 
 batch cache (engine/kvquant: KV_BITS) holds each of keys and values as three arrays (packed, scales, biases) laid out
 by token alike, and each of them moves as one array would.
 
+SPECULATIVE=mtp's HiddenCarry holds no tokens: it is left out here, and the verify step sets it per row.
+
 A linear-attention state (ArraysCache) folds every token into a fixed-size state and gives back none: the verify
 pass records each such layer's state after every position (engine/speculative/linear.py), and row i keeps the one
 after its last kept token. A sliding-window cache (RotatingKVCache) overwrites its oldest tokens in place and cannot
@@ -25,6 +27,7 @@ from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache, d
 
 from engine.kvquant.cache import BatchQuantizedKVCache, BatchQuantizedLatentCache, QuantizedKV, QuantizedLatent
 from engine.speculative import linear
+from engine.speculative.carry import HiddenCarry
 
 _WHY = {
     "RotatingKVCache": "a sliding-window cache overwrites its oldest tokens and cannot drop rejected drafts",
@@ -115,5 +118,6 @@ def _each(stored, fn):
 def _flat(layers) -> list:
     out = []
     for layer in layers:
-        out.extend(_flat(layer.caches) if isinstance(layer, CacheList) else [layer])
+        if not isinstance(layer, HiddenCarry):
+            out.extend(_flat(layer.caches) if isinstance(layer, CacheList) else [layer])
     return out

@@ -133,6 +133,8 @@ def _finish(dec: Decoding, walks: list[Walk], drafts: list[list[int]], width: in
         dec.fed(i).extend(walk.tokens)
         ends.append(reason)
     drop_last(dec.cache, [width - len(w.tokens) for w in walks], recorded)
+    if hasattr(dec.model, "kept"):  # SPECULATIVE=mtp: the hidden each row carries is at its last kept token
+        dec.model.kept(dec.cache, [len(w.tokens) - 1 for w in walks])
     keep = []
     for i, (walk, reason) in enumerate(zip(walks, ends)):
         last = len(walk.tokens) - 1

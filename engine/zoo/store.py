@@ -8,8 +8,8 @@ from pathlib import Path
 from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
 from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, SHAPES, config
-from engine.zoo.names import (FORMAT_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS, TOOLS_PREFIX,
-                              WIDE_MODELS)
+from engine.zoo.names import (FORMAT_MODELS, MTP_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS,
+                              TOOLS_PREFIX, WIDE_MODELS)
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
@@ -33,7 +33,8 @@ def _generate(name: str, out: Path) -> dict:
         model, cfg = _format_model(name, FORMAT_MODELS[name], out)
         size, eos_id = cfg["vocab_size"], cfg["eos_token_id"][0]
     else:
-        family = SHAPE_MODELS.get(name) or WIDE_MODELS.get(name) or name.removesuffix(QUANTIZED_SUFFIX)
+        family = (SHAPE_MODELS.get(name) or WIDE_MODELS.get(name) or MTP_MODELS.get(name)
+                  or name.removesuffix(QUANTIZED_SUFFIX))
         extra, tokenizer_options = (), {}
         if name.startswith(TOOLS_PREFIX):  # a tool-call format's model: the small Qwen3, the family's tokenizer
             from engine.zoo import tool_families
@@ -49,13 +50,26 @@ def _generate(name: str, out: Path) -> dict:
             from engine.zoo.wide import widened
 
             cfg = widened(cfg)
+        if name in MTP_MODELS:
+            from engine.zoo import mtp
+
+            cfg = mtp.mtp_config(cfg)
         hidden = SHAPES.get(name, {}).get("hidden_size", HIDDEN)
-        model, cfg = build(cfg, hidden, quiet_ids(vocab, tuple(text for text, _ in extra)),
-                           quantized=name.endswith(QUANTIZED_SUFFIX))
+        quiet = quiet_ids(vocab, tuple(text for text, _ in extra))
+        model, cfg = build(cfg, hidden, quiet, quantized=name.endswith(QUANTIZED_SUFFIX))
         if name in SHAPES:  # the checkpoint's dtypes: float16 weights around float32 norms
             model.update(tree_map_with_path(lambda path, v: v if "norm" in path else v.astype(mx.float16),
                                             model.parameters()))
+    if name in MTP_MODELS:
+        model = mtp.main_model(name, model)
     tensors = dict(sorted(tree_flatten(model.parameters())))
+    if name in MTP_MODELS:  # the heads, in the file mlx-lm reads for the family where it drops them
+        heads, trained = mtp.heads(name, model, cfg, hidden, quiet)
+        file = mtp.HEADS_FILE.get(cfg["model_type"], "model.safetensors")
+        if file == "model.safetensors":
+            tensors = dict(sorted((tensors | heads).items()))
+        else:
+            mx.save_safetensors(str(out / file), heads, metadata={"format": "mlx"})
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
     save_config(cfg, out / "config.json")  # mlx-lm's own writer: sorted keys, its quantization entries
     marker = {
@@ -68,6 +82,8 @@ def _generate(name: str, out: Path) -> dict:
         "dtype": cfg.get("torch_dtype", "float32"),
         "quantization": cfg.get("quantization"),
     }
+    if name in MTP_MODELS and trained:
+        marker["mtp"] = trained
     # Written last: a directory without it is unfinished and never used.
     write_json(out / MARKER_FILE, marker)
     marker["seconds"] = time.perf_counter() - started  # returned, not written: files stay reproducible

@@ -1,10 +1,10 @@
-"""SPECULATIVE=mtp where mlx-lm cannot run the heads: refused at start in one sentence that says why. A checkpoint
-that ships heads loads without them (mlx-lm drops them), so the refusal names mlx-lm; one that ships none says so."""
+"""SPECULATIVE=mtp's model: the target wrapped with its checkpoint's MTP heads. Its caches carry the heads' KV and
+the hidden carry through BatchGenerator, the KV measure and the prefix cache's rules; a checkpoint without heads is
+refused in engine.mtp's sentence."""
 
 from __future__ import annotations
 
-import json
-import shutil
+from pathlib import Path
 
 import pytest
 
@@ -17,59 +17,60 @@ mx = pytest.importorskip("mlx.core")
 
 from mlx_lm import load as mlx_load  # noqa: E402
 
-from engine.speculative.mtp import MtpProposer, mtp_support, shipped_heads  # noqa: E402
-
-# zoo family -> (the config key its real checkpoints use, an MTP weight named as they name it). Qwen3-Next's
-# sanitize() drops the heads only from Hugging Face's layout (experts unstacked): a folder mlx_lm.convert wrote
-# keeps the config key and lacks the weights, as the zoo's MLX layout does here. DeepSeek-V3's drops layer 61 by
-# number (the real checkpoint's MTP layer), which the zoo's two layers cannot show.
-WITH_HEADS = {
-    "deepseek-v3": ("num_nextn_predict_layers", None),
-    "qwen3.5": ("mtp_num_hidden_layers", "mtp.fc.weight"),
-    "qwen3-next": ("mtp_num_hidden_layers", None),
-    "glm4-moe": ("num_nextn_predict_layers", "model.layers.{n}.eh_proj.weight"),
-}
+from engine.kv_measure import measure  # noqa: E402
+from engine.lockstep.prefix import model_cuts  # noqa: E402
+from engine.speculative.mtp import MtpProposer, mtp_refusal  # noqa: E402
+from engine.speculative.mtp_model import with_heads  # noqa: E402
+from engine.speculative.rollback import can_verify, drop_last  # noqa: E402
 
 
-def _loaded(folder) -> LoadedModel:
+def _loaded(name: str) -> LoadedModel:
+    folder = ensure_zoo_model(name, MODEL_CACHE)
     model, tokenizer = mlx_load(str(folder))
     return LoadedModel(model=model, tokenizer=tokenizer, path=str(folder), context_length=4096)
 
 
-def _with_heads(name: str, tmp_path):
-    """The zoo model as its real checkpoint ships: config.json declares one MTP layer and the weights hold it."""
-    folder = tmp_path / name
-    shutil.copytree(ensure_zoo_model(name, MODEL_CACHE), folder)
-    key, weight = WITH_HEADS[name]
-    config = json.loads((folder / "config.json").read_text())
-    part = config.get("text_config", config) if key in config.get("text_config", {}) else config
-    part[key] = 1
-    (folder / "config.json").write_text(json.dumps(config))
-    if weight is None:
-        return folder
-    files = sorted(folder.glob("*.safetensors"))
-    weights = mx.load(str(files[0]))
-    weights[weight.format(n=part.get("num_hidden_layers", 0))] = mx.zeros((4, 4))
-    mx.save_safetensors(str(files[0]), weights, metadata={"format": "mlx"})
-    return folder
+def test_the_heads_kv_is_counted_rolled_back_and_keeps_prefix_entries_whole() -> None:
+    loaded = _loaded("deepseek-v3-mtp")
+    wrapped = with_heads(loaded)
+    assert can_verify(wrapped) == (True, "")
+    # admission reserves the heads' KV per token too, and the carry's constant bytes
+    plain, mtp = measure(loaded.model), measure(wrapped)
+    assert mtp.token_bytes > plain.token_bytes and mtp.constant_bytes > 0
+    # the carry holds the hidden at an entry's end: an entry is reused only where a prompt extends it exactly
+    assert model_cuts(wrapped).whole_only and not model_cuts(loaded.model).whole_only
+    # a forward pass gives the same logits as the plain model, and the heads' cache as many entries as the main one
+    from mlx_lm.models.cache import BatchKVCache
+
+    cache = wrapped.make_cache()
+    tokens = mx.array([[5, 9, 17, 33, 2, 8]])
+    assert mx.allclose(wrapped(tokens, cache=cache), loaded.model(tokens), atol=1e-4)
+    n = wrapped.layers_main
+    assert cache[n].offset == cache[0].offset == 6
+    batch = [BatchKVCache.merge([c]) if i < len(cache) - 1 else type(c).merge([c]) for i, c in enumerate(cache)]
+    drop_last(batch, [2])
+    assert batch[n].offset.tolist() == batch[0].offset.tolist() == [4]
 
 
-@pytest.mark.parametrize("name", sorted(WITH_HEADS))
-def test_heads_a_checkpoint_ships_are_dropped_by_mlx_lm_and_mtp_is_refused(name, tmp_path) -> None:
-    folder = _with_heads(name, tmp_path)
-    loaded = _loaded(folder)
-    assert shipped_heads(folder) == 1
-    problem = mtp_support(loaded, "zoo-" + name)
-    assert problem is not None and problem.startswith(f"SPECULATIVE=mtp cannot run on MODEL=zoo-{name} (")
-    assert "mlx-lm 0.32.2 drops the checkpoint's 1 multi-token-prediction layer(s) (its sanitize() drops" in problem
-    assert "SPECULATIVE=ngram" in problem and problem.count(". ") == 0
-    settings = load_settings({"MODEL": "zoo-" + name, "SPECULATIVE": "mtp"}, env_file=tmp_path / "none.env")
+def test_a_checkpoint_without_heads_is_refused_in_engine_mtps_sentence(tmp_path) -> None:
+    loaded = _loaded("deepseek-v3")
+    problem = mtp_refusal(Path(loaded.path))
+    assert problem is not None and problem.startswith("SPECULATIVE=mtp cannot run on MODEL=")
+    with pytest.raises(ModelError, match="holds no weights under model.layers.2"):
+        with_heads(loaded)
+    settings = load_settings({"MODEL": "zoo-deepseek-v3", "SPECULATIVE": "mtp"}, env_file=tmp_path / "none.env")
     with pytest.raises(ModelError, match="^SPECULATIVE=mtp cannot run"):
         MtpProposer(settings, loaded)
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3.5", "qwen3-next", "glm4-moe", "llama"])
-def test_a_zoo_model_that_ships_no_heads_is_refused_for_that(name) -> None:
-    loaded = _loaded(ensure_zoo_model(name, MODEL_CACHE))
-    problem = mtp_support(loaded, "zoo-" + name)
-    assert problem is not None and "its checkpoint ships no multi-token-prediction heads" in problem
+def test_an_entry_with_the_heads_kv_and_carry_goes_to_disk_and_back_whole() -> None:
+    from engine.diskcache.structure import from_host, host_copy
+    from engine.speculative.carry import HiddenCarry
+
+    wrapped = with_heads(_loaded("deepseek-v3-mtp"))
+    cache = wrapped.make_cache()
+    wrapped(mx.array([[5, 9, 17, 33]]), cache=cache)
+    back = from_host(host_copy(cache))
+    assert [type(c) for c in back] == [type(c) for c in cache] and isinstance(back[-1], HiddenCarry)
+    assert mx.array_equal(back[-1][0], cache[-1][0])
+    assert mx.array_equal(back[-2].keys[..., :4, :], cache[-2].keys[..., :4, :])

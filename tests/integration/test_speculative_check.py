@@ -54,6 +54,9 @@ def test_a_linear_attention_hybrid_verifies_drafts_and_passes():
         preflight.VERDICT_OK, "draft")
 
 
-def test_mtp_on_a_model_without_heads_is_refused_by_the_mtp_module(demo_tiny):
+def test_mtp_is_refused_without_heads_and_under_pipeline_and_passes_with_heads(demo_tiny):
     code, text = preflight.verdict(settings(SPECULATIVE="mtp"))
-    assert code == preflight.VERDICT_REFUSED and "ships no multi-token-prediction heads" in text
+    assert code == preflight.VERDICT_REFUSED and "no multi-token-prediction module here follows" in text
+    assert preflight.verdict(settings(SPECULATIVE="mtp", MODEL="zoo-deepseek-v3-mtp")) == (preflight.VERDICT_OK, "mtp")
+    code, text = preflight.verdict(settings(SPECULATIVE="mtp", MODEL="zoo-deepseek-v3-mtp", PARALLEL="pipeline"))
+    assert code == preflight.VERDICT_REFUSED and text.startswith("SPECULATIVE=mtp cannot run under pipeline")

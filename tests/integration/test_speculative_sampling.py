@@ -11,6 +11,8 @@ from mlx_lm.models.cache import KVCache
 
 from engine.lockstep.batch import LockstepBatch
 from engine.lockstep.plan import Insert, Plan
+from engine.speculative.mtp import MtpProposer
+from engine.speculative.mtp_model import MtpModel
 
 V = 4
 TABLE = np.log(np.array([[0.50, 0.25, 0.15, 0.10],
@@ -47,17 +49,66 @@ def target(a: int) -> np.ndarray:
     return p / p.sum()
 
 
+class MarkovHeads:
+    """MTP heads for the Markov chain: from the token fed they draft its likeliest successor, writing a dummy cache
+    entry per position as a real MTP layer writes its KV."""
+
+    def make_cache(self):
+        return [KVCache()]
+
+    def __call__(self, hidden, tokens, cache, depth=0):
+        dummy = mx.zeros((tokens.shape[0], 1, tokens.shape[1], 1))
+        cache[0].update_and_fetch(dummy, dummy)
+        x = mx.eye(V)[tokens] + 0 * hidden
+        return x, mx.array(TABLE, dtype=mx.float32)[tokens]
+
+
+class MarkovMain(Markov):
+    """Markov as an mlx-lm model with a hidden state (the one-hot token) and an lm_head, for MtpModel to wrap."""
+
+    def __init__(self):
+        self.model = self.hidden
+
+    def hidden(self, inputs, cache=None):
+        Markov.__call__(self, inputs, cache)
+        return mx.eye(V)[inputs]
+
+    def lm_head(self, h):
+        return h @ mx.array(TABLE, dtype=mx.float32)
+
+
+def mtp(lockstep: LockstepBatch):
+    """The drafter of SPECULATIVE=mtp: rank 0's proposer handing out what the batch's heads chained."""
+    proposer = MtpProposer.__new__(MtpProposer)
+    proposer.read_from(lockstep)
+
+    def drafts(got):
+        proposed = proposer.propose(lockstep.histories(), 2)
+        MTP_DRAFTS.extend(proposed.values())
+        return proposed
+    return drafts
+
+
+MTP_DRAFTS: list[list[int]] = []  # what the mtp drafter proposed
+
+
 def outputs(drafter, seeds, batch: int = BATCH) -> dict[int, tuple[int, ...]]:
-    """Each seed's sampled tokens, its request run in batches of `batch` with the drafts drafter proposes."""
+    """Each seed's sampled tokens, its request run in batches of `batch` with the drafts drafter proposes (mtp: the
+    Markov chain with MTP heads drafting its likeliest tokens)."""
     out: dict[int, tuple[int, ...]] = {}
     for start in range(0, len(seeds), batch):
-        lockstep = LockstepBatch(Markov(), set(), 64, batch)
+        if drafter is mtp:
+            lockstep = LockstepBatch(MtpModel(MarkovMain(), MarkovHeads()), set(), 64, batch)
+            lockstep.chain_tokens = 2
+            drafter_now = mtp(lockstep)
+        else:
+            lockstep, drafter_now = LockstepBatch(Markov(), set(), 64, batch), drafter
         inserts = [Insert(rid=str(s), tokens=PROMPT, max_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, seed=s)
                    for s in seeds[start:start + batch]]
         lockstep.apply(Plan(step=0, fingerprint=0, token_check=0, inserts=inserts))
         got: dict[str, list[int]] = {ins.rid: [] for ins in inserts}
         while len(lockstep):
-            res = lockstep.step(drafter(got) if drafter else None)
+            res = lockstep.step(drafter_now(got) if drafter_now else None)
             assert not res.failed
             for rid, token, _ in res.tokens:
                 got[rid].append(token)
@@ -111,3 +162,7 @@ def test_a_seed_gives_plain_decodings_tokens_whatever_the_drafts_and_the_batch()
     alone = outputs(None, seeds, batch=1)  # plain decoding, one request at a time
     assert outputs(arbitrary, seeds) == alone
     assert outputs(likely, seeds, batch=5) == alone
+    # the MTP heads' drafts (a model wrapped with heads: its carry and chain run in every step) change nothing either
+    MTP_DRAFTS.clear()
+    assert outputs(mtp, seeds, batch=5) == alone
+    assert sum(map(len, MTP_DRAFTS)) > 0
