@@ -23,6 +23,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from engine.speculative.carry import HiddenCarry
+
 _active: Recording | None = None  # the verify pass in progress (lockstep: one step at a time per process)
 
 
@@ -46,7 +48,9 @@ class Recording:
 def supports(model: Any, caches: list) -> bool:
     """Whether every ArraysCache of caches belongs to a layer recording can follow (a conv1d fed the concatenated
     inputs, then its module's gated_delta_update), one such layer per ArraysCache."""
-    arrays = [c for c in caches if isinstance(c, ArraysCache)]
+    arrays = _states(caches)
+    if not arrays:
+        return False  # nothing to record (a model without linear layers need not be an nn.Module)
     layers = _linear_layers(model)
     return len(layers) == len(arrays) and all(
         hasattr(sys.modules.get(type(m).__module__), "gated_delta_update") for m in layers)
@@ -56,7 +60,7 @@ def supports(model: Any, caches: list) -> bool:
 def recording(model: Any, caches: list):
     """Record every linear layer's per-position states during the forward pass run inside (None: no such layer)."""
     global _active
-    arrays = [c for c in caches if isinstance(c, ArraysCache)]
+    arrays = _states(caches)
     if not arrays:
         yield None
         return
@@ -66,6 +70,11 @@ def recording(model: Any, caches: list):
         yield _active
     finally:
         _active = None
+
+
+def _states(caches: list) -> list:
+    """The linear-attention states among caches (SPECULATIVE=mtp's HiddenCarry is an ArraysCache too, set apart)."""
+    return [c for c in caches if isinstance(c, ArraysCache) and not isinstance(c, HiddenCarry)]
 
 
 def _linear_layers(model: Any) -> list:
