@@ -85,8 +85,9 @@ def open_in_background(settings, loaded, rank: int, size: int,
                 return
             folder = rank_folder(settings.prompt_cache_dir, loaded.path, loaded.parallel, rank, size,
                                  loaded.pipeline_split, settings.kv_bits, settings.KV_GROUP_SIZE)
-            if hasattr(loaded.model, "chain"):  # SPECULATIVE=mtp: entries hold the heads' KV and carry too, so they
-                folder = folder.with_name(folder.name + "+mtp")  # never mix with those of the model served without
+            # SPECULATIVE=mtp: entries hold the heads' KV and carry too, so they never mix with those of the model
+            if hasattr(getattr(loaded, "model", None), "chain"):  # served without them
+                folder = folder.with_name(folder.name + "+mtp")
             # copy=False: a queued entry's arrays are written from their own memory (kept alive until written), not
             # copied on the step thread first (113 ms for 100 MB here) nor held twice while queued
             tier = DiskTier(folder, own_share(settings.prompt_cache_dir, folder, cap), copy=False)
