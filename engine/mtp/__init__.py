@@ -3,7 +3,7 @@
     from engine.mtp import Heads, heads_refusal, load_heads
 
 Covered families (engine/mtp/files.py NAMING), each following vLLM's module for it: DeepSeek-V3 and GLM-4.x MoE
-(engine/mtp/nextn.py). `heads_refusal(folder)` is the verdict from the files alone; `load_heads(model, folder)`
+(engine/mtp/nextn.py), Qwen3-Next and Qwen3.5 (engine/mtp/qwen.py). `heads_refusal(folder)` is the verdict from the files alone; `load_heads(model, folder)`
 raises the same sentence as a ModelError.
 """
 

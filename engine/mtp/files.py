@@ -14,7 +14,7 @@ from config.model_folder import INDEX, architecture, mlx_lm_architectures
 
 # mlx-lm module -> how the checkpoint names its MTP layers: "nextn" = model.layers.<num_hidden_layers + j>.*
 # (vLLM's deepseek_mtp.py, glm4_moe_mtp.py), "mtp" = mtp.* (vLLM's qwen3_next_mtp.py).
-NAMING = {"deepseek_v3": "nextn", "glm4_moe": "nextn"}
+NAMING = {"deepseek_v3": "nextn", "glm4_moe": "nextn", "qwen3_next": "mtp", "qwen3_5": "mtp", "qwen3_5_moe": "mtp"}
 
 
 class Checkpoint:

@@ -4,22 +4,24 @@
     x, logits = heads(hidden, tokens, cache, depth)
 
 `hidden` is the main model's hidden after its final norm (mlx-lm's `model.model(...)`, as vLLM hands it over),
-`tokens` the token one position later. Chained depth j runs layer j % depths, on cache[j % depths] (vLLM's
+`tokens` the token one position later. Each family's layers come from its module (engine/mtp/files.py NAMING):
+"nextn" (engine/mtp/nextn.py), "mtp" (engine/mtp/qwen.py). Chained depth j runs layer j % depths, on cache[j % depths] (vLLM's
 spec_step_idx % num_mtp_layers).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from engine.model import ModelError
-from engine.mtp import nextn
-from engine.mtp.files import Checkpoint, nextn_depth
+from engine.mtp import nextn, qwen
+from engine.mtp.files import NAMING, Checkpoint
+
+KINDS = {"nextn": nextn, "mtp": qwen}
 
 
 class _Main:
@@ -60,24 +62,31 @@ class Heads(nn.Module):
         e = mx.where((position == 0)[..., None], mx.zeros_like(e), e)
         mask = create_attention_mask(e, c, return_array=self.family in nextn.ARRAY_MASK)
         x = layer(e, hidden.astype(e.dtype), mask, c)
-        return x, self._head(layer)(layer.head_input(x))
+        return x, layer.logits(x, lambda y: main_logits(self._main.model, y))
 
     def _embed(self, tokens: mx.array) -> mx.array:
         if "embed_tokens" in self:
             return self.embed_tokens(tokens)
         return self._main.model.model.embed_tokens(tokens)
 
-    def _head(self, layer: nn.Module):
-        if "head" in layer.shared_head:
-            return layer.shared_head.head
-        main = self._main.model
-        return main.lm_head if hasattr(main, "lm_head") else main.model.embed_tokens.as_linear
-
     def shard(self, group: Any = None) -> None:
         """Tensor parallel exactly as the main layers: the family's own shard() run over the MTP blocks; the
-        projections, norms and heads stay whole on every rank, as the main model's embedding and lm_head do."""
-        blocks = SimpleNamespace(model=SimpleNamespace(layers=[layer.mtp_block for layer in self.layers]))
-        type(self._main.model).shard(blocks, group)
+        projections, norms and heads stay whole on every rank, as the main model's embedding does."""
+        KINDS[NAMING[self.family]].shard(self._main.model, self.layers, group)
+
+
+def main_logits(main: Any, h: mx.array) -> mx.array:
+    """The main model's logits from its post-norm hidden, as its own __call__ computes them: a vision-language
+    wrapper's language model, tied embeddings, Qwen3.5's lm_head split over ranks gathered back."""
+    from mlx_lm.models.base import gather_last_axis
+
+    lm = qwen.text_model(main)
+    if not hasattr(lm, "lm_head"):
+        return lm.model.embed_tokens.as_linear(h)
+    out = lm.lm_head(h)
+    if getattr(lm, "sharding_group", None) is not None:
+        out = gather_last_axis(out, lm.sharding_group)
+    return out
 
 
 def load_heads(model: Any, folder: Path) -> Heads:
@@ -89,19 +98,28 @@ def load_heads(model: Any, folder: Path) -> Heads:
     if problem := checkpoint.refusal():
         raise ModelError(problem)
     names = checkpoint.head_names()
+    if NAMING[family] == "mtp":  # the main model's final norm too: did mlx-lm shift the norms at load
+        names |= {n: f for n, f in checkpoint.names.items() if n in qwen.FINAL_NORM}
     weights: dict[str, mx.array] = {}
     for file in sorted(set(names.values())):
         weights.update({k: v for k, v in mx.load(str(checkpoint.folder / file)).items() if k in names})
+    if NAMING[family] == "mtp":
+        norms = {n: weights.pop(n) for n in qwen.FINAL_NORM if n in weights}
+        return build_heads(model, checkpoint.config, weights, checkpoint.layers, qwen.zero_centred(model, norms))
     return build_heads(model, checkpoint.config, weights, checkpoint.layers)
 
 
-def build_heads(model: Any, config: dict, weights: dict[str, mx.array], layers: int) -> Heads:
-    """Heads from the checkpoint's MTP tensors (named as in the checkpoint) of a model of `layers` main layers."""
+def build_heads(model: Any, config: dict, weights: dict[str, mx.array], layers: int,
+                zero_centred: bool = False) -> Heads:
+    """Heads from the checkpoint's MTP tensors (named as in the checkpoint) of a model of `layers` main layers;
+    `zero_centred`: the checkpoint stores Qwen's RMSNorm scales as 1 + w (engine/mtp/qwen.py)."""
     family = type(model).__module__.rsplit(".", 1)[-1]
+    if NAMING[family] == "mtp":
+        pairs = qwen.layers(model, weights, zero_centred)
+    else:
+        pairs = nextn.layers(model, weights, layers)
     built, embed = [], None
-    for depth in sorted({nextn_depth(name, layers) for name in weights}):
-        own = nextn.layer_weights(model, weights, layers, depth)
-        layer = nextn.NextnLayer(model, layers + depth, head="shared_head.head.weight" in own)
+    for layer, own in pairs:
         if embed is None and "embed_tokens.weight" in own:  # vLLM loads the first layer's copy only
             embed = nn.Embedding(*own["embed_tokens.weight"].shape)
             _load(embed, {"weight": own["embed_tokens.weight"]}, config)

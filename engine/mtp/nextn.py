@@ -7,10 +7,13 @@ shared_head.head(shared_head.norm(x)); x is what the next chained depth takes as
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from engine.mtp.files import nextn_depth
 
 # the parts of an MTP layer that are not its decoder block (vLLM's _rewrite_spec_layer_name)
 OWN_PARTS = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
@@ -44,8 +47,25 @@ class NextnLayer(nn.Module):
         x = self.eh_proj(mx.concatenate([self.enorm(e), self.hnorm(h)], axis=-1))
         return self.mtp_block(x, mask, cache)
 
-    def head_input(self, x: mx.array) -> mx.array:
-        return self.shared_head.norm(x)
+    def logits(self, x: mx.array, lm_head: Any) -> mx.array:
+        """shared_head.head where the checkpoint ships one (DeepSeek-V3), else the main model's lm_head."""
+        head = self.shared_head.head if "head" in self.shared_head else lm_head
+        return head(self.shared_head.norm(x))
+
+
+def layers(main: Any, weights: dict[str, mx.array], n_layers: int) -> list[tuple[NextnLayer, dict]]:
+    """Each depth's layer with its tensors named as its parameters (a model of `n_layers` main layers)."""
+    out = []
+    for depth in sorted({nextn_depth(name, n_layers) for name in weights}):
+        own = layer_weights(main, weights, n_layers, depth)
+        out.append((NextnLayer(main, n_layers + depth, head="shared_head.head.weight" in own), own))
+    return out
+
+
+def shard(main: Any, built: list[nn.Module], group: Any) -> None:
+    """The family's own shard() run over the MTP blocks, as over main layers."""
+    blocks = SimpleNamespace(model=SimpleNamespace(layers=[layer.mtp_block for layer in built]))
+    type(main).shard(blocks, group)
 
 
 def layer_weights(main: Any, weights: dict[str, mx.array], layers: int, depth: int) -> dict[str, mx.array]:

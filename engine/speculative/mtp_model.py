@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine.mtp.heads import main_logits
 from engine.speculative.carry import HiddenCarry
 
 
@@ -44,11 +45,7 @@ class MtpModel:
         self.heads(mx.concatenate([previous, h[:, :-1]], axis=1), inputs, heads_cache, depth=0)
         carry[0] = _last(carry, h, previous)
         self.__dict__["hidden"] = h
-        return self._lm_head(h)
-
-    def _lm_head(self, h: mx.array) -> mx.array:
-        main = self.main
-        return main.lm_head(h) if hasattr(main, "lm_head") else main.model.embed_tokens.as_linear(h)
+        return main_logits(self.main, h)
 
     def kept(self, cache: list, kept: list[int]) -> None:
         """After a verify pass: row i kept its fed input and kept[i] drafts, so its carry is the hidden there."""

@@ -6,13 +6,16 @@ Hugging Face checkpoint stores them: experts one by one (mlx-lm's sanitize stack
 whole (sanitize splits it), the layer's own embed_tokens and shared_head.head where the real model ships them.
 mlx-lm's glm4_moe drops model.layers.<num_hidden_layers> at load, so GLM's heads sit in model.safetensors.
 Its deepseek_v3 drops model.layers.61 only (DeepSeek-V3's own depth), so the 2-layer zoo model keeps its head
-in mtp.safetensors, a file mlx-lm does not read (it loads model*.safetensors).
+in mtp.safetensors, a file mlx-lm does not read (it loads model*.safetensors). Qwen3-Next and Qwen3.5 name theirs
+mtp.* and come as raw Hugging Face checkpoints (engine/zoo/mtp_qwen.py).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from engine.zoo import mtp_qwen
 
 # model_types whose MTP layer ships its own embed_tokens and shared_head.head (DeepSeek-V3 does; else shared)
 OWN_HEAD = {"deepseek_v3"}
@@ -35,6 +38,8 @@ def main_model(name: str, model: Any) -> Any:
 def heads(name: str, model: Any, cfg: dict, hidden: int, quiet_ids: list[int]) -> tuple[dict[str, Any], dict]:
     """The MTP tensors of zoo model `name`: drawn, and for a "-trained" one trained on `model`'s own greedy
     continuations (engine/zoo/mtp_train.py), with what training measured (for the marker file)."""
+    if cfg["model_type"] in mtp_qwen.FAMILIES:
+        return mtp_qwen.head_tensors(cfg, hidden, quiet_ids), {}
     tensors, facts = head_tensors(cfg, hidden, quiet_ids), {}
     if name.endswith("-trained"):
         from engine.zoo.mtp_train import trained
@@ -44,7 +49,14 @@ def heads(name: str, model: Any, cfg: dict, hidden: int, quiet_ids: list[int]) -
 
 
 def mtp_config(cfg: dict) -> dict:
+    if cfg["model_type"] in mtp_qwen.FAMILIES:
+        return mtp_qwen.mtp_config(cfg)
     return cfg | {"num_nextn_predict_layers": 1}
+
+
+def main_tensors(cfg: dict, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The main model's tensors as the checkpoint stores them: Qwen's in raw Hugging Face form, others as mlx-lm's."""
+    return mtp_qwen.raw(tensors) if cfg["model_type"] in mtp_qwen.FAMILIES else tensors
 
 
 def head_tensors(cfg: dict, hidden: int, quiet_ids: list[int]) -> dict[str, Any]:

@@ -64,6 +64,7 @@ def _generate(name: str, out: Path) -> dict:
         model = mtp.main_model(name, model)
     tensors = dict(sorted(tree_flatten(model.parameters())))
     if name in MTP_MODELS:  # the heads, in the file mlx-lm reads for the family where it drops them
+        tensors = mtp.main_tensors(cfg, tensors)
         heads, trained = mtp.heads(name, model, cfg, hidden, quiet)
         file = mtp.HEADS_FILE.get(cfg["model_type"], "model.safetensors")
         if file == "model.safetensors":

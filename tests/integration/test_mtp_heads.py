@@ -85,7 +85,7 @@ class _Group:
         return self._size
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3-mtp", "glm4-moe-mtp"])
+@pytest.mark.parametrize("name", ["deepseek-v3-mtp", "glm4-moe-mtp", "qwen3.5-mtp"])
 def test_heads_split_over_two_ranks_exactly_as_a_main_moe_layer(name):
     from mlx.utils import tree_flatten
 
@@ -97,7 +97,8 @@ def test_heads_split_over_two_ranks_exactly_as_a_main_moe_layer(name):
         heads.shard(_Group(rank, 2))
         model.shard(_Group(rank, 2))
         split = dict(tree_flatten(heads.layers[0].mtp_block.parameters()))
-        main = dict(tree_flatten(model.model.layers[-1].parameters()))  # the last main layer: MoE, as the block
+        # the last main layer: MoE as DeepSeek's and GLM's blocks; full attention as Qwen3.5's
+        main = dict(tree_flatten(model.model.layers[-1].parameters()))
         assert {k: v.shape for k, v in split.items()} == {k: v.shape for k, v in main.items()}
         assert any(split[k].shape != whole[k].shape for k in split)
         # rank r holds the r-th half of each split projection, as shard_linear cuts a main layer's
@@ -115,6 +116,8 @@ def test_heads_split_over_two_ranks_exactly_as_a_main_moe_layer(name):
     ("deepseek-v3", "its checkpoint holds no weights under model.layers.2.*"),
     ("deepseek-v3-4bit", "mlx_lm.convert drops the heads when it quantizes"),
     ("qwen3", "no multi-token-prediction module here follows this architecture"),
+    ("qwen3-next", "its checkpoint holds no weights under mtp.*"),
+    ("qwen3.5", "its checkpoint holds no weights under mtp.*"),
 ])
 def test_a_checkpoint_without_heads_is_refused_in_one_sentence(name, says):
     folder = ensure_zoo_model(name, MODEL_CACHE)
