@@ -31,16 +31,17 @@ def main_model(name: str, model: Any) -> Any:
     93%, and the head learns what the model does."""
     if name.endswith("-trained"):
         for layer in model.model.layers:
-            layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * ATTENTION_SCALE
+            # a Gated DeltaNet layer's (Qwen3.5, Qwen3-Next) output projection is its out_proj
+            out = layer.self_attn.o_proj if "self_attn" in layer else layer.linear_attn.out_proj
+            out.weight = out.weight * ATTENTION_SCALE
     return model
 
 
 def heads(name: str, model: Any, cfg: dict, hidden: int, quiet_ids: list[int]) -> tuple[dict[str, Any], dict]:
     """The MTP tensors of zoo model `name`: drawn, and for a "-trained" one trained on `model`'s own greedy
     continuations (engine/zoo/mtp_train.py), with what training measured (for the marker file)."""
-    if cfg["model_type"] in mtp_qwen.FAMILIES:
-        return mtp_qwen.head_tensors(cfg, hidden, quiet_ids), {}
-    tensors, facts = head_tensors(cfg, hidden, quiet_ids), {}
+    qwen = cfg["model_type"] in mtp_qwen.FAMILIES
+    tensors, facts = (mtp_qwen.head_tensors if qwen else head_tensors)(cfg, hidden, quiet_ids), {}
     if name.endswith("-trained"):
         from engine.zoo.mtp_train import trained
 

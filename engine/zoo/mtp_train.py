@@ -60,9 +60,13 @@ def trained(model: Any, cfg: dict, tensors: dict[str, Any], quiet_ids: list[int]
 
     from engine.mtp.heads import build_heads
 
-    heads = build_heads(model, cfg, tensors, cfg["num_hidden_layers"])
+    from engine.zoo import mtp_qwen
+
+    text = cfg.get("text_config", cfg)  # Qwen3.5's language model
+    qwen = cfg["model_type"] in mtp_qwen.FAMILIES  # its mtp.* stored as raw Hugging Face tensors
+    heads = build_heads(model, cfg, tensors, text["num_hidden_layers"], zero_centred=qwen)
     model.freeze()
-    allowed = np.setdiff1d(np.arange(cfg["vocab_size"]), np.array(quiet_ids))
+    allowed = np.setdiff1d(np.arange(text["vocab_size"]), np.array(quiet_ids))
     rng = np.random.default_rng(SEED)
 
     def data(count: int):
@@ -87,7 +91,19 @@ def trained(model: Any, cfg: dict, tensors: dict[str, Any], quiet_ids: list[int]
         optimizer.update(heads, grads)
         mx.eval(heads.parameters(), optimizer.state)
     facts = {"held_out_agreement_before": round(before, 4), "held_out_agreement": round(agreement(heads, *held), 4)}
-    return to_checkpoint(dict(tree_flatten(heads.parameters())), cfg), facts
+    params = dict(tree_flatten(heads.parameters()))
+    return (to_qwen_checkpoint(params) if qwen else to_checkpoint(params, cfg)), facts
+
+
+def to_qwen_checkpoint(params: dict[str, Any]) -> dict[str, Any]:
+    """Qwen heads' parameters back under mtp.* in raw Hugging Face form (engine/zoo/mtp_qwen.py)."""
+    from engine.zoo.mtp_qwen import raw
+
+    named = {}
+    for name, value in params.items():
+        name = name.removeprefix("layers.0.")
+        named["mtp." + (name.replace("mtp_block.", "layers.0.") if name.startswith("mtp_block.") else name)] = value
+    return raw(named)
 
 
 def to_checkpoint(params: dict[str, Any], cfg: dict) -> dict[str, Any]:

@@ -37,11 +37,11 @@ def test_a_draft_model_equal_to_the_target_answers_as_plain_decoding_with_every_
     assert proposed > 0 and accepted == proposed
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3-mtp-trained", "glm4-moe-mtp", "qwen3-next-mtp", "qwen3.5-mtp"])
+@pytest.mark.parametrize("name", ["deepseek-v3-mtp-trained", "glm4-moe-mtp", "qwen3-next-mtp", "qwen3.5-mtp-trained"])
 def test_mtp_heads_answer_as_plain_decoding_and_really_propose(name: str) -> None:
-    # GLM's and Qwen's zoo heads are random: their drafts are proposed and (nearly) all rejected, Qwen's linear
-    # layers rolled back to each row's last kept token; DeepSeek's was trained on the main model's own greedy
-    # continuations (engine/zoo/mtp_train.py), so they are accepted too
+    # GLM's and Qwen3-Next's zoo heads are random: their drafts are proposed and (nearly) all rejected; DeepSeek's
+    # and Qwen3.5's were trained on the main model's own greedy continuations (engine/zoo/mtp_train.py), so they
+    # are accepted too (Qwen3.5's linear-attention states kept at each row's own last accepted token)
     plain = zoo_answers(name, 1, "off")
     spec = zoo_answers(name, 1, "mtp")
     assert_answers_equal(spec, plain)
