@@ -82,11 +82,24 @@ def _norm(name: str, value: mx.array) -> bool:
 
 def _block(main: Any, block: dict[str, mx.array]) -> dict[str, mx.array]:
     """The block's tensors through the family's sanitize under main layer 0's name (slot 0: below
-    num_hidden_layers, the fused-expert split of qwen3_5_moe included), back under mtp_block."""
+    num_hidden_layers, the fused-expert split of qwen3_5_moe included), back under mtp_block. Experts stored one
+    by one are stacked first: qwen3_5_moe's sanitize stacks only fused ones, and vLLM's qwen3_5_mtp.py reads both."""
     # Hugging Face's names for a Qwen3.5 language model; mlx-lm's qwen3_next reads model.layers
     prefix = "model.language_model.layers.0." if hasattr(main, "language_model") else "model.layers.0."
-    sanitized = main.sanitize({prefix + k: v for k, v in block.items()})
+    sanitized = main.sanitize({prefix + k: v for k, v in _stacked(block).items()})
     return {f"mtp_block.{k.split('layers.0.', 1)[1]}": v for k, v in sanitized.items()}
+
+
+def _stacked(block: dict[str, mx.array]) -> dict[str, mx.array]:
+    """mlp.experts.<e>.<proj>.<param> tensors as mlp.switch_mlp.<proj>.<param>, stacked in expert order."""
+    out, experts = {}, {}
+    for name, value in block.items():
+        parts = name.split(".")
+        if len(parts) > 3 and parts[1] == "experts" and parts[2].isdigit():
+            experts.setdefault(".".join([parts[0], "switch_mlp", *parts[3:]]), {})[int(parts[2])] = value
+        else:
+            out[name] = value
+    return out | {k: mx.stack([v[e] for e in sorted(v)]) for k, v in experts.items()}
 
 
 def zero_centred(main: Any, stored: dict[str, mx.array]) -> bool:

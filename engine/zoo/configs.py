@@ -93,15 +93,26 @@ def qwen3_5(c: dict) -> dict:
     }
 
 
+def qwen3_5_moe(c: dict) -> dict:
+    # Qwen3.5's mixture-of-experts checkpoints (35B-A3B and up): Qwen3-Next's experts in Qwen3.5's layers.
+    cfg = qwen3_5(c)
+    text = cfg["text_config"] | _moe() | {"model_type": "qwen3_5_moe_text"}
+    return cfg | {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+                  "text_config": text}
+
+
+def _moe() -> dict:
+    return {"decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": EXPERT_INTERMEDIATE,
+            "shared_expert_intermediate_size": EXPERT_INTERMEDIATE, "num_experts": EXPERTS,
+            "num_experts_per_tok": EXPERTS_PER_TOKEN, "norm_topk_prob": True, "output_router_logits": False,
+            "router_aux_loss_coef": 0.001}
+
+
 def qwen3_next(c: dict) -> dict:
     return c | _gated_deltanet(4) | {
         "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
         "rope_theta": 10000000.0, "rope_scaling": None,
-        "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": EXPERT_INTERMEDIATE,
-        "shared_expert_intermediate_size": EXPERT_INTERMEDIATE, "num_experts": EXPERTS,
-        "num_experts_per_tok": EXPERTS_PER_TOKEN, "norm_topk_prob": True, "output_router_logits": False,
-        "router_aux_loss_coef": 0.001,
-    }
+    } | _moe()
 
 
 def deepseek_v3(c: dict) -> dict:
@@ -163,6 +174,7 @@ def ministral3(c: dict) -> dict:
 
 _BUILDERS: dict[str, Callable[[dict], dict]] = {
     "llama": llama, "qwen3": qwen3, "qwen3-moe": qwen3_moe, "qwen3.5": qwen3_5, "qwen3-next": qwen3_next,
+    "qwen3.5-moe": qwen3_5_moe,
     "deepseek-v3": deepseek_v3, "gpt-oss": gpt_oss, "glm4-moe": glm4_moe, "ministral3": ministral3,
 }
 

@@ -57,7 +57,7 @@ def mtp_config(cfg: dict) -> dict:
 
 def main_tensors(cfg: dict, tensors: dict[str, Any]) -> dict[str, Any]:
     """The main model's tensors as the checkpoint stores them: Qwen's in raw Hugging Face form, others as mlx-lm's."""
-    return mtp_qwen.raw(tensors) if cfg["model_type"] in mtp_qwen.FAMILIES else tensors
+    return mtp_qwen.raw(tensors, cfg["model_type"]) if cfg["model_type"] in mtp_qwen.FAMILIES else tensors
 
 
 def head_tensors(cfg: dict, hidden: int, quiet_ids: list[int]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Zoo models carrying Qwen3-Next's and Qwen3.5's MTP layers (mtp.*), written as raw Hugging Face checkpoints.
 
 A real checkpoint with these heads is the Hugging Face one (mlx_lm.convert drops them), so these models are stored in
-its form, main layers and heads alike, all in model.safetensors: experts one by one, the conv1d weight as (channels,
-1, kernel), RMSNorm scales zero-centred (Qwen's RMSNorm multiplies by 1 + w; the Gated DeltaNet's gated norm does
+its form, main layers and heads alike, all in model.safetensors: experts one by one (Qwen3.5-MoE's fused, gate and
+up projections in one gate_up_proj, as mlx-lm's qwen3_5_moe reads them), the conv1d weight as (channels, 1, kernel), RMSNorm scales zero-centred (Qwen's RMSNorm multiplies by 1 + w; the Gated DeltaNet's gated norm does
 not), Qwen3.5's language model under model.language_model. mlx-lm's sanitize turns the main layers back into the
 family's zoo model (the same draws, by parameter name) and drops mtp.*.
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-FAMILIES = ("qwen3_next", "qwen3_5")
+FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+FUSED_EXPERTS = ("qwen3_5_moe",)
 # the parameters of the MTP module beside its decoder layer (vLLM's qwen3_next_mtp.py)
 OWN = ("fc", "norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden")
 
@@ -41,15 +42,23 @@ def head_tensors(cfg: dict, hidden: int, quiet_ids: list[int]) -> dict[str, Any]
     dims = args.hidden_size
     shapes |= {f"mtp.{part}.weight": (dims, 2 * dims) if part == "fc" else (dims,) for part in OWN}
     drawn = {name: mx.array(_value(family, name, shape, hidden, quiet_ids)) for name, shape in sorted(shapes.items())}
-    return raw(drawn)
+    return raw(drawn, family)
 
 
-def raw(tensors: dict[str, Any]) -> dict[str, Any]:
+def raw(tensors: dict[str, Any], family: str) -> dict[str, Any]:
     """mlx-lm's parameters (and mtp.*) in the Hugging Face checkpoint's form: what the family's sanitize undoes."""
     import mlx.core as mx
 
     out = {}
     for name, value in tensors.items():
+        if family in FUSED_EXPERTS and ".switch_mlp." in name:
+            if name.endswith("gate_proj.weight"):  # (experts, 2 * intermediate, hidden)
+                up = tensors[name.replace("gate_proj", "up_proj")]
+                out[_hf_name(name.replace("switch_mlp.gate_proj.weight", "experts.gate_up_proj"))] = \
+                    mx.concatenate([value, up], axis=-2)
+            elif name.endswith("down_proj.weight"):
+                out[_hf_name(name.replace("switch_mlp.down_proj.weight", "experts.down_proj"))] = value
+            continue
         if name.endswith(".weight") and "norm" in name.rsplit(".", 2)[-2] and ".linear_attn." not in name:
             value = value - 1.0
         if name.endswith("conv1d.weight"):

@@ -92,10 +92,10 @@ def trained(model: Any, cfg: dict, tensors: dict[str, Any], quiet_ids: list[int]
         mx.eval(heads.parameters(), optimizer.state)
     facts = {"held_out_agreement_before": round(before, 4), "held_out_agreement": round(agreement(heads, *held), 4)}
     params = dict(tree_flatten(heads.parameters()))
-    return (to_qwen_checkpoint(params) if qwen else to_checkpoint(params, cfg)), facts
+    return (to_qwen_checkpoint(params, cfg) if qwen else to_checkpoint(params, cfg)), facts
 
 
-def to_qwen_checkpoint(params: dict[str, Any]) -> dict[str, Any]:
+def to_qwen_checkpoint(params: dict[str, Any], cfg: dict) -> dict[str, Any]:
     """Qwen heads' parameters back under mtp.* in raw Hugging Face form (engine/zoo/mtp_qwen.py)."""
     from engine.zoo.mtp_qwen import raw
 
@@ -103,7 +103,7 @@ def to_qwen_checkpoint(params: dict[str, Any]) -> dict[str, Any]:
     for name, value in params.items():
         name = name.removeprefix("layers.0.")
         named["mtp." + (name.replace("mtp_block.", "layers.0.") if name.startswith("mtp_block.") else name)] = value
-    return raw(named)
+    return raw(named, cfg["model_type"])
 
 
 def to_checkpoint(params: dict[str, Any], cfg: dict) -> dict[str, Any]:

@@ -27,6 +27,7 @@ WIDE_MODELS = {family + WIDE_SUFFIX: family for family in ("llama", "deepseek-v3
 # A family carrying multi-token-prediction layers (engine/zoo/mtp.py), by family; "-trained": its head trained
 # on the main model's own greedy continuations, so drafts get accepted. Generated on request only.
 MTP_MODELS = {"deepseek-v3-mtp": "deepseek-v3", "glm4-moe-mtp": "glm4-moe", "deepseek-v3-mtp-trained": "deepseek-v3",
-              "qwen3-next-mtp": "qwen3-next", "qwen3.5-mtp": "qwen3.5", "qwen3.5-mtp-trained": "qwen3.5"}
+              "qwen3-next-mtp": "qwen3-next", "qwen3.5-mtp": "qwen3.5", "qwen3.5-mtp-trained": "qwen3.5",
+              "qwen3.5-moe-mtp": "qwen3.5-moe"}  # qwen3.5-moe: a family served with heads only (configs.py)
 # Every name MODEL=zoo-... accepts.
 SERVED_MODELS = ZOO_MODELS + tuple(WIDE_MODELS) + tuple(MTP_MODELS)

@@ -85,7 +85,7 @@ class _Group:
         return self._size
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3-mtp", "glm4-moe-mtp", "qwen3.5-mtp"])
+@pytest.mark.parametrize("name", ["deepseek-v3-mtp", "glm4-moe-mtp", "qwen3.5-mtp", "qwen3.5-moe-mtp"])
 def test_heads_split_over_two_ranks_exactly_as_a_main_moe_layer(name):
     from mlx.utils import tree_flatten
 
@@ -97,7 +97,7 @@ def test_heads_split_over_two_ranks_exactly_as_a_main_moe_layer(name):
         heads.shard(_Group(rank, 2))
         model.shard(_Group(rank, 2))
         split = dict(tree_flatten(heads.layers[0].mtp_block.parameters()))
-        # the last main layer: MoE as DeepSeek's and GLM's blocks; full attention as Qwen3.5's
+        # the last main layer: MoE as DeepSeek's and GLM's blocks; full attention as Qwen3.5's (MoE as well)
         main = dict(tree_flatten(model.model.layers[-1].parameters()))
         assert {k: v.shape for k, v in split.items()} == {k: v.shape for k, v in main.items()}
         assert any(split[k].shape != whole[k].shape for k in split)

@@ -19,7 +19,7 @@ from engine.zoo import ensure_zoo_model
 from tests.harness import MODEL_CACHE
 
 TOKENS = [[17, 230, 45, 600, 88, 91, 402], [5, 6, 7, 8, 9, 10, 11]]
-NAMES = ["qwen3-next-mtp", "qwen3.5-mtp"]
+NAMES = ["qwen3-next-mtp", "qwen3.5-mtp", "qwen3.5-moe-mtp"]
 
 
 def _raw(folder: Path) -> dict[str, mx.array]:
@@ -37,7 +37,8 @@ def _rms(x: mx.array, zero_centred: mx.array, eps: float) -> mx.array:
 def _reference(folder: Path, model, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
     """The reference over the raw tensors: e = pre_fc_norm_embedding(embed(x)) (zero at position 0, where no hidden
     precedes), g = pre_fc_norm_hidden(h), x = norm(layer(fc([e, g]))), logits = lm_head(x); the layer mlx-lm's
-    full-attention decoder layer of the family, given the checkpoint's tensors (experts stacked, norms 1 + w)."""
+    full-attention decoder layer of the family, given the checkpoint's tensors (experts stacked, Qwen3.5-MoE's
+    gate_up_proj split in halves, norms 1 + w)."""
     raw = _raw(folder)
     lm = getattr(model, "language_model", model)
     args = lm.args
@@ -50,7 +51,12 @@ def _reference(folder: Path, model, hidden: mx.array, tokens: mx.array) -> tuple
         if not name.startswith(p):
             continue
         rest = name[len(p):]
-        if ".experts." in rest:
+        if rest.endswith("experts.gate_up_proj"):
+            gate, up = mx.split(value, 2, axis=-2)
+            weights |= {"mlp.switch_mlp.gate_proj.weight": gate, "mlp.switch_mlp.up_proj.weight": up}
+        elif rest.endswith("experts.down_proj"):
+            weights["mlp.switch_mlp.down_proj.weight"] = value
+        elif ".experts." in rest:
             head, tail = rest.split(".experts.")
             e, proj = tail.split(".", 1)
             experts.setdefault(f"{head}.switch_mlp.{proj}", {})[int(e)] = value
@@ -89,15 +95,18 @@ def test_qwen_heads_load_from_a_raw_checkpoint_and_compute_the_reference_formula
     want = _reference(folder, model, hidden, tokens)
     _compare(heads, hidden, tokens, *want)
 
-    # the same model converted (main layers and heads in mlx-lm's form, every norm shifted already): heads in a
-    # file of their own beside it load to the same module, their norms not shifted twice
+    # the same model converted (main layers in mlx-lm's form, every norm shifted already): heads in a file of
+    # their own beside it, norms shifted and experts one by one, load to the same module, not shifted twice
     converted = tmp_path / "converted"
     shutil.copytree(folder, converted)
     mx.save_safetensors(str(converted / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    layer = heads.layers[0]
-    own = {f"mtp.{k}": v for k, v in tree_flatten(layer.parameters()) if not k.startswith("mtp_block.")}
-    block = {f"mtp.layers.0.{k.removeprefix('mtp_block.')}": v for k, v in tree_flatten(layer.parameters())
-             if k.startswith("mtp_block.")}
-    mx.save_safetensors(str(converted / "mtp.safetensors"), own | block)
+    heads_file = {}
+    for k, v in tree_flatten(heads.layers[0].parameters()):
+        k = "mtp." + k.replace("mtp_block.", "layers.0.")
+        if ".switch_mlp." in k:
+            heads_file |= {k.replace(".switch_mlp.", f".experts.{e}."): v[e] for e in range(v.shape[0])}
+        else:
+            heads_file[k] = v
+    mx.save_safetensors(str(converted / "mtp.safetensors"), heads_file)
     again, _ = load(str(converted))
     _compare(load_heads(again, converted), hidden, tokens, *want)
