@@ -3,11 +3,13 @@
 Follows vLLM's qwen3_next_mtp.py and qwen3_5_mtp.py: e = pre_fc_norm_embedding(embed(token)) (the main model's
 embedding), g = pre_fc_norm_hidden(h), x = fc([e, g]), x = norm(layers[j](x)) (layers[j]: a full-attention decoder
 layer of the family, its own KV cache); logits = the main lm_head(x), and x (after norm, as vLLM's forward returns
-it) is the hidden the next chained depth takes.
+it) is the hidden the next chained depth takes. A sequence's first entry, which no hidden precedes, is all zeros
+as for every family (engine/mtp/heads.py).
 
 Hugging Face stores these RMSNorms zero-centred (scale 1 + w, vLLM's Qwen3NextRMSNorm) where mlx-lm's sanitize
 adds 1.0 to the main model's: the heads' get the same shift exactly where the main model's got it (`zero_centred`),
-so raw checkpoints and conversions that shifted every norm both load right.
+so raw checkpoints and conversions that shifted every norm both load right (a raw heads file copied beside an
+already converted model would not: its norms would stay unshifted).
 """
 
 from __future__ import annotations
