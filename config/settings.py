@@ -122,7 +122,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # MAX_IMAGE_BYTES as a file and MAX_IMAGE_PIXELS as its header declares (checked before any pixel is decoded)
     MAX_IMAGES_PER_REQUEST: Annotated[int, Meta(ge=0)] = 16
     MAX_IMAGE_PIXELS: Positive = 33554432
-    MAX_IMAGE_BYTES: Positive = 10485760
+    MAX_IMAGE_BYTES: Positive = 5242880
     # http(s) image URLs: off (only data URLs and base64 are taken) or on (fetched from public addresses only,
     # within IMAGE_URL_TIMEOUT seconds and MAX_IMAGE_BYTES)
     IMAGE_URL_FETCH: Literal["off", "on"] = "off"
