@@ -22,7 +22,8 @@ StopSequence = Annotated[str, Meta(min_length=1)]
 
 
 class ImageSource(Struct, kw_only=True):
-    """An image block's source: base64 (data, media_type), url, or file (refused: no file store); serving.py checks it."""
+    """An image block's source: base64 (data, media_type), url, or file (refused: no file store); checked in
+    serving.py."""
 
     type: str
     media_type: str | UnsetType = UNSET

@@ -181,7 +181,7 @@ def engine_message(message: ChatMessage, param: str) -> dict[str, Any]:
 
 
 def _part(part: ContentPart, role: str, param: str) -> str | ImageRef:
-    if isinstance(part.image_url, ImageURL):
+    if part.type == "image_url" and isinstance(part.image_url, ImageURL):
         check_image_role(role, param)
         return ImageRef("url", part.image_url.url, f"{param}.image_url")
     assert isinstance(part.text, str)
