@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import random
 import struct
 import zlib
 
@@ -17,6 +18,14 @@ def image_file(fmt: str, size: tuple[int, int] = (3, 2), **options: object) -> b
     img.putpixel((0, 0), (0, 0, 255))
     out = io.BytesIO()
     img.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def noise_png(size: tuple[int, int]) -> bytes:
+    """A PNG of random pixels: it barely compresses, so its bytes grow with its size."""
+    pixels = random.Random(0).randbytes(size[0] * size[1] * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", size, pixels).save(out, "PNG")
     return out.getvalue()
 
 

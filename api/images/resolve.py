@@ -12,8 +12,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from functools import partial
 from typing import Any
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import unquote_to_bytes
+
+import anyio
 
 from api.errors import InvalidRequest
 from api.images.fetch import FetchRefused, fetch_image
@@ -24,6 +27,8 @@ from ipc import test_hooks
 
 # MCS_TEST_HOOKS=1 and this set to 1: image URLs on loopback are fetched (tests serve images from 127.0.0.1)
 ALLOW_LOOPBACK_HOOK = "MCS_IMAGE_FETCH_ALLOW_LOOPBACK"
+# images at least this large (as sent) are checked on a worker thread
+OFF_LOOP_BYTES = 256 * 1024
 
 
 async def resolve_images(messages: list[dict[str, Any]], settings: Settings,
@@ -40,8 +45,18 @@ async def resolve_images(messages: list[dict[str, Any]], settings: Settings,
     if allow_loopback is None:
         allow_loopback = test_hooks.hook(ALLOW_LOOPBACK_HOOK) == "1"
     for content, j in places:
-        ref = content[j]
-        content[j] = image_part(await _file_bytes(ref, settings, allow_loopback), ref.param, settings)
+        content[j] = await _resolved(content[j], settings, allow_loopback)
+
+
+async def _resolved(ref: ImageRef, settings: Settings, allow_loopback: bool) -> dict[str, Any]:
+    """The canonical part of ref; a large image is decoded and hashed on a worker thread (about 7 ms a MB here),
+    so the event loop keeps every other stream moving."""
+    if _is_http(ref):
+        data = await _fetched(ref, settings, allow_loopback)
+        size, work = len(data), partial(image_part, data, ref.param, settings)
+    else:
+        size, work = len(ref.value), partial(_inline_part, ref, settings)
+    return work() if size < OFF_LOOP_BYTES else await anyio.to_thread.run_sync(work)
 
 
 def image_part(data: bytes, param: str, settings: Settings) -> dict[str, Any]:
@@ -60,22 +75,31 @@ def image_part(data: bytes, param: str, settings: Settings) -> dict[str, Any]:
             "width": header.width, "height": header.height, "data": data}
 
 
-async def _file_bytes(ref: ImageRef, settings: Settings, allow_loopback: bool) -> bytes:
-    value = ref.value
-    if value[:5].lower() == "data:":
-        return _data_url(value, ref.param, settings)
+def _inline_part(ref: ImageRef, settings: Settings) -> dict[str, Any]:
+    return image_part(_inline_bytes(ref, settings), ref.param, settings)
+
+
+def _is_http(ref: ImageRef) -> bool:
+    return ref.kind == "url" and ref.value[:8].lower().startswith(("http://", "https://"))
+
+
+def _inline_bytes(ref: ImageRef, settings: Settings) -> bytes:
+    """The file of a data URL or bare base64; any other URL is refused here."""
+    if ref.value[:5].lower() == "data:":
+        return _data_url(ref.value, ref.param, settings)
     if ref.kind == "base64":
-        return _base64(value, ref.param, settings)
-    scheme = urlsplit(value).scheme.lower() if ":" in value[:12] else ""
-    if scheme not in ("http", "https"):
-        raise InvalidRequest(f"Invalid value for '{ref.param}': expected a data URL (data:image/png;base64,...) "
-                             "or an http(s) URL.", param=ref.param)
+        return _base64(ref.value, ref.param, settings)
+    raise InvalidRequest(f"Invalid value for '{ref.param}': expected a data URL (data:image/png;base64,...) or an "
+                         "http(s) URL.", param=ref.param)
+
+
+async def _fetched(ref: ImageRef, settings: Settings, allow_loopback: bool) -> bytes:
     if settings.IMAGE_URL_FETCH != "on":
         raise InvalidRequest(f"Invalid value for '{ref.param}': this server does not fetch image URLs "
                              "(IMAGE_URL_FETCH=off); send the image inline as a data URL "
                              "(data:image/png;base64,...).", param=ref.param)
     try:
-        return await fetch_image(value, max_bytes=settings.MAX_IMAGE_BYTES, timeout=settings.IMAGE_URL_TIMEOUT,
+        return await fetch_image(ref.value, max_bytes=settings.MAX_IMAGE_BYTES, timeout=settings.IMAGE_URL_TIMEOUT,
                                  allow_loopback=allow_loopback, own_hosts=settings.hosts)
     except FetchRefused as exc:
         raise InvalidRequest(f"Invalid value for '{ref.param}': {exc}.", param=ref.param) from None

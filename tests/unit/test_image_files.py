@@ -15,7 +15,8 @@ from api.images import ImageRef, resolve_images
 from api.images.fetch import address_problem
 from api.images.headers import ImageFormatError, read_header
 from config import load_settings
-from tests.images import GIF, JPEG, PNG, WEBP, animated_gif, b64, data_url, image_file, png_bomb
+from api.images.resolve import OFF_LOOP_BYTES
+from tests.images import GIF, JPEG, PNG, WEBP, animated_gif, b64, data_url, image_file, noise_png, png_bomb
 
 pytestmark = pytest.mark.anyio
 
@@ -55,6 +56,14 @@ async def test_each_format_becomes_the_canonical_part_from_its_own_bytes(name):
     part = await resolved(data_url(data, "image/png"))
     assert part == {"type": "image", "sha256": hashlib.sha256(data).hexdigest(), "media_type": media_type,
                     "width": width, "height": height, "data": data}
+
+
+async def test_a_large_image_checked_on_a_worker_thread_gives_the_same_part():
+    data = noise_png((400, 300))
+    assert len(data) > OFF_LOOP_BYTES
+    part = await resolved(b64(data), "base64")
+    assert (part["width"], part["height"], part["data"]) == (400, 300, data)
+    assert "truncated" in await refused(b64(data[:-1]), "base64")
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
