@@ -14,8 +14,8 @@ from api.errors import InvalidRequest
 from api.images import ImageRef, resolve_images
 from api.images.fetch import address_problem
 from api.images.headers import ImageFormatError, read_header
-from config import load_settings
 from api.images.resolve import OFF_LOOP_BYTES
+from config import load_settings
 from tests.images import GIF, JPEG, PNG, WEBP, animated_gif, b64, data_url, image_file, noise_png, png_bomb
 
 pytestmark = pytest.mark.anyio
