@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import anyio
+from starlette.requests import Request
 
 from api.errors import InvalidRequest
 from api.images.fetch import FetchRefused, fetch_image
@@ -31,21 +32,36 @@ ALLOW_LOOPBACK_HOOK = "MCS_IMAGE_FETCH_ALLOW_LOOPBACK"
 OFF_LOOP_BYTES = 256 * 1024
 
 
+async def take_images(request: Request, messages: list[dict[str, Any]], settings: Settings) -> None:
+    """resolve_images for a route, keeping the field each image came in for the engine's errors (client_field)."""
+    request.state.image_fields = await resolve_images(messages, settings)
+
+
+def client_field(request: Request, param: str) -> str:
+    """The field the client sent for the engine's name of an image part (messages[i].content[j]); else param."""
+    fields = getattr(request.state, "image_fields", None) or {}
+    return fields.get(param, param)
+
+
 async def resolve_images(messages: list[dict[str, Any]], settings: Settings,
-                         allow_loopback: bool | None = None) -> None:
-    """Replace every ImageRef among messages' content parts with its canonical part; raises InvalidRequest."""
-    places = [(content, j) for m in messages if isinstance(content := m.get("content"), list)
+                         allow_loopback: bool | None = None) -> dict[str, str]:
+    """Replace every ImageRef among messages' content parts with its canonical part; raises InvalidRequest.
+    Returns each image's place as the engine names it (messages[i].content[j]) -> the client's field."""
+    places = [(content, j, i) for i, m in enumerate(messages) if isinstance(content := m.get("content"), list)
               for j, part in enumerate(content) if isinstance(part, ImageRef)]
     limit = settings.MAX_IMAGES_PER_REQUEST
     if len(places) > limit:
-        content, j = places[limit]
+        content, j, _ = places[limit]
         raise InvalidRequest(f"Invalid value for '{content[j].param}': the request carries {len(places)} images, "
                              f"more than this server's limit of {limit} (MAX_IMAGES_PER_REQUEST); send fewer.",
                              param=content[j].param)
     if allow_loopback is None:
         allow_loopback = test_hooks.hook(ALLOW_LOOPBACK_HOOK) == "1"
-    for content, j in places:
+    fields = {}
+    for content, j, i in places:
+        fields[f"messages[{i}].content[{j}]"] = content[j].param
         content[j] = await _resolved(content[j], settings, allow_loopback)
+    return fields
 
 
 async def _resolved(ref: ImageRef, settings: Settings, allow_loopback: bool) -> dict[str, Any]:

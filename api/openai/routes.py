@@ -15,7 +15,7 @@ from api.access import access_record
 from api.bodies import check_message_count, json_response, read_request
 from api.errors import APIError, EngineUnavailable, ModelNotFound
 from api.generation import Renderer, respond
-from api.images import resolve_images
+from api.images import take_images
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from api.openai.render import ChatRenderer, CompletionRenderer
 from api.openai.serving import chat_generate, completion_generate, new_request_id
@@ -56,7 +56,7 @@ class OpenAIRoutes(DialectRoutes):
         settings = await self.served.fresh(req.model)
         msg = translate(req, request_id, settings)
         logger.debug("%s prompt: %r", request_id, msg.messages if kind == "chat" else msg.prompt)
-        await resolve_images(msg.messages, settings)
+        await take_images(request, msg.messages, settings)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(
             request,

@@ -19,7 +19,7 @@ from api.access import access_record
 from api.bodies import ParamError, check_message_count, decode, json_response, read_body, read_request, require_json
 from api.errors import InvalidRequest
 from api.generation import CLIENT_CLOSED, until_disconnect
-from api.images import resolve_images
+from api.images import take_images
 from api.openai.protocol import ChatMessage
 from api.openai.serving import engine_message, engine_tools
 from api.request_checks import Refusal, check_model, refuse_unsupported
@@ -164,7 +164,7 @@ class TokenRoutes(DialectRoutes):
         req = await read_tokenize_request(request, self.settings)
         settings = await self.served.fresh(req.model)
         msg = tokenize_message(req, settings)
-        await resolve_images(msg.messages, settings)
+        await take_images(request, msg.messages, settings)
         reply = await until_disconnect(request, lambda: self.engine.tokenize(msg, self.settings.REQUEST_TIMEOUT))
         if reply is None:
             return _client_gone(request)

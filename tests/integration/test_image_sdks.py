@@ -31,15 +31,16 @@ def test_openai_chat_image_url(client):
             {"type": "text", "text": "what is this?"},
             {"type": "image_url", "image_url": {"url": data_url(PNG), "detail": "low"}}]}])
     assert info.value.status_code == 400 and REFUSAL in info.value.body["message"]
-    assert info.value.body["param"] == "messages[0].content[1]"
+    assert info.value.body["param"] == "messages[0].content[1].image_url"
 
 
 def test_openai_responses_input_image(client):
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="default", max_output_tokens=4, input=[{"role": "user", "content": [
-            {"type": "input_text", "text": "what is this?"},
-            {"type": "input_image", "image_url": data_url(PNG), "detail": "auto"}]}])
+        client.responses.create(model="default", max_output_tokens=4, instructions="be brief", input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
+                                         {"type": "input_image", "image_url": data_url(PNG), "detail": "auto"}]}])
     assert info.value.status_code == 400 and REFUSAL in info.value.body["message"]
+    assert info.value.body["param"] == "input[0].content[1].image_url"
 
 
 def test_anthropic_image_block(claude):

@@ -173,13 +173,19 @@ async def test_models_and_show_say_vision_only_for_a_model_that_takes_images(eng
         assert ("vision" in show["capabilities"]) is vision
 
 
-async def test_the_engines_refusal_reaches_each_dialect(engine, client):
+async def test_the_engines_refusal_reaches_each_dialect_naming_the_field_the_client_sent(engine, client):
     message = "model test-model does not take images; serve a vision-language model (docs/vision.md) or send text only"
     engine.refuse(ipc.Error(status=400, message=message, param="messages[0].content[0]"))
     r = await client.post("/v1/chat/completions", json={**OPENAI, "messages": [
         {"role": "user", "content": [image_url(PNG)]}]})
     assert r.status_code == 400 and r.json()["error"] == {"message": message, "type": "invalid_request_error",
-                                                          "param": "messages[0].content[0]", "code": None}
+                                                          "param": "messages[0].content[0].image_url", "code": None}
+    # the instructions are the engine's first message: its messages[1] is the client's input[0]
+    engine.refuse(ipc.Error(status=400, message=message, param="messages[1].content[1]"))
+    r = await client.post("/v1/responses", json={**OPENAI, "instructions": "be brief", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "x"},
+                                     {"type": "input_image", "image_url": data_url(PNG)}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].image_url"
     r = await client.post("/api/chat", json={**OPENAI, "stream": False, "messages": [
         {"role": "user", "content": "", "images": [b64(PNG)]}]})
     assert r.status_code == 400 and "does not take images" in r.json()["error"]
