@@ -75,8 +75,9 @@ def _check_url(url: str) -> None:
     except ValueError:
         raise FetchRefused("the image URL is not a valid URL") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise FetchRefused(f"the image URL redirected to {parts.scheme or 'a relative'} URL; only http(s) URLs "
-                           "are fetched")
+        shown = url if len(url) <= 60 else url[:57] + "..."
+        raise FetchRefused(f"the image URL (or a redirect) leads to {shown!r}, which has no host or is not http(s); "
+                           "only http(s) URLs are fetched")
 
 
 async def _body(response: Any, max_bytes: int) -> bytes:
