@@ -23,6 +23,7 @@ from api.engine_client import SocketEngineClient
 from api.errors import APIError, MethodNotAllowed, NotFound
 from api.generation import CLIENT_CLOSED
 from api.health import Health
+from api.images import client_field
 from api.metrics import Metrics
 from api.ollama.routes import OllamaRoutes
 from api.openai.routes import OpenAIRoutes
@@ -92,6 +93,8 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     record.outcome = record.outcome or exc.code or exc.type  # the access line and dashboard name the error
     if exc.status >= 500:
         logger.warning("%s %s: %s", record.request_id, escape(request.url.path), escape(exc.message))
+    if exc.from_engine and exc.param:
+        exc.param = client_field(request, exc.param)  # the engine names an image by its place in the Generate
     return _render(exc, path=request.url.path)
 
 

@@ -118,6 +118,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     MAX_MESSAGES: Positive = 2048
     BODY_READ_TIMEOUT: Seconds = 30.0
+    # images in requests (docs/vision.md): at most MAX_IMAGES_PER_REQUEST (0: none taken), each within
+    # MAX_IMAGE_BYTES as a file and MAX_IMAGE_PIXELS as its header declares (checked before any pixel is decoded)
+    MAX_IMAGES_PER_REQUEST: Annotated[int, Meta(ge=0)] = 16
+    MAX_IMAGE_PIXELS: Positive = 33554432
+    MAX_IMAGE_BYTES: Positive = 5242880
+    # http(s) image URLs: off (only data URLs and base64 are taken) or on (fetched from public addresses only,
+    # within IMAGE_URL_TIMEOUT seconds and MAX_IMAGE_BYTES)
+    IMAGE_URL_FETCH: Literal["off", "on"] = "off"
+    IMAGE_URL_TIMEOUT: Seconds = 10.0
     CORS_ORIGINS: str = ""
     OUTPUT_BUFFER_EVENTS: Annotated[int, Meta(ge=16)] = 4096
     # speculative decoding: off, ngram (prompt lookup), draft (DRAFT_MODEL proposes) or mtp (the model's own
@@ -252,6 +261,11 @@ HINTS = {
     "MAX_FRAME_BYTES": f"an integer of bytes >= {MIN_FRAME_BYTES} (the engine's own answers take a few KB)",
     "MAX_REQUEST_BYTES": "an integer of bytes >= 1024",
     "BODY_READ_TIMEOUT": "a number of seconds > 0",
+    "MAX_IMAGES_PER_REQUEST": "an integer >= 0 (0: no images taken)",
+    "MAX_IMAGE_PIXELS": "a positive integer (width times height of one image)",
+    "MAX_IMAGE_BYTES": "a positive integer of bytes (one image file)",
+    "IMAGE_URL_FETCH": "one of off, on (fetch http(s) image URLs from public addresses)",
+    "IMAGE_URL_TIMEOUT": "a number of seconds > 0",
 }
 
 # a host name or address for ssh and mlx.launch; never with a leading "-", which ssh would read as an option

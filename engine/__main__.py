@@ -366,7 +366,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     test_hooks=test_hooks.ENABLED)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
-                    max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
+                    max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE, model=settings.model_name,
+                    vision=loaded.facts.vision)
     server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
     if joined.size > 1:
         server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 SWITCH = "MCS_TEST_HOOKS"
 # ENGINE_FAILPOINT: engine/decoding/sampling.py; MCS_SPREAD_TEST_*: engine/spread/hooks.py;
-# MCS_LINKS_TEST_EXIT: engine/link_check.py
+# MCS_LINKS_TEST_EXIT: engine/link_check.py (the API's own, never forwarded: MCS_IMAGE_FETCH_ALLOW_LOOPBACK,
+# api/images/resolve.py)
 HOOKS = ("ENGINE_FAILPOINT", "MCS_SPREAD_TEST_FREE_BYTES", "MCS_SPREAD_TEST_PAUSE", "MCS_SPREAD_TEST_EXIT",
          "MCS_LINKS_TEST_EXIT")
 ENABLED = os.environ.get(SWITCH) == "1"

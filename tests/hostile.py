@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from engine.modelgen.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
 from ipc import Detokenize, Generate, SamplingParams, Tokenize
+from tests.images import PNG, data_url
 
 VOCAB = 1024  # the demo model's vocabulary: top_k and token ids around it are the interesting ones
 
@@ -114,9 +115,12 @@ tool_choices = mostly(st.none() | st.sampled_from(["auto", "none", "required"])
 good_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
                                       "content": mostly(st.text(max_size=40), typed_text, odds=3)})
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "banana"]) | st.integers(0, 3)
+# an OpenAI image part as a client sends it: a real file, an empty or damaged one, a URL the server may not fetch
+image_urls = st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries({
+    "url": st.sampled_from([data_url(PNG), data_url(PNG[:40]), "data:,", "http://127.0.0.1:1/a.png"]) | small_text})})
 contents = (small_text | typed_text | st.none() | st.integers()
-            | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": small_text}),
-                       max_size=2))
+            | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": small_text})
+                       | image_urls, max_size=2))
 bad_message = st.fixed_dictionaries({"role": roles, "content": contents}, optional={
     "tool_call_id": small_text, "name": small_text,
     "tool_calls": st.lists(st.fixed_dictionaries({"id": small_text, "type": st.just("function"), "function":
@@ -124,6 +128,14 @@ bad_message = st.fixed_dictionaries({"role": roles, "content": contents}, option
                            max_size=2) | json_values,
     "reasoning_content": small_text | typed_text})
 messages = st.lists(mostly(good_message, bad_message), min_size=1, max_size=4) | st.just([])
+# the canonical image part on the socket, its fields anything their types admit (the API checks real ones)
+image_parts = st.fixed_dictionaries({"type": st.just("image"), "sha256": small_text,
+                                     "media_type": st.sampled_from(["image/png", "image/gif", ""]) | small_text,
+                                     "width": ints, "height": ints, "data": st.binary(max_size=48)})
+socket_messages = messages | st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "tool"]), "content":
+                                      st.lists(image_parts | st.fixed_dictionaries({"type": st.just("text"),
+                                                                                      "text": small_text}),
+                                               min_size=1, max_size=3)}), min_size=1, max_size=2)
 
 
 def _finite(low: float, high: float) -> st.SearchStrategy[float]:
@@ -155,7 +167,7 @@ generates = st.builds(
     request_id=request_ids,
     kind=st.sampled_from(["chat", "completion"]),
     params=sampling,
-    messages=messages,
+    messages=socket_messages,
     tools=tools,
     prompt=mostly(st.text(min_size=1, max_size=40) | st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8),
                   st.text(max_size=40) | st.lists(ints, max_size=8)),
@@ -233,7 +245,7 @@ tokenizes = st.builds(
     Tokenize,
     kind=st.sampled_from(["chat", "completion"]),
     prompt=st.text(max_size=200),
-    messages=messages,
+    messages=socket_messages,
     tools=tools,
     enable_thinking=st.none() | st.booleans(),
     add_generation_prompt=st.booleans(),

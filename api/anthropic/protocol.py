@@ -2,7 +2,7 @@
 
 Request structs tolerate unknown fields: Claude Code sends beta features (context_management,
 cache_control, ...) that change nothing here. Content blocks are one loose Struct
-checked in api/anthropic/serving.py, so a refused block (an image) is named with its place.
+checked in api/anthropic/serving.py, so a refused block (a document) is named with its place.
 """
 
 from __future__ import annotations
@@ -21,6 +21,17 @@ StopSequence = Annotated[str, Meta(min_length=1)]
 # ---------------------------------------------------------------- requests
 
 
+class ImageSource(Struct, kw_only=True):
+    """An image block's source: base64 (data, media_type), url, or file (refused: no file store); checked in
+    serving.py."""
+
+    type: str
+    media_type: str | UnsetType = UNSET
+    data: str | UnsetType = UNSET
+    url: str | UnsetType = UNSET
+    file_id: str | UnsetType = UNSET
+
+
 class ContentBlock(Struct, kw_only=True):
     """Any content block (text, tool_use, tool_result, thinking, image, ...); serving.py checks its fields."""
 
@@ -36,6 +47,8 @@ class ContentBlock(Struct, kw_only=True):
     is_error: bool = False
     # thinking
     thinking: str | UnsetType = UNSET
+    # image
+    source: ImageSource | UnsetType = UNSET
 
 
 class InputMessage(Struct, kw_only=True):

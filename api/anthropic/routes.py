@@ -17,6 +17,7 @@ from api.anthropic.serving import count_generate, messages_generate, new_message
 from api.anthropic.streaming import message_stream
 from api.bodies import check_message_count, json_response, read_request
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
+from api.images import take_images
 from api.served import DialectRoutes
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class AnthropicRoutes(DialectRoutes):
         settings = await self.served.fresh(req.model)
         msg = messages_generate(req, request_id, settings)
         logger.debug("%s prompt: %r", request_id, msg.messages)
+        await take_images(request, msg.messages, settings)
         return await respond(request, self.engine, msg, MessageRenderer(request_id, settings.model_name, False),
                              stream=req.stream, timeout=self.settings.REQUEST_TIMEOUT, streamer=message_stream)
 
@@ -47,7 +49,9 @@ class AnthropicRoutes(DialectRoutes):
         record = access_record(request)
         record.request_id = new_message_id()
         req: CountTokensRequest = await self._read(request, _count_decoder)
-        msg = count_generate(req, record.request_id, await self.served.fresh(req.model))
+        settings = await self.served.fresh(req.model)
+        msg = count_generate(req, record.request_id, settings)
+        await take_images(request, msg.messages, settings)
         # tool_choice "none" hides the tools from the prompt, as a generation does
         tokenize = ipc.Tokenize(kind="chat", messages=msg.messages, enable_thinking=msg.enable_thinking,
                                 reasoning_effort=msg.reasoning_effort,

@@ -15,6 +15,7 @@ from msgspec import UNSET
 import ipc
 from api.anthropic.protocol import ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, Tool, ToolChoice
 from api.errors import InvalidRequest
+from api.images import ImageRef, message_content
 from api.request_checks import check_depth, check_model, max_tokens_within
 from api.schemas import closed
 from config import Settings
@@ -138,10 +139,31 @@ def _text_of(block: ContentBlock, param: str) -> str:
 
 
 def _refuse(block: ContentBlock, param: str, accepted: str) -> None:
-    if block.type in ("image", "document"):
-        raise InvalidRequest(f"Invalid value for '{param}.type': {block.type} content blocks are not supported by "
-                             "this server (text only).", param=f"{param}.type")
+    if block.type == "image":
+        raise InvalidRequest(f"Invalid value for '{param}.type': image blocks are taken in user messages and tool "
+                             "results only; move the image to a user message.", param=f"{param}.type")
+    if block.type == "document":
+        raise InvalidRequest(f"Invalid value for '{param}.type': document content blocks are not supported by "
+                             "this server (text and images only).", param=f"{param}.type")
     raise InvalidRequest(f"Invalid value for '{param}.type': {block.type!r} ({accepted}).", param=f"{param}.type")
+
+
+def _text_or_image(block: ContentBlock, param: str) -> str | ImageRef:
+    """A user message's or a tool result's block: text, or an image (base64 or url source)."""
+    if block.type != "image":
+        return _text_of(block, param)
+    source = block.source
+    if source is UNSET:
+        raise InvalidRequest(f"Missing required parameter: '{param}.source'.", param=f"{param}.source")
+    if source.type == "base64" and source.data is not UNSET:
+        return ImageRef("base64", source.data, f"{param}.source")
+    if source.type == "url" and source.url is not UNSET:
+        return ImageRef("url", source.url, f"{param}.source")
+    if source.type in ("base64", "url"):
+        field = "data" if source.type == "base64" else "url"
+        raise InvalidRequest(f"Missing required parameter: '{param}.source.{field}'.", param=f"{param}.source.{field}")
+    raise InvalidRequest(f"Invalid value for '{param}.source.type': {source.type[:40]!r}; this server takes base64 "
+                         "and url sources (it keeps no files).", param=f"{param}.source.type")
 
 
 def _engine_message(message: InputMessage, param: str) -> list[dict[str, Any]]:
@@ -151,15 +173,17 @@ def _engine_message(message: InputMessage, param: str) -> list[dict[str, Any]]:
     if message.role == "assistant":
         return [_assistant(message.content, f"{param}.content")]
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    items: list[str | ImageRef] = []
     for i, block in enumerate(message.content):
         where = f"{param}.content[{i}]"
         if block.type == "tool_result" and message.role == "user":
             out.append(_tool_result(block, where))
+        elif message.role == "user":
+            items.append(_text_or_image(block, where))
         else:
-            texts.append(_text_of(block, where))
-    if texts or not out:
-        out.append({"role": message.role, "content": "\n".join(texts)})
+            items.append(_text_of(block, where))
+    if items or not out:
+        out.append({"role": message.role, "content": message_content(items)})
     return out
 
 
@@ -189,11 +213,11 @@ def _assistant(blocks: list[ContentBlock], param: str) -> dict[str, Any]:
 def _tool_result(block: ContentBlock, param: str) -> dict[str, Any]:
     if block.tool_use_id is UNSET:
         raise InvalidRequest(f"Missing required parameter: '{param}.tool_use_id'.", param=f"{param}.tool_use_id")
-    content = block.content if block.content is not UNSET else ""
+    content: Any = block.content if block.content is not UNSET else ""
     if not isinstance(content, str):
-        content = "\n".join(_text_of(b, f"{param}.content[{i}]") for i, b in enumerate(content))
+        content = message_content([_text_or_image(b, f"{param}.content[{i}]") for i, b in enumerate(content)])
     if block.is_error:
-        content = f"Error: {content}"
+        content = f"Error: {content}" if isinstance(content, str) else [{"type": "text", "text": "Error:"}, *content]
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
 
 

@@ -84,11 +84,13 @@ def running(info: ipc.Info, settings: Settings) -> RunningModel:
 
 def capabilities(info: ipc.Info) -> list[str]:
     """completion; tools when the model's tool calls are parsed (assumed of an engine that does not say);
-    thinking when its tokenizer knows think markers."""
+    vision when it takes images; thinking when its tokenizer knows think markers (Ollama's order)."""
     facts = info.facts
     out = ["completion"]
     if facts is None or facts.tool_calling:
         out.append("tools")
+    if facts is not None and facts.vision:
+        out.append("vision")
     if facts is not None and facts.thinking:
         out.append("thinking")
     return out

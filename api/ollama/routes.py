@@ -16,6 +16,7 @@ from api.access import access_record, escape
 from api.bodies import check_message_count, decode, json_response, read_body, require_json_from_browsers
 from api.errors import APIError, EngineUnavailable, InvalidRequest, NotSupported
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
+from api.images import take_images
 from api.ollama import models
 from api.ollama.protocol import (ChatRequest, GenerateRequest, ModelList, Options, RunningModels, ShowRequest,
                                  Version)
@@ -123,6 +124,7 @@ class OllamaRoutes(DialectRoutes):
 
     async def _run(self, request: Request, msg: ipc.Generate, renderer: OllamaRenderer, stream: bool) -> Response:
         logger.debug("%s prompt: %r", msg.request_id, msg.messages if msg.kind == "chat" else msg.prompt)
+        await take_images(request, msg.messages, self.settings)
         timeout = self.settings.REQUEST_TIMEOUT
         if stream:
             return await respond(request, self.engine, msg, renderer, stream=True, timeout=timeout,

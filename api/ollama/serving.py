@@ -16,6 +16,7 @@ import msgspec
 
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
+from api.images import ImageRef, check_image_role, message_content
 from api.ollama.protocol import ChatRequest, Format, GenerateRequest, Message, Options, Think
 from api.request_checks import MODEL_ALIAS, Refusal, check_depth, max_tokens_within, server_max_tokens
 from api.schemas import closed
@@ -79,7 +80,7 @@ def generate_generate(req: GenerateRequest, request_id: str, settings: Settings)
         return ipc.Generate(request_id=request_id, kind="completion", params=params, prompt=req.prompt or "",
                             json_schema=json_schema(req.format))
     messages = [{"role": "system", "content": req.system}] if req.system else []
-    messages.append({"role": "user", "content": req.prompt or ""})
+    messages.append({"role": "user", "content": _with_images(req.prompt or "", req.images, "images")})
     return ipc.Generate(request_id=request_id, kind="chat", params=params, messages=messages,
                         json_schema=json_schema(req.format), enable_thinking=thinking(req.think),
                         reasoning_effort=effort(req.think))
@@ -97,13 +98,17 @@ def _refuse_generate_fields(req: GenerateRequest) -> None:
         raise InvalidRequest("Unsupported parameter: 'context' (deprecated by Ollama) is not supported by this "
                              "server; send the conversation to /api/chat instead.", param="context",
                              code="unsupported_parameter")
-    if req.images:
-        raise _no_images("images")
+    if req.images and req.raw:
+        raise InvalidRequest("Invalid value for 'images': raw mode sends the prompt as text, without the chat "
+                             "template that places images; drop raw to send images.", param="images")
 
 
-def _no_images(param: str) -> InvalidRequest:
-    return InvalidRequest(f"Unsupported parameter: '{param}': images are not supported by this server (text only).",
-                          param=param, code="unsupported_parameter")
+def _with_images(text: str, images: list[str] | None, param: str) -> str | list[Any]:
+    """A message's content with its images (base64) after its text, in order, as Ollama places them."""
+    if not images:
+        return text
+    return message_content(([text] if text else []) + [ImageRef("base64", image, f"{param}[{k}]")
+                                                       for k, image in enumerate(images)])
 
 
 def sampling(options: Options | None, settings: Settings, logprobs: bool | None,
@@ -179,8 +184,9 @@ def engine_messages(messages: list[Message]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if m.images:
-            raise _no_images(f"{where}.images")
-        message: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            check_image_role(m.role, f"{where}.images")
+        content = _with_images(m.content or "", m.images, f"{where}.images")
+        message: dict[str, Any] = {"role": m.role, "content": content}
         if m.role == "assistant" and m.tool_calls:
             message["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]", f"call_{i}_{j}")
                                      for j, c in enumerate(m.tool_calls)]

@@ -26,17 +26,28 @@ CompletionMaxTokens = Annotated[int, Meta(ge=0)]
 # ---------------------------------------------------------------- requests
 
 
+class ImageURL(Struct, kw_only=True):
+    # a data URL, or an http(s) URL where IMAGE_URL_FETCH allows; the model's own processor sizes the image, so
+    # detail is taken as the hint OpenAI calls it and changes nothing here (docs/vision.md)
+    url: str
+    detail: Literal["auto", "low", "high", "original"] | None = None
+
+
 class ContentPart(Struct, kw_only=True):
-    """One part of a message's content; only text parts are supported."""
+    """One part of a message's content: text, or an image (user and tool messages)."""
 
     type: str
     text: str | UnsetType = UNSET
+    image_url: ImageURL | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         if self.type == "image_url":
-            raise ParamError("images are not supported", "type")
+            if self.image_url is UNSET:
+                raise ParamError("an image_url content part needs an 'image_url' object with a 'url'", "image_url")
+            return
         if self.type != "text":
-            raise ParamError(f"content parts of type {self.type!r} are not supported; use 'text'", "type")
+            raise ParamError(f"content parts of type {self.type!r} are not supported; use 'text' or 'image_url'",
+                             "type")
         if self.text is UNSET:
             raise ParamError("a text content part needs a 'text' field", "text")
 
@@ -324,6 +335,8 @@ class Model(Struct, kw_only=True):
     owned_by: str = "mlx-cluster-serve"
     # non-OpenAI extensions
     context_length: int
+    # what a request may carry: ["text"], or ["text", "image"] for a model that takes images (docs/vision.md)
+    input_modalities: list[str] = msgspec.field(default_factory=lambda: ["text"])
 
 
 class ModelList(Struct, kw_only=True):

@@ -15,6 +15,7 @@ from api.access import access_record
 from api.bodies import check_message_count, json_response, read_request
 from api.errors import APIError, EngineUnavailable, ModelNotFound
 from api.generation import Renderer, respond
+from api.images import take_images
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from api.openai.render import ChatRenderer, CompletionRenderer
 from api.openai.serving import chat_generate, completion_generate, new_request_id
@@ -55,6 +56,7 @@ class OpenAIRoutes(DialectRoutes):
         settings = await self.served.fresh(req.model)
         msg = translate(req, request_id, settings)
         logger.debug("%s prompt: %r", request_id, msg.messages if kind == "chat" else msg.prompt)
+        await take_images(request, msg.messages, settings)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(
             request,
@@ -85,5 +87,7 @@ class OpenAIRoutes(DialectRoutes):
             info = self.engine.last_info
             if info is None:
                 raise EngineUnavailable(f"the model list is not known yet: {exc.message}") from None
-        return Model(id=self.served.settings().model_name, created=info.created, context_length=info.context_length)
+        vision = info.facts is not None and info.facts.vision
+        return Model(id=self.served.settings().model_name, created=info.created, context_length=info.context_length,
+                     input_modalities=["text", "image"] if vision else ["text"])
 

@@ -15,7 +15,9 @@ from msgspec import UNSET
 import ipc
 from ipc.messages import REASONING_EFFORTS
 from api.errors import InvalidRequest
-from api.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
+from api.images import ImageRef, check_image_role, message_content
+from api.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ContentPart, ImageURL, \
+    ResponseFormat
 from api.request_checks import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
 from api.request_fields import TOKEN_ID_MAX, Tool
 from api.schemas import closed
@@ -54,7 +56,7 @@ def chat_generate(req: ChatCompletionRequest, request_id: str, settings: Setting
         request_id=request_id,
         kind="chat",
         params=_sampling(req, limit, param, settings, logprobs=bool(req.logprobs), top=req.top_logprobs or 0),
-        messages=[engine_message(m) for m in req.messages],
+        messages=[engine_message(m, f"messages[{i}]") for i, m in enumerate(req.messages)],
         tools=tools,
         tool_choice=_tool_choice(req.tool_choice, tools),
         parallel_tool_calls=req.parallel_tool_calls is not False,
@@ -154,11 +156,13 @@ def engine_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
     return out
 
 
-def engine_message(message: ChatMessage) -> dict[str, Any]:
-    """A plain dict for the engine's chat template: text parts joined, developer read as system."""
+def engine_message(message: ChatMessage, param: str) -> dict[str, Any]:
+    """A plain dict for the engine's chat template: text parts joined (images kept in place among them as
+    ImageRefs, which the route resolves), developer read as system."""
     out = msgspec.to_builtins(message)
     if isinstance(message.content, list):
-        out["content"] = "\n".join(part.text for part in message.content)  # type: ignore[misc]
+        out["content"] = message_content([_part(part, message.role, f"{param}.content[{j}]")
+                                          for j, part in enumerate(message.content)])
     elif message.content is None:
         out["content"] = ""  # templates concatenate content; an assistant turn of only tool calls has none
     if message.role == "developer":
@@ -174,6 +178,14 @@ def engine_message(message: ChatMessage) -> dict[str, Any]:
                                      param="messages") from None
             check_depth(call["function"]["arguments"], "messages")
     return out
+
+
+def _part(part: ContentPart, role: str, param: str) -> str | ImageRef:
+    if part.type == "image_url" and isinstance(part.image_url, ImageURL):
+        check_image_role(role, param)
+        return ImageRef("url", part.image_url.url, f"{param}.image_url")
+    assert isinstance(part.text, str)
+    return part.text
 
 
 def _engine_prompt(prompt: str | list[Any]) -> str | list[int]:

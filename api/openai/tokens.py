@@ -19,6 +19,7 @@ from api.access import access_record
 from api.bodies import ParamError, check_message_count, decode, json_response, read_body, read_request, require_json
 from api.errors import InvalidRequest
 from api.generation import CLIENT_CLOSED, until_disconnect
+from api.images import take_images
 from api.openai.protocol import ChatMessage
 from api.openai.serving import engine_message, engine_tools
 from api.request_checks import Refusal, check_model, refuse_unsupported
@@ -106,7 +107,7 @@ def tokenize_message(req: TokenizeRequest, settings: Settings) -> ipc.Tokenize:
     refuse_unsupported(req, REFUSED_TOKENIZE_CHAT)
     return ipc.Tokenize(
         kind="chat",
-        messages=[engine_message(m) for m in req.messages],
+        messages=[engine_message(m, f"messages[{i}]") for i, m in enumerate(req.messages)],
         tools=engine_tools(req.tools),
         enable_thinking=_enable_thinking(req.chat_template_kwargs),
         add_generation_prompt=req.add_generation_prompt,
@@ -161,7 +162,9 @@ class TokenRoutes(DialectRoutes):
 
     async def tokenize(self, request: Request) -> Response:
         req = await read_tokenize_request(request, self.settings)
-        msg = tokenize_message(req, await self.served.fresh(req.model))
+        settings = await self.served.fresh(req.model)
+        msg = tokenize_message(req, settings)
+        await take_images(request, msg.messages, settings)
         reply = await until_disconnect(request, lambda: self.engine.tokenize(msg, self.settings.REQUEST_TIMEOUT))
         if reply is None:
             return _client_gone(request)

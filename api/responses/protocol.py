@@ -26,6 +26,10 @@ class InputContent(Struct, kw_only=True):
     type: str
     text: str | UnsetType = UNSET
     refusal: str | UnsetType = UNSET
+    # input_image: a data URL (or an http(s) URL where IMAGE_URL_FETCH allows); file_id is refused (no file store)
+    image_url: str | None | UnsetType = UNSET
+    file_id: str | None | UnsetType = UNSET
+    detail: Literal["auto", "low", "high", "original"] | None | UnsetType = UNSET
 
 
 class InputItem(Struct, kw_only=True):

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from api.access import access_record
 from api.bodies import check_message_count, json_response, read_request
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
+from api.images import take_images
 from api.responses.protocol import ResponsesRequest
 from api.responses.render import ResponseRenderer
 from api.responses.serving import new_response_id, responses_generate
@@ -33,6 +34,7 @@ class ResponsesRoutes(DialectRoutes):
         settings = await self.served.fresh(req.model)
         msg, toolset = responses_generate(req, request_id, settings)
         logger.debug("%s prompt: %r", request_id, msg.messages)
+        await take_images(request, msg.messages, settings)
         renderer = ResponseRenderer(request_id, settings.model_name, req, toolset, msg.params.logprobs)
         timeout = self.settings.REQUEST_TIMEOUT
         if req.stream:

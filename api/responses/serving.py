@@ -19,6 +19,7 @@ import ipc
 from ipc.messages import REASONING_EFFORTS
 from api.access import escape
 from api.errors import InvalidRequest
+from api.images import ImageRef, check_image_role, message_content
 from api.request_checks import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
 from api.responses.protocol import InputContent, InputItem, ResponsesRequest, ResponseTool, TextConfig, ToolChoice
 from api.schemas import closed
@@ -165,14 +166,14 @@ def _message(item: InputItem, param: str) -> dict[str, Any]:
         raise InvalidRequest(f"Missing required parameter: '{param}.role'.", param=f"{param}.role")
     if item.content is UNSET or item.content is None:
         raise InvalidRequest(f"Missing required parameter: '{param}.content'.", param=f"{param}.content")
-    content = item.content
+    content: Any = item.content
     if not isinstance(content, str):
-        content = "\n".join(_part_text(part, f"{param}.content[{j}]") for j, part in enumerate(content))
+        content = message_content([_part(part, item.role, f"{param}.content[{j}]") for j, part in enumerate(content)])
     # developer is read as system, as the chat endpoint does
     return {"role": "system" if item.role == "developer" else item.role, "content": content}
 
 
-def _part_text(part: InputContent, param: str) -> str:
+def _part(part: InputContent, role: str, param: str) -> str | ImageRef:
     if part.type in ("input_text", "output_text"):
         if part.text is UNSET:
             raise InvalidRequest(f"Missing required parameter: '{param}.text'.", param=f"{param}.text")
@@ -181,13 +182,28 @@ def _part_text(part: InputContent, param: str) -> str:
         if part.refusal is UNSET:
             raise InvalidRequest(f"Missing required parameter: '{param}.refusal'.", param=f"{param}.refusal")
         return part.refusal
-    raise _refused_part(part.type, param, "input_text, output_text, refusal")
+    if part.type == "input_image":
+        check_image_role(role, param)
+        return _image(part.image_url, part.file_id, param)
+    raise _refused_part(part.type, param, "input_text, output_text, refusal, input_image")
+
+
+def _image(url: Any, file_id: Any, param: str) -> ImageRef:
+    """An input_image's image_url; a file_id names a file in OpenAI's store, which this server does not have."""
+    if isinstance(file_id, str):
+        raise InvalidRequest(f"Invalid value for '{param}.file_id': this server keeps no files; send the image in "
+                             "image_url as a data URL (data:image/png;base64,...) or an http(s) URL.",
+                             param=f"{param}.file_id")
+    if not isinstance(url, str):
+        raise InvalidRequest(f"Missing required parameter: '{param}.image_url' (a data URL or an http(s) URL).",
+                             param=f"{param}.image_url")
+    return ImageRef("url", url, f"{param}.image_url")
 
 
 def _refused_part(kind: str, param: str, accepted: str) -> InvalidRequest:
-    if kind in ("input_image", "input_file", "input_audio"):
+    if kind in ("input_file", "input_audio"):
         return InvalidRequest(f"Invalid value for '{param}.type': {kind} content is not supported by this server "
-                              "(text only).", param=f"{param}.type")
+                              "(text and images only).", param=f"{param}.type")
     return InvalidRequest(f"Invalid value for '{param}.type': {_shown(kind)} (accepted: {accepted}).",
                           param=f"{param}.type")
 
@@ -223,21 +239,24 @@ def _function_call_output(item: InputItem, param: str) -> dict[str, Any]:
     if output is UNSET:
         raise InvalidRequest(f"Missing required parameter: '{param}.output'.", param=f"{param}.output")
     if isinstance(output, list):
-        texts = []
-        for j, part in enumerate(output):
-            where = f"{param}.output[{j}]"
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "input_text":
-                raise _refused_part(kind if isinstance(kind, str) else repr(part)[:40], where, "input_text")
-            if not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"Missing required parameter: '{where}.text'.", param=f"{where}.text")
-            texts.append(part["text"])
-        output = "\n".join(texts)
+        output = message_content([_output_part(part, f"{param}.output[{j}]") for j, part in enumerate(output)])
     elif not isinstance(output, str):
         raise InvalidRequest(f"Invalid value for '{param}.output': send the call's result as a string or a list of "
-                             "input_text parts.", param=f"{param}.output")
+                             "input_text and input_image parts.", param=f"{param}.output")
     # the chat endpoint's tool message, key for key
     return {"role": "tool", "content": output, "tool_call_id": item.call_id}
+
+
+def _output_part(part: Any, param: str) -> str | ImageRef:
+    """A part of a function call's output (loose JSON): input_text, or input_image (a screenshot a tool took)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "input_image":
+        return _image(part.get("image_url"), part.get("file_id"), param)
+    if kind != "input_text":
+        raise _refused_part(kind if isinstance(kind, str) else repr(part)[:40], param, "input_text, input_image")
+    if not isinstance(part.get("text"), str):
+        raise InvalidRequest(f"Missing required parameter: '{param}.text'.", param=f"{param}.text")
+    return part["text"]
 
 
 # ---------------------------------------------------------------- tools

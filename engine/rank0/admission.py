@@ -193,7 +193,7 @@ class Prompter:
 
     def tokenize(self, msg: Tokenize) -> Tokenized:
         """The answer to a Tokenize: the ids a Generate of the same prompt would run; raises Refused."""
-        validate.check_tokenize(msg)
+        validate.check_tokenize(msg, self.limits)
         special = msg.add_special_tokens
         if msg.kind == "chat":
             tokens = self.chat_tokens(msg.messages, msg.tools, msg.enable_thinking,

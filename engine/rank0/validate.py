@@ -47,6 +47,8 @@ class Limits:
     context_length: int
     max_batch: int
     max_queue: int
+    model: str = ""  # the served name, for messages
+    vision: bool = False  # the model takes image parts (ModelFacts.vision)
 
     @property
     def capacity(self) -> int:
@@ -61,7 +63,7 @@ def check(gen: Generate, limits: Limits) -> Generate:
                       "'_.:-' (no '/', which names the choices of a request)", "request_id")
     params = _sampling(gen.params, limits, echo=gen.echo and gen.kind == "completion")
     if gen.kind == "chat":
-        _messages(gen.messages)
+        _messages(gen.messages, limits)
         _tools(gen.tools, gen.tool_choice)
         _json_only(gen.tools, "tools")
         _reasoning_effort(gen.reasoning_effort)
@@ -71,10 +73,10 @@ def check(gen: Generate, limits: Limits) -> Generate:
     return gen
 
 
-def check_tokenize(msg: Tokenize) -> None:
+def check_tokenize(msg: Tokenize, limits: Limits) -> None:
     """A chat is checked as a Generate's chat would be; raises Refused."""
     if msg.kind == "chat":
-        _messages(msg.messages)
+        _messages(msg.messages, limits)
         _tools(msg.tools, None)
         _json_only(msg.tools, "tools")
         _reasoning_effort(msg.reasoning_effort)
@@ -151,10 +153,22 @@ def _finite_in(name: str, value: float, low: float, high: float) -> None:
         raise Refused(f"{name} must be a finite number {span}, got {value}", name)
 
 
-def _messages(messages: list[dict[str, Any]]) -> None:
+def _messages(messages: list[dict[str, Any]], limits: Limits) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m.get("role"), str):
             raise Refused(f"messages[{i}] needs a string 'role'", f"messages[{i}].role")
+        if not limits.vision:
+            _no_images(m.get("content"), i, limits.model)
+
+
+def _no_images(content: Any, i: int, model: str) -> None:
+    """A model without vision is refused any image part: its chat template would drop or garble it unseen."""
+    if not isinstance(content, list):
+        return
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "image":
+            raise Refused(f"model {model} does not take images; serve a vision-language model (docs/vision.md) "
+                          "or send text only", f"messages[{i}].content[{j}]")
 
 
 def _tools(tools: list[dict[str, Any]] | None, choice: Any) -> None:

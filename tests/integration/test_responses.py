@@ -114,7 +114,7 @@ def test_a_codex_shaped_request_calls_a_namespaced_tool(client):
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]},
-     "input[0].content[0].type"),
+     "input[0].content[0].image_url"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
 ])
 def test_bad_requests_are_400_in_openai_shape(client, change, param):

@@ -117,7 +117,7 @@ def test_a_tokenize_or_detokenize_the_engine_cannot_run_is_refused_naming_its_pa
     msg, param = TOKENIZE_REFUSED[case]
     with pytest.raises(Refused) as info:
         if isinstance(msg, Tokenize):
-            validate.check_tokenize(msg)
+            validate.check_tokenize(msg, LIMITS)
         else:
             validate.check_detokenize(msg, LIMITS)
     assert (info.value.error.status, info.value.error.param) == (400, param)
@@ -125,8 +125,8 @@ def test_a_tokenize_or_detokenize_the_engine_cannot_run_is_refused_naming_its_pa
 
 def test_valid_tokenize_and_detokenize_pass() -> None:
     validate.check_tokenize(Tokenize(kind="chat", messages=[{"role": "user", "content": "hi"}], tools=[TOOL],
-                                     add_generation_prompt=False, continue_final_message=True))
-    validate.check_tokenize(Tokenize(kind="completion", prompt="", messages=[{"no": "role"}]))
+                                     add_generation_prompt=False, continue_final_message=True), LIMITS)
+    validate.check_tokenize(Tokenize(kind="completion", prompt="", messages=[{"no": "role"}]), LIMITS)
     validate.check_detokenize(Detokenize(tokens=[0, 999] * (LIMITS.context_length // 2)), LIMITS)
     validate.check_detokenize(Detokenize(tokens=[]), LIMITS)
 

@@ -182,7 +182,8 @@ async def test_error_after_headers_is_an_error_event(engine, client):
 
 
 @pytest.mark.parametrize(("change", "param"), [
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "messages[0].content[0].source.type"),
     ({"max_tokens": None}, "max_tokens"),
     ({"temperature": 1.5}, "temperature"),
     ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "tool_choice.name"),
@@ -199,10 +200,10 @@ async def test_bad_requests_answer_anthropic_400(engine, client, change, param):
     assert not engine.generates
 
 
-async def test_image_is_named(engine, client):
+async def test_image_without_data_is_named(engine, client):
     r = await client.post("/v1/messages", json={**BODY, "messages": [
         {"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]})
-    assert "image" in r.json()["error"]["message"]
+    assert "'messages[0].content[0].source.data'" in r.json()["error"]["message"]
 
 
 async def test_unknown_model_is_not_found_error(engine, client):

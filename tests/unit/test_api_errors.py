@@ -65,11 +65,11 @@ async def test_unknown_fields_are_tolerated_and_logged_at_debug(engine, client, 
     assert "ignoring unknown fields of ChatCompletionRequest: metadata, store" in caplog.text
 
 
-async def test_images_are_refused(client):
+async def test_an_empty_image_is_refused_naming_its_part(client):
     content = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
     r = await client.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": content}]})
-    error = assert_error(r, 400, param="messages[0].content[1].type")
-    assert "images are not supported" in error["message"]
+    error = assert_error(r, 400, param="messages[0].content[1].image_url")
+    assert "unsupported image format" in error["message"]
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]"])

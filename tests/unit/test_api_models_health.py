@@ -15,6 +15,7 @@ MODEL = {
     "created": 1_700_000_000,
     "owned_by": "mlx-cluster-serve",
     "context_length": 4096,
+    "input_modalities": ["text"],
 }
 
 

@@ -248,7 +248,7 @@ async def test_generate_stream(engine, client):
     ({"suffix": "end"}, ["'suffix'", "not supported"]),
     ({"template": "{{ .Prompt }}"}, ["'template'", "raw"]),
     ({"context": [1, 2]}, ["'context'", "/api/chat"]),
-    ({"images": ["AAAA"]}, ["'images'", "text only"]),
+    ({"images": ["AAAA"], "raw": True}, ["'images'", "drop raw"]),
     ({"raw": True, "system": "x"}, ["'system'", "raw"]),
 ])
 async def test_generate_refusals(engine, client, extra, words):
@@ -280,7 +280,8 @@ async def test_unknown_model_is_a_404(engine, client, body, words):
 
 
 @pytest.mark.parametrize(("body", "words"), [
-    ({**CHAT, "messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]}, ["'messages[0].images'"]),
+    ({**CHAT, "messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]},
+     ["'messages[0].images[0]'", "unsupported image format"]),
     ({**CHAT, "options": {"mirostat": 2}}, ["'options.mirostat'", "not available"]),
     ({**CHAT, "options": {"typical_p": 0.7}}, ["'options.typical_p'"]),
     ({**CHAT, "options": {"tfs_z": 0.9}}, ["'options.tfs_z'"]),

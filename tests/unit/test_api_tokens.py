@@ -96,7 +96,7 @@ for _ in range(70):
     ({"messages": []}, "messages", None),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", None),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages[0].content[0].type", None),
+     "messages[0].content[0].image_url.url", None),
     ({**CHAT, "continue_final_message": True}, "continue_final_message", None),
     ({**CHAT, "chat_template": "{{ messages }}"}, "chat_template", "unsupported_parameter"),
     ({**CHAT, "mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs", "unsupported_parameter"),
