@@ -97,6 +97,7 @@ class ModelFacts(msgspec.Struct, frozen=True, kw_only=True):
     chat_template: str = ""
     thinking: bool = False  # the tokenizer knows think markers
     tool_calling: bool = False  # the tokenizer knows tool-call markers
+    vision: bool = False  # the model takes images (a vision-language model whose tower the engine loaded)
 
 
 class Info(Msg):

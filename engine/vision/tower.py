@@ -1,0 +1,49 @@
+"""Rank 0's vision tower: the family module that matches the checkpoint, loaded with mlx-vlm's classes.
+
+A Tower answers: marker (the text the chat template writes for an image), expansion (what replaces each marker
+before tokenizing, as the family's processor does), image_token_id, tokens_per_image, weight_bytes, and
+features(PIL image) -> mx.array [tokens_per_image, hidden]: the rows the language model embeds at those tokens.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+
+
+def family(config: dict) -> str | None:
+    """The vision family whose module matches config.json, or None for a text-only model."""
+    from engine.vision.families import FAMILIES
+
+    if not config.get("vision_config"):
+        return None
+    for name in FAMILIES:
+        if importlib.import_module(f"engine.vision.families.{name}").matches(config):
+            return name
+    return None
+
+
+def load_tower(folder: Path, config: dict) -> Any | None:
+    name = family(config)
+    if name is None:
+        return None
+    return importlib.import_module(f"engine.vision.families.{name}").load(folder, config)
+
+
+def load_prefixed(folder: Path, parts: dict[str, Any], sanitize: Callable[[dict], dict] | None = None) -> int:
+    """Load each module of `parts` from the checkpoint's tensors under its prefix (strictly); the bytes loaded."""
+    weights: dict[str, mx.array] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update({k: v for k, v in mx.load(str(file)).items() if k.startswith(tuple(parts))})
+    total = 0
+    for prefix, module in parts.items():
+        own = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+        if sanitize is not None and prefix == next(iter(parts)):
+            own = sanitize(own)
+        module.load_weights(list(own.items()), strict=True)
+        total += sum(v.nbytes for v in own.values())
+    mx.eval([m.parameters() for m in parts.values()])
+    return total
