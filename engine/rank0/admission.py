@@ -201,7 +201,7 @@ class Prompter:
         except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
             raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
         if parts:
-            text = self.vision.expand(text)
+            text = self.vision.expand(text, parts)
         if marked is None:
             tokens = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         else:

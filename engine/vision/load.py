@@ -27,6 +27,5 @@ def vision_prompts(settings: Any, loaded: Any):
     from engine.vision.prompt import VisionPrompts
 
     tower = load_tower(Path(loaded.path), loaded.config)
-    log.info("vision tower (%s) loaded on rank 0: %.1f MiB, %d tokens per image", family(loaded.config),
-             tower.weight_bytes / 2**20, tower.tokens_per_image)
+    log.info("vision tower (%s) loaded on rank 0: %.1f MiB", family(loaded.config), tower.weight_bytes / 2**20)
     return VisionPrompts(tower)

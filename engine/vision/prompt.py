@@ -29,29 +29,60 @@ def image_parts(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any
     return found
 
 
+class _Image:
+    """One picture as rank 0 remembers it: its text in the prompt, its image token count, its features."""
+
+    __slots__ = ("image", "expansion", "count", "rows")
+
+    def __init__(self, image: Any, expansion: str, count: int):
+        self.image, self.expansion, self.count = image, expansion, count
+        self.rows: ImageRows | None = None
+
+
 class VisionPrompts:
     """The tower's side of rank 0's prompts; features are computed once per image content while remembered."""
 
     def __init__(self, tower: Any, remembered: int = 64):
         self.tower = tower
         self.ids = ImageIds()
-        self.rows: OrderedDict[int, ImageRows] = OrderedDict()  # by first id
+        self.images: OrderedDict[str, _Image] = OrderedDict()  # by sha256
+        self.rows: OrderedDict[int, ImageRows] = OrderedDict()  # by first id: what an Insert carries
         self.remembered = remembered
         self._lock = threading.Lock()  # tokenizer lanes run in parallel; the tower runs one image at a time
 
-    def expand(self, text: str) -> str:
-        return text.replace(self.tower.marker, self.tower.expansion)
+    def expand(self, text: str, parts: list[tuple[str, dict[str, Any]]]) -> str:
+        """The rendered chat with each image's marker replaced as the family's processor replaces it; raises Refused."""
+        pieces = text.split(self.tower.marker)
+        if len(pieces) - 1 != len(parts):
+            raise Refused(f"the chat template placed {len(pieces) - 1} image(s) but the messages hold {len(parts)}; "
+                          "put images in user messages only", parts[0][0] if parts else "messages")
+        out = [pieces[0]]
+        for piece, (field, part) in zip(pieces[1:], parts):
+            out += [self._image(field, part).expansion, piece]
+        return "".join(out)
 
     def place(self, tokens: list[int], parts: list[tuple[str, dict[str, Any]]]) -> list[int]:
-        """tokens with each image's run of image tokens replaced by its ids; raises Refused."""
-        runs = _runs(tokens, self.tower.image_token_id, self.tower.tokens_per_image)
-        if len(runs) != len(parts):
-            raise Refused(f"the chat template placed {len(runs)} image(s) but the messages hold {len(parts)}; "
-                          "put images in user messages only", parts[0][0] if parts else "messages")
-        out = list(tokens)
-        for start, (field, part) in zip(runs, parts):
-            ids = self._ids(field, part)
-            out[start:start + len(ids)] = ids
+        """tokens with each image's image tokens (in order) replaced by its own ids; raises Refused."""
+        from engine.vision.table import encode
+
+        at = [i for i, t in enumerate(tokens) if t == self.tower.image_token_id]
+        out, cursor = list(tokens), 0
+        for field, part in parts:
+            image = self._image(field, part)
+            with self._lock:
+                ids = self.ids.ids(part["sha256"], image.count)
+                if image.rows is None or image.rows.first != ids[0]:
+                    image.rows = encode(self.tower.features(image.image), ids[0])
+                self.rows[ids[0]] = image.rows
+                self.rows.move_to_end(ids[0])
+                while len(self.rows) > self.remembered:
+                    self.rows.popitem(last=False)
+            if image.rows.rows != image.count or cursor + image.count > len(at):
+                raise Refused("the image's tokens do not match its features; this model's chat template may "
+                              "not support images", field)
+            for i, token in zip(at[cursor:cursor + image.count], ids):
+                out[i] = token
+            cursor += image.count
         return out
 
     def image_rows(self, tokens: list[int]) -> list[ImageRows]:
@@ -59,22 +90,22 @@ class VisionPrompts:
         with self._lock:
             return [self.rows[t] for t in dict.fromkeys(t for t in tokens if t >= FIRST) if t in self.rows]
 
-    def _ids(self, field: str, part: dict[str, Any]) -> list[int]:
-        from engine.vision.table import encode
-
+    def _image(self, field: str, part: dict[str, Any]) -> _Image:
         sha = part.get("sha256")
         if not isinstance(sha, str) or not isinstance(part.get("data"), bytes):
             raise Refused("an image part needs its sha256 and data bytes", field)
         with self._lock:
-            ids = self.ids.ids(sha, self.tower.tokens_per_image)
-            if ids[0] in self.rows:
-                self.rows.move_to_end(ids[0])
-                return ids
-            image = _decode(part["data"], field)
-            self.rows[ids[0]] = encode(self.tower.features(image), ids[0])
-            while len(self.rows) > self.remembered:
-                self.rows.popitem(last=False)
-        return ids
+            if sha in self.images:
+                self.images.move_to_end(sha)
+                return self.images[sha]
+        picture = _decode(part["data"], field)
+        expansion = self.tower.expansion(picture)
+        image = _Image(picture, expansion, expansion.count(self.tower.image_token))
+        with self._lock:
+            self.images[sha] = image
+            while len(self.images) > self.remembered:
+                self.images.popitem(last=False)
+        return image
 
 
 def _decode(data: bytes, field: str):
@@ -85,15 +116,3 @@ def _decode(data: bytes, field: str):
         return load_image(io.BytesIO(data))
     except Exception as exc:  # PIL raises several kinds for a file it cannot read
         raise Refused(f"the image cannot be decoded ({exc}); send a PNG, JPEG, WebP or GIF file", field) from None
-
-
-def _runs(tokens: list[int], image_id: int, length: int) -> list[int]:
-    """Start of every run of `length` image tokens."""
-    starts, i = [], 0
-    while i < len(tokens):
-        if tokens[i] == image_id:
-            starts.append(i)
-            i += length
-        else:
-            i += 1
-    return starts

@@ -1,8 +1,9 @@
 """Rank 0's vision tower: the family module that matches the checkpoint, loaded with mlx-vlm's classes.
 
-A Tower answers: marker (the text the chat template writes for an image), expansion (what replaces each marker
-before tokenizing, as the family's processor does), image_token_id, tokens_per_image, weight_bytes, and
-features(PIL image) -> mx.array [tokens_per_image, hidden]: the rows the language model embeds at those tokens.
+A Tower answers: marker (the text the chat template writes for an image), image_token and image_token_id (the
+placeholder the processor repeats), weight_bytes, expansion(PIL image) -> str (what replaces the image's marker
+before tokenizing, as the family's processor writes it), and features(PIL image) -> mx.array [n, hidden]: the rows
+the language model embeds at the n placeholders of that expansion, in order.
 """
 
 from __future__ import annotations

@@ -32,11 +32,14 @@ class Gemma3Tower:
         processor = Gemma3Processor.from_pretrained(str(folder))
         self.image_processor = processor.image_processor
         self.marker = processor.boi_token  # what the chat template writes where an image goes
-        self.expansion = processor.full_image_sequence  # what the processor writes in its place
-        self.image_token_id = processor.image_token_id
+        self.full_sequence = processor.full_image_sequence  # what the processor writes in its place
+        self.image_token, self.image_token_id = processor.image_token, processor.image_token_id
         self.tokens_per_image = processor.image_seq_length
         self.scale = cfg.hidden_size ** 0.5
         self.dtype = self.projector.mm_input_projection_weight.dtype
+
+    def expansion(self, image) -> str:
+        return self.full_sequence
 
     def features(self, image) -> mx.array:
         """[tokens_per_image, text hidden] rows for one PIL image, as mlx-vlm's get_input_embeddings makes them."""
