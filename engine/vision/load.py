@@ -26,6 +26,6 @@ def vision_prompts(settings: Any, loaded: Any):
         return None
     from engine.vision.prompt import VisionPrompts
 
-    tower = load_tower(Path(loaded.path), loaded.config)
-    log.info("vision tower (%s) loaded on rank 0: %.1f MiB", family(loaded.config), tower.weight_bytes / 2**20)
-    return VisionPrompts(tower)
+    prompts = VisionPrompts(lambda: load_tower(Path(loaded.path), loaded.config))
+    log.info("vision tower (%s) loaded on rank 0: %.1f MiB", family(loaded.config), prompts.tower.weight_bytes / 2**20)
+    return prompts

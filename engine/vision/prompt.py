@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from engine.lockstep.plan import ImageRows
@@ -42,13 +43,16 @@ class _Image:
 class VisionPrompts:
     """The tower's side of rank 0's prompts; features are computed once per image content while remembered."""
 
-    def __init__(self, tower: Any, remembered: int = 64):
-        self.tower = tower
+    def __init__(self, make_tower, remembered: int = 64):
         self.ids = ImageIds()
         self.images: OrderedDict[str, _Image] = OrderedDict()  # by sha256
         self.rows: OrderedDict[int, ImageRows] = OrderedDict()  # by first id: what an Insert carries
         self.remembered = remembered
-        self._lock = threading.Lock()  # tokenizer lanes run in parallel; the tower runs one image at a time
+        self._lock = threading.Lock()  # tokenizer lanes run in parallel
+        # MLX keeps streams per thread, and a module may hold arrays its first call builds: the tower always runs
+        # in this one thread, one image at a time
+        self._tower_thread = ThreadPoolExecutor(1, thread_name_prefix="vision-tower")
+        self.tower = self.run(make_tower)  # built there too: its arrays belong to that thread's streams
 
     def expand(self, text: str, parts: list[tuple[str, dict[str, Any]]]) -> str:
         """The rendered chat with each image's marker replaced as the family's processor replaces it; raises Refused."""
@@ -72,7 +76,7 @@ class VisionPrompts:
             with self._lock:
                 ids = self.ids.ids(part["sha256"], image.count)
                 if image.rows is None or image.rows.first != ids[0]:
-                    image.rows = encode(self.tower.features(image.image), ids[0])
+                    image.rows = self.run(lambda: encode(self.tower.features(image.image), ids[0]))
                 self.rows[ids[0]] = image.rows
                 self.rows.move_to_end(ids[0])
                 while len(self.rows) > self.remembered:
@@ -84,6 +88,10 @@ class VisionPrompts:
                 out[i] = token
             cursor += image.count
         return out
+
+    def run(self, work):
+        """work() in the tower's thread."""
+        return self._tower_thread.submit(work).result()
 
     def image_rows(self, tokens: list[int]) -> list[ImageRows]:
         """The features of every image whose ids are in tokens (placed by place())."""
@@ -99,7 +107,7 @@ class VisionPrompts:
                 self.images.move_to_end(sha)
                 return self.images[sha]
         picture = _decode(part["data"], field)
-        expansion = self.tower.expansion(picture)
+        expansion = self.run(lambda: self.tower.expansion(picture))
         image = _Image(picture, expansion, expansion.count(self.tower.image_token))
         with self._lock:
             self.images[sha] = image

@@ -1,7 +1,9 @@
 """Zoo vision-language models: tiny random-weight checkpoints built from mlx-vlm's own classes, written as a
 Hugging Face-style folder that mlx-vlm loads whole (tower, projector, processor) and mlx-lm loads the text part of.
 
-One family so far, Gemma 3: a fixed number of image tokens per image (config mm_tokens_per_image), no M-RoPE.
+gemma3-vision: a fixed number of image tokens per image (config mm_tokens_per_image), no M-RoPE; mlx-lm's gemma3
+cannot be split over ranks. mistral3-vision: a Pixtral tower whose token count follows the picture's size (rows of
+[IMG] ending in [IMG_BREAK], then [IMG_END]) and a Llama-style text model that mlx-lm shards.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ IMAGE_SIZE, PATCH, TOKENS_PER_IMAGE = 64, 4, 16
 TEXT_HIDDEN, VISION_HIDDEN = 64, 32
 
 
-def template() -> str:
-    """The zoo's ChatML template, with an image part rendered as Gemma 3's template renders it."""
+def template(marker: str = BOI) -> str:
+    """The zoo's ChatML template, with an image part rendered as the family's template renders it (its marker)."""
     text = "{%- if part is mapping and part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
     image = ("{%- if part is mapping and part.type == 'text' -%}{{- part.text -}}"
-             "{%- elif part is mapping and part.type == 'image' -%}{{- '" + BOI + "' -}}{%- endif -%}")
+             "{%- elif part is mapping and part.type == 'image' -%}{{- '" + marker + "' -}}{%- endif -%}")
     source = chat_template()
     if text not in source:
         raise RuntimeError("engine/modelgen/chat_template.jinja changed: update engine/zoo/vision.py")
@@ -68,6 +70,14 @@ def _draw(name: str, shape: tuple[int, ...], quiet: list[int]):
 
 def generate(name: str, out: Path) -> dict:
     """Write every file of vision zoo model `name` into `out`; return the facts for its marker."""
+    if name == "mistral3-vision":
+        from engine.zoo.vision_mistral3 import generate as mistral3
+
+        return mistral3(out)
+    return _gemma3(out)
+
+
+def _gemma3(out: Path) -> dict:
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_vlm.models import gemma3
