@@ -367,7 +367,8 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     test_hooks=test_hooks.ENABLED)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
-                    max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
+                    max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE,
+                    vision=loaded.image_table is not None, model=settings.model_name)
     prompter = Prompter(tokenizer, limits, grammars, kv, vision=vision_prompts(settings, loaded),
                         model_name=settings.model_name)
     server = EngineServer(settings, prompter, counters, inbound, info)

@@ -21,7 +21,7 @@ from engine.rank0.reasoning import ReasoningLevels, template_source
 from engine.rank0.requests import Request
 from engine.rank0.text_only import ClientText
 from engine.rank0.tool_prompt import renders_tools, with_tools_described
-from engine.vision.prompt import image_parts
+from engine.vision.parts import image_parts, refuse_images
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
 log = logging.getLogger(__name__)
@@ -182,10 +182,9 @@ class Prompter:
         its own ids and its features are computed, engine/vision); raises Refused."""
         if not messages:
             raise Refused("messages must contain at least one message", "messages")
+        if self.vision is None:  # a Tokenize too: validate.check refused a Generate's already
+            refuse_images(messages, self.model_name)
         parts = image_parts(messages)
-        if parts and self.vision is None:
-            raise Refused(f"model {self.model_name} does not take images; serve a vision-language model "
-                          "(docs/vision.md) or send text only", parts[0][0])
         options = self.reasoning.options(reasoning_effort, enable_thinking)
         if continue_final_message:
             options["continue_final_message"] = True

@@ -19,6 +19,7 @@ from ipc import Detokenize, Generate, SamplingParams, Tokenize
 from ipc.messages import REASONING_EFFORTS
 
 from engine.rank0.errors import Refused
+from engine.vision.parts import refuse_images
 
 # What one request may ask for, whatever the API in front allows.
 MAX_CHOICES = 128
@@ -47,6 +48,8 @@ class Limits:
     context_length: int
     max_batch: int
     max_queue: int
+    vision: bool = False  # the model takes images (engine/vision)
+    model: str = "this model"  # its name, for the refusal of an image it cannot take
 
     @property
     def capacity(self) -> int:
@@ -62,6 +65,8 @@ def check(gen: Generate, limits: Limits) -> Generate:
     params = _sampling(gen.params, limits, echo=gen.echo and gen.kind == "completion")
     if gen.kind == "chat":
         _messages(gen.messages)
+        if not limits.vision:
+            refuse_images(gen.messages, limits.model)
         _tools(gen.tools, gen.tool_choice)
         _json_only(gen.tools, "tools")
         _reasoning_effort(gen.reasoning_effort)

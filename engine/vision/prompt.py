@@ -18,18 +18,6 @@ from engine.rank0.errors import Refused
 from engine.vision.ids import FIRST, ImageIds
 
 
-def image_parts(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """(field path, part) of every image part, in the order the template meets them."""
-    found = []
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if isinstance(part, dict) and part.get("type") == "image":
-                    found.append((f"messages[{i}].content[{j}]", part))
-    return found
-
-
 class _Image:
     """One picture as rank 0 remembers it: its text in the prompt, its image token count, its features."""
 

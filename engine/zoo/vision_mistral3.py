@@ -6,9 +6,9 @@ from pathlib import Path
 
 from engine.modelgen.store import write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
+from engine.zoo.vision import CONTEXT, VOCAB, template
 
 IMG, BREAK, END = "[IMG]", "[IMG_BREAK]", "[IMG_END]"
-VOCAB, CONTEXT = 1024, 4096
 # pictures fit in 64 pixels (longest edge), in 4-pixel patches merged 2 x 2: at most 8 x 8 image tokens
 LONGEST, PATCH, MERGE = 64, 4, 2
 TEXT_HIDDEN = 64
@@ -36,7 +36,6 @@ def generate(out: Path) -> dict:
     from mlx_vlm.models import mistral3
     from mlx_vlm.utils import update_module_configs
 
-    from engine.zoo.vision import template
     from engine.zoo.weights import _value
 
     markers = ((IMG, True), (BREAK, True), (END, True))

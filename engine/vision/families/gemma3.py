@@ -27,8 +27,8 @@ class Gemma3Tower:
         cfg = update_module_configs(gemma3.ModelConfig.from_dict(config), gemma3, config, ["text", "vision"])
         self.vision = gemma3.VisionModel(cfg.vision_config)
         self.projector = Gemma3MultiModalProjector(cfg)
-        self.weight_bytes = load_prefixed(folder, {"vision_tower.": self.vision, "multi_modal_projector.": self.projector},
-                                          self.vision.sanitize)
+        parts = {"vision_tower.": self.vision, "multi_modal_projector.": self.projector}
+        self.weight_bytes = load_prefixed(folder, parts, self.vision.sanitize)
         processor = Gemma3Processor.from_pretrained(str(folder))
         self.image_processor = processor.image_processor
         self.marker = processor.boi_token  # what the chat template writes where an image goes

@@ -26,8 +26,8 @@ class Mistral3Tower:
         self.vision = mistral3.VisionModel(cfg.vision_config)
         self.projector = Mistral3MultiModalProjector(cfg)
         self.layer = cfg.vision_feature_layer
-        self.weight_bytes = load_prefixed(folder, {"vision_tower.": self.vision, "multi_modal_projector.": self.projector},
-                                          self.vision.sanitize)
+        parts = {"vision_tower.": self.vision, "multi_modal_projector.": self.projector}
+        self.weight_bytes = load_prefixed(folder, parts, self.vision.sanitize)
         self.processor = Mistral3Processor.from_pretrained(str(folder))
         self.marker = self.image_token = self.processor.image_token
         self.image_token_id = self.processor.image_token_id
