@@ -12,7 +12,7 @@ import io
 
 import pytest
 
-from ipc import Delta, Error, Finish, Generate, SamplingParams
+from ipc import Delta, Error, Finish, Generate, SamplingParams, Tokenize
 from tests import wire
 from tests.harness import MODEL_CACHE, Stack
 
@@ -93,6 +93,9 @@ def test_an_image_answers_as_mlx_vlm_does_and_counts_its_tokens(stack, tmp_path)
                        "image-1")
     assert text == expected
     assert finish.prompt_tokens == prompt_tokens  # the image's tokens and its markers counted
+    (tokenized,) = wire.run(stack.socket, Tokenize(kind="chat", messages=[
+        {"role": "user", "content": [{"type": "text", "text": QUESTION}, image_part(data)]}]))
+    assert len(tokenized.tokens) == prompt_tokens  # /tokenize counts them as a generation does
     other, _ = ask(stack, [{"role": "user", "content": [{"type": "text", "text": QUESTION}, image_part(png(2))]}],
                    "image-2")
     assert other != text  # the answer depends on the picture
@@ -110,3 +113,14 @@ def test_the_prefix_cache_reuses_the_same_image_and_not_another_of_its_size(stac
     _, other = ask(stack, swapped + [reply, {"role": "user", "content": "And the colours?"}], "turn-3")
     # the same size, another picture: only the tokens before it are reused
     assert other.cached_tokens < 8
+
+
+def test_an_unreadable_image_is_a_400_naming_it_and_the_engine_serves_on(stack):
+    bad = image_part(b"GIF89a truncated")
+    frames = wire.run(stack.socket, Generate(request_id="bad-image", kind="chat", params=SamplingParams(max_tokens=2),
+                                             messages=[{"role": "user", "content": [{"type": "text", "text": "?"},
+                                                                                    bad]}]))
+    (error,) = frames
+    assert isinstance(error, Error) and (error.status, error.param) == (400, "messages[0].content[1]")
+    _, finish = ask(stack, [{"role": "user", "content": [image_part(png(6))]}], "after-bad")
+    assert finish.completion_tokens == MAX_TOKENS
