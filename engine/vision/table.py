@@ -7,8 +7,6 @@ output (as_linear) are untouched, so the language model stays mlx-lm's.
 
 from __future__ import annotations
 
-import bisect
-
 import mlx.core as mx
 import numpy as np
 
@@ -22,33 +20,38 @@ class FeatureTable:
     def __init__(self):
         self.rows: dict[int, mx.array] = {}
         self.owners: dict[int, set[str]] = {}
-        self._firsts: list[int] = []
+        self._stacked: tuple[np.ndarray, np.ndarray, mx.array] | None = None  # firsts, starts, every row
 
     def add(self, rid: str, images: list[ImageRows]) -> None:
         for image in images:
             if image.first not in self.rows:
                 self.rows[image.first] = decode(image)
-                bisect.insort(self._firsts, image.first)
+                self._stacked = None
             self.owners.setdefault(image.first, set()).add(rid)
 
     def keep_only(self, rids: set[str]) -> None:
         """Let go of the features no running request carries."""
         for first in [f for f, owners in self.owners.items() if not owners & rids]:
             del self.owners[first], self.rows[first]
-            self._firsts.remove(first)
+            self._stacked = None
         for owners in self.owners.values():
             owners &= rids
 
     def lookup(self, ids: np.ndarray) -> mx.array:
         """The feature rows of image ids (a flat array); raises KeyError for an image no request carries."""
-        out = []
-        for token in ids.tolist():
-            at = bisect.bisect_right(self._firsts, token) - 1
-            first = self._firsts[at] if at >= 0 else None
-            if first is None or token - first >= self.rows[first].shape[0]:
-                raise KeyError(f"image token {token} has no features on this rank")
-            out.append(self.rows[first][token - first])
-        return mx.stack(out)
+        if self._stacked is None:
+            firsts = sorted(self.rows)
+            sizes = [self.rows[f].shape[0] for f in firsts]
+            self._stacked = (np.array(firsts, np.int64), np.cumsum([0] + sizes[:-1]).astype(np.int64),
+                             mx.concatenate([self.rows[f] for f in firsts]))
+        firsts, starts, rows = self._stacked
+        at = np.searchsorted(firsts, ids, side="right") - 1
+        offset = ids - firsts[np.maximum(at, 0)]
+        sizes = np.diff(np.append(starts, rows.shape[0]))
+        bad = (at < 0) | (offset >= sizes[np.maximum(at, 0)])
+        if bad.any():
+            raise KeyError(f"image token {int(ids[bad][0])} has no features on this rank")
+        return rows[mx.array((starts[at] + offset).astype(np.uint32))]
 
 
 def encode(features: mx.array, first: int) -> ImageRows:
