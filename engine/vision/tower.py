@@ -34,6 +34,17 @@ def load_tower(folder: Path, config: dict) -> Any | None:
     return importlib.import_module(f"engine.vision.families.{name}").load(folder, config)
 
 
+def load_parts(folder: Path, config: dict, family: str, projector_class) -> tuple[Any, Any, Any, int]:
+    """(mlx-vlm's config, tower, projector, their weight bytes) of a checkpoint of mlx-vlm's models.<family>."""
+    from mlx_vlm.utils import update_module_configs
+
+    module = importlib.import_module(f"mlx_vlm.models.{family}")
+    cfg = update_module_configs(module.ModelConfig.from_dict(config), module, config, ["text", "vision"])
+    vision, projector = module.VisionModel(cfg.vision_config), projector_class(cfg)
+    parts = {"vision_tower.": vision, "multi_modal_projector.": projector}
+    return cfg, vision, projector, load_prefixed(folder, parts, vision.sanitize)
+
+
 def load_prefixed(folder: Path, parts: dict[str, Any], sanitize: Callable[[dict], dict] | None = None) -> int:
     """Load each module of `parts` from the checkpoint's tensors under its prefix (strictly); the bytes loaded."""
     weights: dict[str, mx.array] = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from engine.vision.tower import load_prefixed
+from engine.vision.tower import load_parts
 
 
 def matches(config: dict) -> bool:
@@ -19,16 +19,11 @@ def matches(config: dict) -> bool:
 
 class Gemma3Tower:
     def __init__(self, folder: Path, config: dict):
-        from mlx_vlm.models import gemma3
         from mlx_vlm.models.gemma3.gemma3 import Gemma3MultiModalProjector
         from mlx_vlm.models.gemma3.processing_gemma3 import Gemma3Processor
-        from mlx_vlm.utils import update_module_configs
 
-        cfg = update_module_configs(gemma3.ModelConfig.from_dict(config), gemma3, config, ["text", "vision"])
-        self.vision = gemma3.VisionModel(cfg.vision_config)
-        self.projector = Gemma3MultiModalProjector(cfg)
-        parts = {"vision_tower.": self.vision, "multi_modal_projector.": self.projector}
-        self.weight_bytes = load_prefixed(folder, parts, self.vision.sanitize)
+        cfg, self.vision, self.projector, self.weight_bytes = load_parts(folder, config, "gemma3",
+                                                                         Gemma3MultiModalProjector)
         processor = Gemma3Processor.from_pretrained(str(folder))
         self.image_processor = processor.image_processor
         self.marker = processor.boi_token  # what the chat template writes where an image goes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from engine.vision.tower import load_prefixed
+from engine.vision.tower import load_parts
 
 
 def matches(config: dict) -> bool:
@@ -17,17 +17,12 @@ def matches(config: dict) -> bool:
 
 class Mistral3Tower:
     def __init__(self, folder: Path, config: dict):
-        from mlx_vlm.models import mistral3
         from mlx_vlm.models.mistral3.mistral3 import Mistral3MultiModalProjector
         from mlx_vlm.models.mistral3.processing_mistral3 import Mistral3Processor
-        from mlx_vlm.utils import update_module_configs
 
-        cfg = update_module_configs(mistral3.ModelConfig.from_dict(config), mistral3, config, ["text", "vision"])
-        self.vision = mistral3.VisionModel(cfg.vision_config)
-        self.projector = Mistral3MultiModalProjector(cfg)
+        cfg, self.vision, self.projector, self.weight_bytes = load_parts(folder, config, "mistral3",
+                                                                         Mistral3MultiModalProjector)
         self.layer = cfg.vision_feature_layer
-        parts = {"vision_tower.": self.vision, "multi_modal_projector.": self.projector}
-        self.weight_bytes = load_prefixed(folder, parts, self.vision.sanitize)
         self.processor = Mistral3Processor.from_pretrained(str(folder))
         self.marker = self.image_token = self.processor.image_token
         self.image_token_id = self.processor.image_token_id
