@@ -188,7 +188,7 @@ def _build(settings, joined: Joined, watchdog):
     grammars = Grammars(tokenizer)
     grammars.warm_up_in_background()
     batch = LockstepBatch(joined.loaded.model, set(tokenizer.eos_token_ids), settings.PREFILL_TOKENS_PER_STEP,
-                          settings.MAX_BATCH, grammars)
+                          settings.MAX_BATCH, grammars, images=joined.loaded.image_table)
     channel = PlanChannel(joined.group if joined.size > 1 else None, settings.PLAN_BUFFER_BYTES, batch.gen.stream)
     watchdog.timeout = settings.WATCHDOG_TIMEOUT
     watchdog.beat("measuring the KV cache")
@@ -310,6 +310,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     from engine.rank0.scheduler import Scheduler
     from engine.rank0.server import MULTIRANK_DIRECT_CONNECTIONS, EngineServer
     from engine.rank0.validate import Limits
+    from engine.vision.load import vision_prompts
     from engine.ranks import RankReports
     from ipc import Info, test_hooks
 
@@ -366,9 +367,11 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     test_hooks=test_hooks.ENABLED)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
-                    max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE, model=settings.model_name,
-                    vision=loaded.facts.vision)
-    server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
+                    max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE,
+                    vision=loaded.image_table is not None, model=settings.model_name)
+    prompter = Prompter(tokenizer, limits, grammars, kv, vision=vision_prompts(settings, loaded),
+                        model_name=settings.model_name)
+    server = EngineServer(settings, prompter, counters, inbound, info)
     if joined.size > 1:
         server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
     loop = Leader(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,

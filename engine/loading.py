@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import mlx.core as mx
+import msgspec
 
 from config import Settings
 from engine.facts import model_facts
@@ -15,6 +16,7 @@ from engine.mlx_compat import hf_tokenizer
 from engine.model import (NO_TOKENIZER_LIMIT, LoadedModel, ModelError, context_length, load_errors_explained,
                           refuse_broken_folder, refuse_mismatched_weights, remote_code, resolve, vocab_size)
 from engine.sharding import Layout, load_parallel
+from engine.vision.load import image_hook
 
 
 def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
@@ -41,7 +43,11 @@ def load(settings: Settings, group: mx.distributed.Group | None) -> LoadedModel:
     # Rank 0 refuses a prompt longer than the context itself, with a 400 that says so. The tokenizer's own
     # check would log that running such a prompt "will result in indexing errors" when it never runs.
     hf_tokenizer(tokenizer).model_max_length = NO_TOKENIZER_LIMIT
-    return LoadedModel(model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
+    image_table = image_hook(model, config)
+    facts = model_facts(target, config, tokenizer)
+    if image_table is not None:
+        facts = msgspec.structs.replace(facts, vision=True)
+    return LoadedModel(image_table=image_table, config=config,model=model, tokenizer=tokenizer, path=str(target), context_length=context_length(config),
                        vocab_size=vocab_size(config) or len(tokenizer),
-                       facts=model_facts(target, config, tokenizer), parallel=layout.mode,
+                       facts=facts, parallel=layout.mode,
                        pipeline_split=tuple(layout.split), parallel_note=layout.note)

@@ -35,6 +35,9 @@ class LoadedModel:
     # pipeline: the layers each rank holds, rank 0 first (empty: every rank holds every layer)
     pipeline_split: tuple[int, ...] = ()
     parallel_note: str = ""  # why not tensor parallel, where PARALLEL=auto chose otherwise (status shows it)
+    # a vision-language model: the image features its embedding reads (engine/vision/table.py), on every rank
+    image_table: Any = None
+    config: dict | None = None  # config.json as loaded (rank 0 loads the vision tower from it)
 
 
 def remote_code(settings: Settings) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from config import Settings
 from engine.model import remote_code
 from engine.parallel import (PIPELINE, TENSOR, Abilities, ParallelRefused, checked_split, choose, memory_weights,
                              split_layers)
+from engine.vision.shard import delegate_shard
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def abilities(model: Any, config: dict, ranks: int) -> Abilities:
     asked as sharded_load asks it, and whether shard() divides it evenly over them."""
     from engine.split_probe import unsplit
 
+    if hasattr(getattr(model, "language_model", None), "shard"):
+        delegate_shard()
     inner = getattr(model, "model", None)
     pipeline = getattr(inner, "pipeline", None)
     uneven = pipeline is not None and "split" in inspect.signature(pipeline).parameters
@@ -61,6 +64,7 @@ def load_parallel(settings: Settings, target: str, group: mx.distributed.Group) 
     from engine.pipeline_llama import load_model
 
     path = local_model_path(target)
+    delegate_shard()  # before sharded_load builds the model: a vision-language wrapper shards its text model
     # the classes only: no weight is read
     probe, config = load_model(path, lazy=True, strict=False, **remote_code(settings))
     layers = len(probe.model.layers) if hasattr(getattr(probe, "model", None), "pipeline") else 0

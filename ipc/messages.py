@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 # Bump when a message changes incompatibly; both sides refuse a peer with another version.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 
 # The reasoning levels a Generate may ask for (OpenAI's reasoning_effort but "none", which is enable_thinking false).
@@ -97,7 +97,7 @@ class ModelFacts(msgspec.Struct, frozen=True, kw_only=True):
     chat_template: str = ""
     thinking: bool = False  # the tokenizer knows think markers
     tool_calling: bool = False  # the tokenizer knows tool-call markers
-    vision: bool = False  # the model takes images (image parts in a Generate's messages)
+    vision: bool = False  # the model takes images (a vision-language model whose tower the engine loaded)
 
 
 class Info(Msg):

@@ -89,6 +89,9 @@ def make_processors(ins: Insert, grammars: Grammars | None) -> list:
         logit_bias=ins.logit_bias or None,
         repetition_penalty=ins.repetition_penalty,
     )
+    if ins.repetition_penalty and ins.images:
+        # it reads the logits at the last prompt tokens, and an image's tokens have ids past the vocabulary
+        processors = [_text_only(p) if i == len(processors) - 1 else p for i, p in enumerate(processors)]
     if ins.presence_penalty or ins.frequency_penalty:
         processors.append(OutputPenalties(ins.presence_penalty or 0.0, ins.frequency_penalty or 0.0))
     if ins.grammar:
@@ -96,3 +99,14 @@ def make_processors(ins: Insert, grammars: Grammars | None) -> list:
             raise GrammarError("this batch was built without grammars")
         processors.append(grammars.processor(ins.grammar))
     return processors
+
+
+def _text_only(processor):
+    """A processor of the context that sees image tokens (engine/vision/ids.py) as token 0: never out of range."""
+    from engine.vision.ids import FIRST
+
+    def call(tokens, logits):
+        tokens = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
+        return processor(mx.where(tokens >= FIRST, 0, tokens), logits)
+
+    return call

@@ -19,6 +19,7 @@ from engine.lockstep.prompt_logprobs import PromptLogprobs
 from engine.lockstep.results import StepResults
 from engine.speculative.rollback import can_verify
 from engine.speculative.verify import verify
+from engine.vision.table import FeatureTable
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,10 @@ class LockstepBatch:
     """Applies plans and runs steps; identical calls on every rank give identical state."""
 
     def __init__(self, model, eos_token_ids: set[int], prefill_tokens_per_step: int, max_batch: int,
-                 grammars: Grammars | None = None):
+                 grammars: Grammars | None = None, images: FeatureTable | None = None):
         self.model = model
+        # the running requests' image features, which the model's embedding reads (engine/vision/table.py)
+        self.images = images if images is not None else FeatureTable()
         self.grammars = grammars  # without them, a request with a grammar fails alone
         self.eos = eos_token_ids
         self.prefill_budget = prefill_tokens_per_step
@@ -242,6 +245,7 @@ class LockstepBatch:
             self.prefix.evict(plan.evicts)
         if plan.idle:
             self.settle()
+        self.images.keep_only(set(self.order))
 
     def batch_arrays(self) -> int:
         """The arrays (Metal buffers) the running batch's caches hold on this rank."""
@@ -332,6 +336,8 @@ class LockstepBatch:
             processors.append([_Guard(p, ins.rid, self.failed, _unchanged) for p in procs])
         if not ready:
             return
+        for ins in ready:
+            self.images.add(ins.rid, ins.images)
         try:
             # a sequence starting from a prefix entry computes only the tokens after it
             # (an entry the ranks did not keep is missing on every rank alike: the whole prompt is computed)
@@ -421,6 +427,7 @@ class LockstepBatch:
         out.failed = dict(self.failed)
         out.reused, self.reused = self.reused, {}
         self.failed.clear()  # in place: the guards of running requests hold this dict
+        self.images.keep_only(set(self.order))
         return out
 
     def _chain(self) -> None:

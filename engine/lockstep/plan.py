@@ -26,6 +26,16 @@ AllSum = Callable[[bytes], bytes]
 GRAMMAR_CACHE_SIZE = 32
 
 
+class ImageRows(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One image's rows of input embeddings (the vision tower's projected features), for the tokens first ..
+    first + rows - 1 of a prompt (engine/vision): every rank's embedding layer reads them there."""
+
+    first: int
+    rows: int
+    dtype: str  # numpy's name: float32, float16, bfloat16 travels as its uint16 bits
+    data: bytes
+
+
 class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """A request joining the batch: everything a rank needs to decode it identically."""
 
@@ -58,6 +68,8 @@ class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # its prompt's logprobs, with this many alternatives per token (-1: not asked): every rank computes them in
     # the prefill passes, rank 0 reports them (completions with echo and logprobs)
     prompt_logprobs: int = -1
+    # the features of the images among its tokens (engine/vision): every rank holds them while it runs
+    images: list[ImageRows] = []
 
 
 class Store(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

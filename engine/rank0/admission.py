@@ -21,6 +21,7 @@ from engine.rank0.reasoning import ReasoningLevels, template_source
 from engine.rank0.requests import Request
 from engine.rank0.text_only import ClientText
 from engine.rank0.tool_prompt import renders_tools, with_tools_described
+from engine.vision.parts import image_parts, refuse_images
 from ipc import Detokenize, Detokenized, Generate, Tokenize, Tokenized
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Admission:
         self.rules = OutputRules(tokenizer)
         self.texts = TokenTexts(tokenizer)
         self.special_texts = _special_texts(tokenizer)
+        self.vision: Any = None  # engine/vision/prompt.py VisionPrompts: the features of a prompt's images
 
     def requests(self, gen: Generate, tokens: list[int], outbox: Any, deadline: float) -> list[Request]:
         """The choices of gen, ready for the scheduler; raises Refused."""
@@ -83,6 +85,7 @@ class Admission:
                 logit_bias=p.logit_bias, repetition_penalty=p.repetition_penalty,
                 presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                 logprobs=p.logprobs and not score_only, grammar=grammar, prompt_logprobs=prompt_logprobs,
+                images=self.vision.image_rows(tokens) if self.vision is not None else [],
             )
             out.append(Request(
                 insert=insert, outbox=outbox, prompt_tokens=len(tokens), deadline=deadline,
@@ -135,12 +138,16 @@ class Admission:
 class Prompter:
     """Chat template and tokenisation on rank 0, with the errors a client can cause."""
 
-    def __init__(self, tokenizer: Any, limits: validate.Limits, grammars: Grammars, kv: KVBudget | None = None):
+    def __init__(self, tokenizer: Any, limits: validate.Limits, grammars: Grammars, kv: KVBudget | None = None,
+                 vision: Any = None, model_name: str = "this model"):
         self.tokenizer = tokenizer
+        self.vision = vision  # engine/vision/prompt.py VisionPrompts, for a model that takes images
+        self.model_name = model_name
         self.limits = limits
         self.context_length = limits.context_length
         self.vocab_size = limits.vocab_size
         self.admission = Admission(tokenizer, self.vocab_size, self.context_length, grammars, kv)
+        self.admission.vision = vision
         self.client_text = ClientText(tokenizer)
         self.reasoning = ReasoningLevels(template_source(mlx_compat.hf_tokenizer(tokenizer)))
         # a template without tool syntax gets the tools (and a history's calls) in the messages instead
@@ -155,7 +162,7 @@ class Prompter:
         if gen.kind == "chat":
             # tool_choice "none": the model is not shown the tools it may not call
             return self.chat_tokens(gen.messages, gen.tools if gen.tool_choice != "none" else None,
-                                    gen.enable_thinking, reasoning_effort=gen.reasoning_effort)
+                                    gen.enable_thinking, reasoning_effort=gen.reasoning_effort, images=True)
         if isinstance(gen.prompt, str):
             if not gen.prompt:
                 raise Refused("prompt is empty", "prompt")
@@ -169,10 +176,15 @@ class Prompter:
 
     def chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                     enable_thinking: bool | None, *, reasoning_effort: str = "", add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
-        """The chat template's rendering of messages and tools, as token ids; raises Refused."""
+                    continue_final_message: bool = False, add_special_tokens: bool = False,
+                    images: bool = False) -> list[int]:
+        """The chat template's rendering of messages and tools, as token ids (images: each image's tokens take
+        its own ids and its features are computed, engine/vision); raises Refused."""
         if not messages:
             raise Refused("messages must contain at least one message", "messages")
+        if self.vision is None:  # a Tokenize too: validate.check refused a Generate's already
+            refuse_images(messages, self.model_name)
+        parts = image_parts(messages)
         options = self.reasoning.options(reasoning_effort, enable_thinking)
         if continue_final_message:
             options["continue_final_message"] = True
@@ -187,9 +199,13 @@ class Prompter:
                                                       add_generation_prompt=add_generation_prompt, **options)
         except Exception as exc:  # jinja raises arbitrary errors for bad message sequences
             raise Refused(f"the chat template rejected the messages: {exc}", "messages") from None
+        if parts:
+            text = self.vision.expand(text, parts)
         if marked is None:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return self.client_text.encode(text, add_special_tokens)
+            tokens = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        else:
+            tokens = self.client_text.encode(text, add_special_tokens)
+        return self.vision.place(tokens, parts) if parts and images else tokens
 
     def tokenize(self, msg: Tokenize) -> Tokenized:
         """The answer to a Tokenize: the ids a Generate of the same prompt would run; raises Refused."""

@@ -15,6 +15,7 @@ from engine.diskcache.identity import entry_name
 from engine.lockstep.plan import Restore, Store
 from engine.rank0.disk_index import DiskIndex
 from engine.rank0.prefix_index import PrefixIndex, token_bytes
+from engine.vision.ids import has_images
 
 
 def disk_info(index: DiskIndex, tier_stats: dict | None) -> dict[str, float]:
@@ -76,7 +77,8 @@ class DiskPlanner:
     def name(self, entry: int, tokens: list[int], tenant: str, prompt: int) -> str:
         """The disk name of a RAM entry being stored ("" while the disk tier is off); longer, it supersedes the
         tenant's disk entries it extends."""
-        if not self.index.enabled or entry not in self.ram.entries:
+        if not self.index.enabled or entry not in self.ram.entries or has_images(tokens):
+            # an image's token ids hold for this engine's life only (engine/vision/ids.py): never on disk
             return ""
         name = entry_name(tenant, tokens)
         self.ram.entries[entry].disk = name

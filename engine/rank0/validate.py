@@ -19,6 +19,7 @@ from ipc import Detokenize, Generate, SamplingParams, Tokenize
 from ipc.messages import REASONING_EFFORTS
 
 from engine.rank0.errors import Refused
+from engine.vision.parts import refuse_images
 
 # What one request may ask for, whatever the API in front allows.
 MAX_CHOICES = 128
@@ -47,8 +48,8 @@ class Limits:
     context_length: int
     max_batch: int
     max_queue: int
-    model: str = ""  # the served name, for messages
-    vision: bool = False  # the model takes image parts (ModelFacts.vision)
+    vision: bool = False  # the model takes images (engine/vision)
+    model: str = "this model"  # its name, for the refusal of an image it cannot take
 
     @property
     def capacity(self) -> int:
@@ -157,18 +158,8 @@ def _messages(messages: list[dict[str, Any]], limits: Limits) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m.get("role"), str):
             raise Refused(f"messages[{i}] needs a string 'role'", f"messages[{i}].role")
-        if not limits.vision:
-            _no_images(m.get("content"), i, limits.model)
-
-
-def _no_images(content: Any, i: int, model: str) -> None:
-    """A model without vision is refused any image part: its chat template would drop or garble it unseen."""
-    if not isinstance(content, list):
-        return
-    for j, part in enumerate(content):
-        if isinstance(part, dict) and part.get("type") == "image":
-            raise Refused(f"model {model} does not take images; serve a vision-language model (docs/vision.md) "
-                          "or send text only", f"messages[{i}].content[{j}]")
+    if not limits.vision:  # its chat template would drop or garble an image unseen
+        refuse_images(messages, limits.model)
 
 
 def _tools(tools: list[dict[str, Any]] | None, choice: Any) -> None:

@@ -29,5 +29,7 @@ WIDE_MODELS = {family + WIDE_SUFFIX: family for family in ("llama", "deepseek-v3
 MTP_MODELS = {"deepseek-v3-mtp": "deepseek-v3", "glm4-moe-mtp": "glm4-moe", "deepseek-v3-mtp-trained": "deepseek-v3",
               "qwen3-next-mtp": "qwen3-next", "qwen3.5-mtp": "qwen3.5", "qwen3.5-mtp-trained": "qwen3.5",
               "qwen3.5-moe-mtp": "qwen3.5-moe"}  # qwen3.5-moe: a family served with heads only (configs.py)
+# Vision-language models built from mlx-vlm's classes (engine/zoo/vision.py). Generated on request only.
+VISION_MODELS = ("gemma3-vision", "mistral3-vision")
 # Every name MODEL=zoo-... accepts.
-SERVED_MODELS = ZOO_MODELS + tuple(WIDE_MODELS) + tuple(MTP_MODELS)
+SERVED_MODELS = ZOO_MODELS + tuple(WIDE_MODELS) + tuple(MTP_MODELS) + VISION_MODELS

@@ -9,7 +9,7 @@ from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
 from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, SHAPES, config
 from engine.zoo.names import (FORMAT_MODELS, MTP_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS,
-                              TOOLS_PREFIX, WIDE_MODELS)
+                              TOOLS_PREFIX, VISION_MODELS, WIDE_MODELS)
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
@@ -29,6 +29,12 @@ def _generate(name: str, out: Path) -> dict:
     from engine.zoo.weights import build
 
     started = time.perf_counter()
+    if name in VISION_MODELS:  # mlx-vlm's classes, tower and projector included
+        from engine.zoo import vision
+
+        marker = {"name": name, "version": VERSION} | vision.generate(name, out)
+        write_json(out / MARKER_FILE, marker)
+        return marker | {"seconds": time.perf_counter() - started}
     if name in FORMAT_MODELS:  # a family's own chat format: its architecture, its template and tokens
         model, cfg = _format_model(name, FORMAT_MODELS[name], out)
         size, eos_id = cfg["vocab_size"], cfg["eos_token_id"][0]

@@ -1,0 +1,44 @@
+"""Image placeholder ids: an image's tokens take ids of their own, past any vocabulary, stable per image content.
+
+The prefix cache compares prompts by token ids, so the same image (same sha256) gets the same ids in every turn and
+reuses the turn before's KV, while another image of the same size gets other ids and does not. No MLX here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+# Above every vocabulary (the largest are about 262,000 ids) and below 2**31 (token arrays are int32).
+FIRST = 1 << 24
+LIMIT = 1 << 31
+
+
+def is_image(token: int) -> bool:
+    return token >= FIRST
+
+
+def has_images(tokens: list[int]) -> bool:
+    return any(t >= FIRST for t in tokens)
+
+
+class ImageIds:
+    """Rank 0's ids per image content: base .. base + count - 1 for an image of `count` tokens."""
+
+    def __init__(self, remembered: int = 4096):
+        self.bases: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self.remembered = remembered
+        self.next = FIRST
+
+    def ids(self, sha256: str, count: int) -> list[int]:
+        if sha256 in self.bases and self.bases[sha256][1] == count:
+            self.bases.move_to_end(sha256)
+            base = self.bases[sha256][0]
+        else:
+            if self.next + count >= LIMIT:  # after about 8 million images: ids start over (old entries miss)
+                self.next = FIRST
+                self.bases.clear()
+            base, self.next = self.next, self.next + count
+            self.bases[sha256] = (base, count)
+            while len(self.bases) > self.remembered:  # forgotten: that image's next turn computes again
+                self.bases.popitem(last=False)
+        return list(range(base, base + count))

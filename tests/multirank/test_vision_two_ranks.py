@@ -1,0 +1,33 @@
+"""A vision-language model on two real ranks in tensor parallel: rank 0 alone runs the tower, the features travel
+in the plan, and both ranks' prefill reads them, so an image request answers with mlx-vlm's own greedy tokens (as
+one rank does) and a second turn with the same image reuses the first's KV on every rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import wire
+from tests.harness import Stack
+from tests.integration.test_vision_engine import QUESTION, ask, image_part, png, reference
+
+pytestmark = pytest.mark.multirank
+
+MODEL = "mistral3-vision"  # mlx-lm's gemma3 cannot be split over ranks; its Llama-style text model can
+
+
+def test_two_ranks_answer_an_image_as_mlx_vlm_does(tmp_path):
+    stack = Stack()
+    engine = stack.start_engine(ranks=2, MODEL=f"zoo-{MODEL}")
+    try:
+        info = wire.info(stack.socket)
+        assert info.parallel == "tensor" and info.ranks == 2 and info.facts.vision
+        data = png(5, 40, 64)
+        expected, prompt_tokens = reference(MODEL, data, tmp_path)
+        turn = [{"role": "user", "content": [{"type": "text", "text": QUESTION}, image_part(data)]}]
+        tokens, finish = ask(stack, turn, "two-ranks-1")
+        assert tokens == expected and finish.prompt_tokens == prompt_tokens
+        follow = turn + [{"role": "assistant", "content": "A picture."}, {"role": "user", "content": "More?"}]
+        _, again = ask(stack, follow, "two-ranks-2")
+        assert again.cached_tokens >= prompt_tokens - 2
+    finally:
+        engine.stop()
