@@ -1,7 +1,9 @@
 """`python -m bench.speculative`: speculative decoding on and off, side by side, on 1 and 2 ranks.
 
-For each rank count it starts our engine + API once per SPECULATIVE mode (off, ngram, draft) at the same time,
-then sends each the same workloads, taking turns (round i starts with the i-th mode):
+For each rank count it starts our engine + API once per SPECULATIVE mode (off, ngram, draft, mtp) at the same
+time, then sends each the same workloads, taking turns (round i starts with the i-th mode). mtp needs a model with
+multi-token-prediction heads (`--model zoo-deepseek-v3-mtp-trained`) and, on several ranks, `--parallel tensor`
+(every mode then runs tensor parallel, so the ratios compare like with like):
 
 - copy: an agent-like answer that copies from its prompt. A random-weight demo model does not copy a file it is
   shown, but a short block of random tokens repeated many times (`--block` tokens, `--reps` times, as token ids
@@ -27,6 +29,8 @@ from /proc). A greedy answer is checked byte-identical to off's once per server.
     python -m bench.speculative --rounds 3 --max-tokens 128   # steadier ratios: ~10 min
     python -m bench.speculative --model smollm2-135m --cache-dir ~/.cache/mlx-cluster-serve --ranks 1 \
         --modes off,ngram --workloads "rewrite file,repeat JSON,chat" --max-tokens 160   # a real model's copies
+    python -m bench.speculative --model zoo-deepseek-v3-mtp-trained --modes off,ngram,draft,mtp --parallel tensor \
+        --workloads "copy,chat x8"                     # a trained MTP head beside the other proposers
 """
 
 from __future__ import annotations
@@ -236,7 +240,9 @@ def main() -> int:
     parser.add_argument("--model", default="demo-small", help="demo-tiny, demo-small, or a local MLX model folder")
     parser.add_argument("--draft-model", default="demo-tiny",
                         help="DRAFT_MODEL for the draft mode; the model itself when their tokenizers differ")
-    parser.add_argument("--modes", default="off,ngram,draft", help="SPECULATIVE modes to compare (off is always in)")
+    parser.add_argument("--modes", default="off,ngram,draft",
+                        help="SPECULATIVE modes to compare (off is always in): off, ngram, draft, mtp")
+    parser.add_argument("--parallel", default="", help="PARALLEL for every server (mtp on several ranks: tensor)")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--requests", type=int, default=3,
@@ -268,6 +274,8 @@ def main() -> int:
     draft_note = ""
     for mode in mode_names:
         settings = {"SPECULATIVE": mode, "NUM_DRAFT_TOKENS": str(args.num_draft_tokens)}
+        if args.parallel:
+            settings["PARALLEL"] = args.parallel
         if mode == "draft":
             settings["DRAFT_MODEL"], draft_note = draft_model_for(model_name, model_path, args.draft_model,
                                                                   args.cache_dir)

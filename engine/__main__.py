@@ -165,10 +165,8 @@ def _with_heads(settings, loaded, group):
 
     if loaded.parallel == "pipeline":
         raise ModelError(PIPELINE_MTP)
-    if settings.kv_bits:  # the heads' KV would stay unquantized beside a quantized batch: not tried yet
-        raise ModelError(f"SPECULATIVE=mtp cannot be combined with KV_BITS={settings.kv_bits} yet; set KV_BITS=off, "
-                         "or SPECULATIVE=ngram")
-    return dataclasses.replace(loaded, model=with_heads(loaded, group if loaded.parallel == "tensor" else None))
+    tensor = group if loaded.parallel == "tensor" else None
+    return dataclasses.replace(loaded, model=with_heads(loaded, tensor, settings.kv_bits, settings.KV_GROUP_SIZE))
 
 
 def _build(settings, joined: Joined, watchdog):

@@ -196,11 +196,15 @@ class Leader(StepLoop):
         if self.draft_schedule is not None and not plan.idle and not plan.shutdown:
             # one rank keeps the schedule of several (drafted or not, step by step), so that a seeded sampled answer,
             # which depends on the drafts it was verified with, is the same on any number of ranks
-            plan = self.draft_schedule.speculate(plan, after and self.drafting, self.batch.histories)
+            plan = self.draft_schedule.speculate(plan, after and self.drafting, self.batch.histories, self._left)
             self.drafting = plan.next_after
         elif plan.idle:
             self.drafting = True  # from idle, the next plan is made when work comes
         return plan
+
+    def _left(self) -> dict[str, int]:
+        """The tokens each sequence in the batch may still gain (whether the next plan can draft for it)."""
+        return {rid: req.insert.max_tokens - req.completion_tokens for rid, req in self.scheduler.running.items()}
 
     def _probe_due(self, now: float) -> bool:
         """Rank 0, idle: whether to wake the ranks for a link probe now."""
@@ -231,7 +235,7 @@ class Leader(StepLoop):
     def _step(self, plan: Plan) -> None:
         self.watchdog.beat(f"step {plan.step}")
         t0 = time.perf_counter()
-        results = self.batch.step(drafts=plan.drafts)
+        results = self.batch.step(drafts=plan.drafts, chain=plan.chain)
         self.stats.step_time_sum += time.perf_counter() - t0
         self.stats.step_time_count += 1
         self.stats.decode_positions += results.positions or len(results.tokens)

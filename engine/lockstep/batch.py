@@ -374,11 +374,12 @@ class LockstepBatch:
         return {self.rid_of[uid]: h for uid, h in mlx_compat.decoding_histories(self.gen).items()
                 if uid in self.rid_of}
 
-    def step(self, drafts: dict[str, list[int]] | None = None) -> StepResults:
+    def step(self, drafts: dict[str, list[int]] | None = None, chain: bool = True) -> StepResults:
         """One batched forward step: (request id, token, finish reason) per token a decoding request gained.
 
         drafts (request id -> tokens proposed to follow its next input) are verified in the same forward pass
-        (engine/speculative); without any, or when this model cannot drop rejected drafts, mlx-lm's own step."""
+        (engine/speculative); without any, or when this model cannot drop rejected drafts, mlx-lm's own step.
+        chain (the plan's, alike on every rank): SPECULATIVE=mtp's heads draft for the next plan after it."""
         out = StepResults()
         try:
             if self._seeded:
@@ -388,7 +389,8 @@ class LockstepBatch:
                 _, responses = self.gen.next()
             else:
                 responses = mlx_compat.step_with_decoding(self.gen, lambda batch: self._verify(batch, rows, out))
-            if self.chain_tokens:
+            self.mtp_drafts = {}  # drafts of an older step are never handed out
+            if self.chain_tokens and chain:
                 self._chain()
         except Exception as exc:
             log.exception("the batched step raised")
@@ -434,7 +436,6 @@ class LockstepBatch:
         """Every rank: the MTP heads' drafts for each decoding sequence's next input (their layers are sharded, so
         every rank runs them); rank 0's proposer hands them out with the next plan."""
         uids, nexts = mlx_compat.next_inputs(self.gen)
-        self.mtp_drafts = {}
         if uids:
             cache = mlx_compat.Decoding(mlx_compat.decoding_batch(self.gen)).cache
             drafts = self.model.chain(cache, nexts, self.chain_tokens).tolist()

@@ -74,7 +74,7 @@ class StepLoop:
                 pending = self.channel.post(None)
             # else it comes after this step, drafts continuing what the step samples: broadcast at the loop's top
             self.watchdog.beat(f"step {plan.step}")
-            self.batch.step(drafts=plan.drafts)
+            self.batch.step(drafts=plan.drafts, chain=plan.chain)
 
     def _sleep(self, step: int) -> None:
         """Until rank 0 rings for its next plan, answering its report requests meanwhile."""

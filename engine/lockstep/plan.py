@@ -135,6 +135,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # it, so that rank 0 can propose drafts continuing the tokens this step samples. Every rank reads it here, in the
     # plan before, so the ranks' collectives stay in the same order.
     next_after: bool = False
+    # SPECULATIVE=mtp: after this step every rank chains the heads for the next plan's drafts; False when rank 0
+    # knows that plan drafts nothing (sent ahead, or every sequence within a token of max_tokens), so no rank pays
+    # for heads' passes nobody reads. In the plan, not decided per rank: the sharded heads' all_sums must meet.
+    chain: bool = False
     # The disk tier (engine/lockstep/disk.py): entries loaded from disk before the inserts that start from them (one
     # extra collective agrees which every rank has), and disk copies to delete (their RAM entry was superseded).
     restores: list[Restore] = []

@@ -23,14 +23,26 @@ from engine.speculative.carry import HiddenCarry
 class MtpModel:
     """Looks like the mlx-lm model it wraps (attributes are the main model's) with the heads' caches added."""
 
-    def __init__(self, main: Any, heads: Any) -> None:
-        self.__dict__.update(main=main, heads=heads, layers_main=len(make_prompt_cache(main)), hidden=None)
+    def __init__(self, main: Any, heads: Any, kv_bits: int | None = None, kv_group_size: int = 64) -> None:
+        self.__dict__.update(main=main, heads=heads, layers_main=len(make_prompt_cache(main)), hidden=None,
+                             kv=(kv_bits, kv_group_size))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["main"], name)
 
     def make_cache(self) -> list:
-        return [*make_prompt_cache(self.main), *self.heads.make_cache(), HiddenCarry()]
+        return [*make_prompt_cache(self.main), *self._heads_cache(), HiddenCarry()]
+
+    def _heads_cache(self) -> list:
+        """KV_BITS quantizes the heads' KV as the main layers' (same attention, same widths: the main model's
+        check covers them), so they roll back, batch and get measured for the budget as those do."""
+        bits, group_size = self.kv
+        fresh = self.heads.make_cache()
+        if bits is None:
+            return fresh
+        from engine.kvquant.kinds import is_latent, quantized
+
+        return quantized(fresh, bits, group_size, is_latent(self.main))
 
     def split(self, cache: list) -> tuple[list, list, HiddenCarry]:
         n = self.layers_main
@@ -89,9 +101,9 @@ def _last(carry: HiddenCarry, h: mx.array, previous: mx.array) -> mx.array:
     return mx.where((left > 0)[:, None, None], picked, previous)
 
 
-def with_heads(loaded: Any, parallel_group: Any = None) -> Any:
+def with_heads(loaded: Any, parallel_group: Any = None, kv_bits: int | None = None, kv_group_size: int = 64) -> Any:
     """The loaded model's model wrapped with the checkpoint's heads (ModelError where it ships none), the heads
-    sharded as the main layers are under tensor parallel."""
+    sharded as the main layers are under tensor parallel, their KV stored in kv_bits (KV_BITS) as the main one."""
     from pathlib import Path
 
     from engine.mtp import load_heads
@@ -99,4 +111,4 @@ def with_heads(loaded: Any, parallel_group: Any = None) -> Any:
     heads = load_heads(loaded.model, Path(loaded.path))
     if parallel_group is not None:
         heads.shard(parallel_group)
-    return MtpModel(loaded.model, heads)
+    return MtpModel(loaded.model, heads, kv_bits, kv_group_size)

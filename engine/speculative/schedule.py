@@ -31,11 +31,14 @@ class DraftSchedule:
         self.dry_rounds = 0  # consecutive rounds of proposals that found no draft
         self.plans_ahead = 0  # plans still to send ahead before proposing again
 
-    def speculate(self, plan: Plan, after: bool, histories: Callable[[], dict[str, list[int]]]) -> Plan:
+    def speculate(self, plan: Plan, after: bool, histories: Callable[[], dict[str, list[int]]],
+                  left: Callable[[], dict[str, int]] = dict) -> Plan:
         """Drafts for a plan made after the step, and how the next plan travels: after this step while proposals
         find drafts (or a sequence joins), else sent ahead for a few plans before proposing again.
 
         histories: the batch's decoding sequences (each one's tokens, last its next input), asked only when needed.
+        left: the tokens each sequence in the batch may still gain (max_tokens less those it has), asked only
+        when the next plan comes after the step; {} when not known (every sequence may draft).
         """
         for rid in plan.removes:  # the sequences that finish in a step are forgotten after it (Leader._count_drafts)
             self.forget(rid)
@@ -50,7 +53,9 @@ class DraftSchedule:
             self.plans_ahead = max(0, self.plans_ahead - 1)
         log.debug("plan %d, made %s the step: drafts for %d sequence(s), the next plan %s", plan.step,
                   "after" if after else "ahead of", len(drafts), "after" if self.plans_ahead == 0 else "ahead")
-        return msgspec.structs.replace(plan, drafts=drafts, next_after=self.plans_ahead == 0)
+        next_after = self.plans_ahead == 0
+        return msgspec.structs.replace(plan, drafts=drafts, next_after=next_after,
+                                       chain=next_after and _may_draft_next(plan, left()))
 
     @staticmethod
     def _decoding(plan: Plan, histories: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -87,6 +92,13 @@ class DraftSchedule:
             drafts.update({rid: list(d[:k]) for rid, d in proposed.items() if d and rid in group})
         width = batch_width([len(d) for d in drafts.values()], len(histories))
         return {rid: d[:width] for rid, d in drafts.items()} if width else {}
+
+
+def _may_draft_next(plan: Plan, left: dict[str, int]) -> bool:
+    """Whether a sequence may get drafts in the plan after this one: this step gains it at least one token, and
+    drafts are cut at one short of max_tokens (engine/speculative/verify.py), so one with 2 or fewer left gets none."""
+    gone = set(plan.removes)
+    return not left or any(n > 2 for rid, n in left.items() if rid not in gone)
 
 
 def batch_width(lengths: list[int], rows: int) -> int:

@@ -24,12 +24,15 @@ ZOO_MODELS = ARCH_MODELS + TOOL_MODELS + tuple(FORMAT_MODELS) + tuple(SHAPE_MODE
 # so these serve plain KV, MLA's latent and sliding windows quantized. Generated on request only (not in ZOO_MODELS).
 WIDE_SUFFIX = "-wide"
 WIDE_MODELS = {family + WIDE_SUFFIX: family for family in ("llama", "deepseek-v3", "ministral3")}
+# MLA's latent wide enough for KV_BITS, with a trained MTP head: SPECULATIVE=mtp served with quantized KV
+WIDE_MODELS["deepseek-v3-wide-mtp-trained"] = "deepseek-v3"
 # A family carrying multi-token-prediction layers (engine/zoo/mtp.py), by family; "-trained": its head trained
 # on the main model's own greedy continuations, so drafts get accepted. Generated on request only.
 MTP_MODELS = {"deepseek-v3-mtp": "deepseek-v3", "glm4-moe-mtp": "glm4-moe", "deepseek-v3-mtp-trained": "deepseek-v3",
               "qwen3-next-mtp": "qwen3-next", "qwen3.5-mtp": "qwen3.5", "qwen3.5-mtp-trained": "qwen3.5",
-              "qwen3.5-moe-mtp": "qwen3.5-moe"}  # qwen3.5-moe: a family served with heads only (configs.py)
+              "qwen3.5-moe-mtp": "qwen3.5-moe",  # qwen3.5-moe: a family served with heads only (configs.py)
+              "deepseek-v3-wide-mtp-trained": "deepseek-v3"}
 # Vision-language models built from mlx-vlm's classes (engine/zoo/vision.py). Generated on request only.
 VISION_MODELS = ("gemma3-vision", "mistral3-vision")
-# Every name MODEL=zoo-... accepts.
-SERVED_MODELS = ZOO_MODELS + tuple(WIDE_MODELS) + tuple(MTP_MODELS) + VISION_MODELS
+# Every name MODEL=zoo-... accepts (a wide mtp one is both wide and mtp).
+SERVED_MODELS = tuple(dict.fromkeys(ZOO_MODELS + tuple(WIDE_MODELS) + tuple(MTP_MODELS) + VISION_MODELS))

@@ -18,6 +18,9 @@ mx = pytest.importorskip("mlx.core")
 from mlx_lm import load as mlx_load  # noqa: E402
 
 from engine.kv_measure import measure  # noqa: E402
+from engine.kvquant.kinds import install  # noqa: E402
+from engine.lockstep.batch import LockstepBatch  # noqa: E402
+from engine.lockstep.plan import Insert, Plan  # noqa: E402
 from engine.lockstep.prefix import model_cuts  # noqa: E402
 from engine.speculative.mtp import MtpProposer, mtp_refusal  # noqa: E402
 from engine.speculative.mtp_model import with_heads  # noqa: E402
@@ -74,3 +77,22 @@ def test_an_entry_with_the_heads_kv_and_carry_goes_to_disk_and_back_whole() -> N
     assert [type(c) for c in back] == [type(c) for c in cache] and isinstance(back[-1], HiddenCarry)
     assert mx.array_equal(back[-1][0], cache[-1][0])
     assert mx.array_equal(back[-2].keys[..., :4, :], cache[-2].keys[..., :4, :])
+
+
+def test_kv_bits_stores_the_heads_kv_quantized_and_the_heads_chain_only_when_the_plan_says() -> None:
+    full, quantized = _loaded("deepseek-v3-wide-mtp-trained"), _loaded("deepseek-v3-wide-mtp-trained")
+    install(quantized.model, 8, 64)  # KV_BITS=8, as engine.loading applies it
+    wrapped = with_heads(quantized, None, 8, 64)
+    # the heads' KV is stored in 8 bits as the main layers', and admission reserves it at that size
+    assert measure(quantized.model).token_bytes < measure(wrapped).token_bytes < measure(with_heads(full)).token_bytes
+    batch = LockstepBatch(wrapped, set(), 64, 8)
+    batch.chain_tokens = 3
+    batch.apply(Plan(step=0, fingerprint=0, token_check=0, inserts=[Insert(rid="a", tokens=[5, 9, 17, 33],
+                                                                           max_tokens=20)]))
+    batch.step()  # the prompt
+    batch.step()  # its first decoding step
+    assert len(batch.mtp_drafts["a"]) == 4  # the next input, then 3 drafts chained on the quantized heads' cache
+    batch.step(chain=False)  # the next plan drafts nothing: no heads' pass, and no stale drafts handed out
+    assert batch.mtp_drafts == {}
+    batch.step()
+    assert len(batch.mtp_drafts["a"]) == 4

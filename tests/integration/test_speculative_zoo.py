@@ -48,3 +48,11 @@ def test_mtp_heads_answer_as_plain_decoding_and_really_propose(name: str) -> Non
     assert spec["mode"] == "mtp" and spec["counters"]["mcs_spec_proposed_tokens_total"] > 0
     if name.endswith("-trained"):
         assert spec["counters"]["mcs_spec_tokens_per_forward"] >= 1.5, spec["counters"]
+
+
+def test_mtp_heads_with_quantized_kv_answer_as_plain_decoding_under_the_same_kv_bits() -> None:
+    # KV_BITS stores the heads' KV as the main layers' (MLA's latent: the zoo's wide one, which groups of 64 fit)
+    plain = zoo_answers("deepseek-v3-wide-mtp-trained", 1, "off", KV_BITS="8")
+    spec = zoo_answers("deepseek-v3-wide-mtp-trained", 1, "mtp", KV_BITS="8")
+    assert_answers_equal(spec, plain)
+    assert spec["mode"] == "mtp" and spec["counters"]["mcs_spec_tokens_per_forward"] >= 1.5, spec["counters"]

@@ -28,9 +28,11 @@ def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, setting
         assert spec["mode"] == "ngram" and spec["counters"]["mcs_spec_accepted_tokens_total"] > 0
 
 
-def test_mtp_heads_on_two_ranks_tensor_parallel_answer_as_plain_decoding() -> None:
-    # the heads are sharded as the main layers: their all_sums meet at the end of every step, on both ranks
-    plain = zoo_answers("deepseek-v3-mtp-trained", 2, "off", PARALLEL="tensor")
-    spec = zoo_answers("deepseek-v3-mtp-trained", 2, "mtp", PARALLEL="tensor")
+@pytest.mark.parametrize("name", ["deepseek-v3-mtp-trained", "qwen3.5-mtp-trained"])
+def test_mtp_heads_on_two_ranks_tensor_parallel_answer_as_plain_decoding(name: str) -> None:
+    # the heads are sharded as the main layers (Qwen3.5's by mlx-lm's qwen3_5 shard(), its Gated DeltaNet layers
+    # too): their all_sums meet at the end of every step, on both ranks
+    plain = zoo_answers(name, 2, "off", PARALLEL="tensor")
+    spec = zoo_answers(name, 2, "mtp", PARALLEL="tensor")
     assert_answers_equal(spec, plain)
     assert spec["mode"] == "mtp" and spec["counters"]["mcs_spec_tokens_per_forward"] >= 1.5, spec["counters"]

@@ -78,3 +78,18 @@ def test_the_proposer_forgets_what_a_plan_removes_sent_ahead_or_not():
     assert set(proposer.indexes) == {"a", "b"}
     lp.speculate(plan(removes=["a"]), after=False)
     assert set(proposer.indexes) == {"b"}
+
+
+def test_the_heads_chain_only_after_a_step_whose_next_plan_can_draft():
+    # SPECULATIVE=mtp's heads run after a step for the next plan's drafts: not when that plan is sent ahead (no
+    # drafts), nor when every sequence will be within a token of max_tokens (drafts are cut there)
+    lp = Loop({"a": [1, 2, 3, 4]})  # never a match: the next plan goes ahead
+    dry = lp.speculate(plan(), after=True)
+    assert not dry.next_after and not dry.chain
+    lp.batch.histories_now = {"a": [1, 2, 3, 4, 1, 2]}
+    drafting = lp.schedule.speculate(plan(), True, lp.batch.histories, lambda: {"a": 9})
+    assert drafting.drafts and drafting.next_after and drafting.chain
+    for left, removes, chain in [({"a": 2}, [], False), ({"a": 2, "b": 3}, [], True), ({"a": 2, "b": 3}, ["b"], False)]:
+        lp.batch.histories_now = {"a": [1, 2, 3, 4, 1, 2]}
+        out = lp.schedule.speculate(plan(removes=removes), True, lp.batch.histories, lambda: left)
+        assert out.next_after and out.chain is chain, (left, removes)
