@@ -6,7 +6,8 @@ forward pass over tokens x_a..x_b also feeds the heads the pairs (h_{a-1}, x_a) 
 model's post-norm hidden, h_{a-1} from the carry; zero for a sequence's first token, as vLLM's deepseek_mtp.py
 zeroes position 0), so the MTP cache gains as many entries as the main one and rolls back with it
 (engine/speculative/rollback.py); the carry becomes h_b. After each step, `chain` drafts greedily from (carry,
-next input) on every rank (the heads' sharded layers meet in their all_sums) and trims its own entries.
+next input) on every rank holding the heads (tensor parallel: every rank, their sharded layers meet in their
+all_sums; pipeline: the last stage, rank 0, alone) and trims its own entries.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def _last(carry: HiddenCarry, h: mx.array, previous: mx.array) -> mx.array:
 
 def with_heads(loaded: Any, parallel_group: Any = None) -> Any:
     """The loaded model's model wrapped with the checkpoint's heads (ModelError where it ships none), the heads
-    sharded as the main layers are under tensor parallel."""
+    sharded as the main layers are under tensor parallel (parallel_group), else whole (one rank, or the last
+    pipeline stage, which holds the final hidden state, the embedding and the lm_head they share)."""
     from pathlib import Path
 
     from engine.mtp import load_heads
