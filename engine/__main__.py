@@ -165,7 +165,7 @@ def _with_heads(settings, loaded, group, rank: int):
 
     from engine.parallel import holds_heads
     from engine.speculative.mtp import mtp_refusal
-    from engine.speculative.mtp_model import with_heads
+    from engine.speculative.mtp_model import StageModel, with_heads
 
     if settings.kv_bits:  # the heads' KV would stay unquantized beside a quantized batch: not tried yet
         raise ModelError(f"SPECULATIVE=mtp cannot be combined with KV_BITS={settings.kv_bits} yet; set KV_BITS=off, "
@@ -175,7 +175,7 @@ def _with_heads(settings, loaded, group, rank: int):
         # as the last stage does, from the files
         if why := mtp_refusal(Path(loaded.path)):
             raise ModelError(why)
-        return loaded
+        return dataclasses.replace(loaded, model=StageModel(loaded.model))
     return dataclasses.replace(loaded, model=with_heads(loaded, group if loaded.parallel == "tensor" else None))
 
 

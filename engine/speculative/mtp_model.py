@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from engine.mtp.heads import main_logits
 from engine.speculative.carry import HiddenCarry
@@ -68,6 +68,33 @@ class MtpModel:
         mx.eval(out)
         heads_cache[0].trim(k)
         return out
+
+
+class StageModel:
+    """An earlier pipeline stage beside the heads of the last (rank 0): the model as it is, its last cache made to
+    depend on the final hidden state. The heads' KV depends on that state, so rank 0 runs the pipeline's closing
+    all_gather whenever a prefill chunk's caches are evaluated; without the tie this stage would skip it there
+    (only logits need it) and the ranks would wait on each other."""
+
+    def __init__(self, main: Any) -> None:
+        self.__dict__.update(main=main)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["main"], name)
+
+    def make_cache(self) -> list:
+        return make_prompt_cache(self.main)
+
+    def __call__(self, inputs: mx.array, cache: list | None = None) -> mx.array:
+        if cache is None:
+            return self.main(inputs)
+        h = self.main.model(inputs, cache)
+        last = cache[-1]
+        if isinstance(last, ArraysCache):  # as mlx-lm's qwen3_next ties a linear layer's state to its send
+            last[0] = mx.depends(last[0], h)
+        else:
+            last.keys = mx.depends(last.keys, h)
+        return main_logits(self.main, h)
 
 
 def _carried(carry: HiddenCarry, h: mx.array) -> mx.array:
