@@ -143,7 +143,7 @@ def _join(settings, watchdog) -> Joined:
     watchdog.beat("loading the model")
     loaded = load(settings, group)
     if settings.SPECULATIVE == "mtp":
-        loaded = _with_heads(settings, loaded, group)
+        loaded = _with_heads(settings, loaded, group, rank)
     how = {"single": "whole", "tensor": "tensor parallel"}.get(loaded.parallel, loaded.parallel + " parallel")
     if loaded.pipeline_split:
         how += f": {loaded.pipeline_split[rank]} of {sum(loaded.pipeline_split)} layers"
@@ -154,17 +154,25 @@ def _join(settings, watchdog) -> Joined:
     return Joined(group, rank, size, loaded, started)
 
 
-def _with_heads(settings, loaded, group):
-    """SPECULATIVE=mtp: the model with its checkpoint's MTP heads, on every rank; raises ModelError in one sentence
-    where the checkpoint ships none or the layout cannot run them."""
+def _with_heads(settings, loaded, group, rank: int):
+    """SPECULATIVE=mtp: the model with its checkpoint's MTP heads, on every rank that holds them (every rank, sharded,
+    under tensor parallel; the last stage alone under pipeline: engine.parallel.holds_heads); raises ModelError in
+    one sentence where the checkpoint ships none or the settings cannot run them."""
     import dataclasses
 
     from engine.model import ModelError
-    from engine.speculative.mtp import PIPELINE_MTP
-    from engine.speculative.mtp_model import with_heads
+    from pathlib import Path
 
-    if loaded.parallel == "pipeline":
-        raise ModelError(PIPELINE_MTP)
+    from engine.parallel import holds_heads
+    from engine.speculative.mtp import mtp_refusal
+    from engine.speculative.mtp_model import StageModel, with_heads
+
+    if not holds_heads(loaded.parallel, rank, list(loaded.pipeline_split)):
+        # an earlier pipeline stage: its caches are its own layers' alone; it refuses a checkpoint without heads
+        # as the last stage does, from the files
+        if why := mtp_refusal(Path(loaded.path)):
+            raise ModelError(why)
+        return dataclasses.replace(loaded, model=StageModel(loaded.model))
     tensor = group if loaded.parallel == "tensor" else None
     return dataclasses.replace(loaded, model=with_heads(loaded, tensor, settings.kv_bits, settings.KV_GROUP_SIZE))
 
@@ -208,9 +216,12 @@ def _build(settings, joined: Joined, watchdog):
         watchdog.beat("connecting the doorbell")  # idle ranks sleep on it instead of meeting in a collective
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather, port=settings.doorbell_port)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
-    proposer = _speculation(settings, joined, channel, watchdog)
-    if settings.SPECULATIVE == "mtp" and hasattr(joined.loaded.model, "chain") and batch.verifies:
-        batch.chain_tokens = settings.NUM_DRAFT_TOKENS  # every rank chains the heads: their all_sums must meet
+    speculating = _can_speculate(settings, joined, channel)
+    proposer = _speculation(settings, joined, channel, watchdog) if speculating else None
+    if settings.SPECULATIVE == "mtp" and speculating and hasattr(joined.loaded.model, "chain") and batch.verifies:
+        # every rank holding heads chains them (tensor parallel: their all_sums must meet); under pipeline only the
+        # last stage, rank 0, whose proposer reads the drafts where they were made
+        batch.chain_tokens = settings.NUM_DRAFT_TOKENS
         if proposer is not None:
             proposer.read_from(batch)
     batch.disk.agree = channel.gather  # a plan that restores from disk: the ranks agree which entries all loaded
@@ -258,13 +269,11 @@ def _pace(settings, joined: Joined, batch, channel, watchdog):
 
 
 def _speculation(settings, joined: Joined, channel, watchdog):
-    """Rank 0's proposer (None elsewhere, and where the model decodes plainly). Every rank learns whether rank 0
-    could build it, so a proposer that cannot be built (a draft of another tokenizer, no MTP heads) ends every
-    rank with rank 0's sentence (ModelError) rather than leaving them waiting for a plan."""
+    """Rank 0's proposer (None elsewhere), asked where every rank can verify (_can_speculate). Every rank learns
+    whether rank 0 could build it, so a proposer that cannot be built (a draft of another tokenizer, no MTP heads)
+    ends every rank with rank 0's sentence (ModelError) rather than leaving them waiting for a plan."""
     from engine.model import ModelError
 
-    if not _can_speculate(settings, joined, channel):
-        return None
     proposer, why = None, ""
     if joined.rank == 0:
         watchdog.beat(f"building the {settings.SPECULATIVE} proposer")

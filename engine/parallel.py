@@ -122,3 +122,22 @@ def memory_weights(memory: list[int], hosts: list[str]) -> list[float]:
     """Each rank's share of its host's memory: ranks on one host divide it."""
     per_host = {h: hosts.count(h) for h in hosts}
     return [m / per_host[h] for m, h in zip(memory, hosts)]
+
+
+def stage_layers(split: list[int], rank: int) -> range:
+    """The layers pipeline rank `rank` holds, as mlx-lm's pipeline() assigns them from each rank's count (rank 0
+    first): rank r runs the layers after those of ranks r+1 .. size-1, so rank 0 holds the last ones."""
+    first = sum(split[rank + 1:])
+    return range(first, first + split[rank])
+
+
+def last_stage(split: list[int]) -> int:
+    """The pipeline rank holding the model's last layer: the one whose output is the final hidden state."""
+    return next(r for r in range(len(split)) if stage_layers(split, r).stop == sum(split))
+
+
+def holds_heads(mode: str, rank: int, split: list[int]) -> bool:
+    """Whether this rank loads SPECULATIVE=mtp's heads: every rank alone or under tensor parallel (sharded like the
+    main layers, their all_sums must meet); under pipeline the last stage alone, which holds the final hidden
+    state the heads read and, like every stage, the embedding and lm_head."""
+    return mode != PIPELINE or rank == last_stage(split)

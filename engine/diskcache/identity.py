@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.parallel import PIPELINE, TENSOR
+from engine.parallel import PIPELINE, TENSOR, stage_layers
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ def layout_name(ranks: int, rank: int, parallel: str, layers: Sequence[int] = ()
     if parallel == TENSOR:
         return f"tp{ranks}.r{rank}"
     if parallel == PIPELINE:
-        first = sum(layers[rank + 1:])
-        return f"pp{ranks}.r{rank}.L{first}-{first + layers[rank] - 1}"
+        held = stage_layers(list(layers), rank)
+        return f"pp{ranks}.r{rank}.L{held.start}-{held.stop - 1}"
     raise ValueError(f"no layout name for {parallel!r} on {ranks} ranks")
 
 

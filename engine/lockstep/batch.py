@@ -433,8 +433,9 @@ class LockstepBatch:
         return out
 
     def _chain(self) -> None:
-        """Every rank: the MTP heads' drafts for each decoding sequence's next input (their layers are sharded, so
-        every rank runs them); rank 0's proposer hands them out with the next plan."""
+        """Every rank holding the MTP heads (tensor parallel: every rank, their sharded layers meet; pipeline: rank 0,
+        the last stage): their drafts for each decoding sequence's next input; rank 0's proposer hands them out
+        with the next plan."""
         uids, nexts = mlx_compat.next_inputs(self.gen)
         if uids:
             cache = mlx_compat.Decoding(mlx_compat.decoding_batch(self.gen)).cache

@@ -41,7 +41,8 @@ class NextnLayer(nn.Module):
         self.hnorm = nn.RMSNorm(dims, eps=eps)
         self.eh_proj = nn.Linear(2 * dims, dims, bias=False)
         self.shared_head = SharedHead(dims, args.vocab_size, eps, head)
-        self.mtp_block = type(main.model.layers[0])(args, index)
+        # main.layers: the layers this rank holds (a pipeline stage has None for the others')
+        self.mtp_block = type(main.layers[0])(args, index)
 
     def __call__(self, e: mx.array, h: mx.array, mask: Any, cache: Any) -> mx.array:
         x = self.eh_proj(mx.concatenate([self.enorm(e), self.hnorm(h)], axis=-1))

@@ -42,7 +42,8 @@ class MtpLayer(nn.Module):
         self.pre_fc_norm_embedding = nn.RMSNorm(dims, eps=eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(dims, eps=eps)
         self.fc = nn.Linear(2 * dims, dims, bias=False)
-        self.mtp_block = type(main.model.layers[0])(args, args.full_attention_interval - 1)
+        # main.layers: the layers this rank holds (a pipeline stage has None for the others')
+        self.mtp_block = type(main.layers[0])(args, args.full_attention_interval - 1)
         self.norm = nn.RMSNorm(dims, eps=eps)
 
     def __call__(self, e: mx.array, h: mx.array, mask: Any, cache: Any) -> mx.array:
@@ -116,7 +117,7 @@ def zero_centred(main: Any, stored: dict[str, mx.array]) -> bool:
 
 def shard(main: Any, built: list[nn.Module], group: Any) -> None:
     """Tensor parallel exactly as the main layers: the family's shard() over the MTP blocks (Qwen3.5's; mlx-lm's
-    qwen3_next has none and runs pipelined, where SPECULATIVE=mtp is refused); the vocabulary stays with the main
+    qwen3_next has none and runs pipelined, its heads whole on the last stage); the vocabulary stays with the main
     lm_head, so the stand-in reports tied embeddings and shard() leaves the head alone."""
     holder = SimpleNamespace(language_model=SimpleNamespace(args=SimpleNamespace(tie_word_embeddings=True)),
                              layers=[layer.mtp_block for layer in built])

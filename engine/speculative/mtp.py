@@ -1,8 +1,10 @@
 """The mtp proposer: drafts from the target's own multi-token-prediction heads (engine/mtp), else a refusal.
 
-Every rank runs the heads at the end of each step (engine/speculative/mtp_model.py: their layers are sharded like
-the main model's, so their all_sums must meet), and the batch keeps the drafts by request id; rank 0's proposer
-only hands them out with the next plan, where they travel and are verified as ngram's and a draft model's are.
+Every rank holding the heads runs them at the end of each step (engine/speculative/mtp_model.py): under tensor
+parallel every rank, their layers sharded like the main model's so that their all_sums meet; under pipeline the
+last stage alone, which is rank 0 (mlx-lm's pipeline() gives it the last layers: engine.parallel.holds_heads). The
+batch keeps the drafts by request id; rank 0's proposer only hands them out with the next plan, where they travel
+and are verified as ngram's and a draft model's are, so no other collective carries them.
 A checkpoint without heads, or a family engine/mtp does not cover, is refused at `check` and start in the
 sentence engine.mtp derives from the weights found.
 """
@@ -14,10 +16,6 @@ from typing import Any
 
 from config import Settings
 from engine.model import LoadedModel, ModelError
-
-# the heads would sit on the last stage, which alone holds the final hidden state: not built yet
-PIPELINE_MTP = ("SPECULATIVE=mtp cannot run under pipeline parallel yet (the heads need the last stage's hidden "
-                "state on every rank); set PARALLEL=tensor, or SPECULATIVE=ngram")
 
 
 def mtp_refusal(folder: Path) -> str | None:

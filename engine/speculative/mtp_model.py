@@ -6,7 +6,8 @@ forward pass over tokens x_a..x_b also feeds the heads the pairs (h_{a-1}, x_a) 
 model's post-norm hidden, h_{a-1} from the carry; zero for a sequence's first token, as vLLM's deepseek_mtp.py
 zeroes position 0), so the MTP cache gains as many entries as the main one and rolls back with it
 (engine/speculative/rollback.py); the carry becomes h_b. After each step, `chain` drafts greedily from (carry,
-next input) on every rank (the heads' sharded layers meet in their all_sums) and trims its own entries.
+next input) on every rank holding the heads (tensor parallel: every rank, their sharded layers meet in their
+all_sums; pipeline: the last stage, rank 0, alone) and trims its own entries.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from engine.mtp.heads import main_logits
 from engine.speculative.carry import HiddenCarry
@@ -81,6 +82,33 @@ class MtpModel:
         return out
 
 
+class StageModel:
+    """An earlier pipeline stage beside the heads of the last (rank 0): the model as it is, its last cache made to
+    depend on the final hidden state. The heads' KV depends on that state, so rank 0 runs the pipeline's closing
+    all_gather whenever a prefill chunk's caches are evaluated; without the tie this stage would skip it there
+    (only logits need it) and the ranks would wait on each other."""
+
+    def __init__(self, main: Any) -> None:
+        self.__dict__.update(main=main)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["main"], name)
+
+    def make_cache(self) -> list:
+        return make_prompt_cache(self.main)
+
+    def __call__(self, inputs: mx.array, cache: list | None = None) -> mx.array:
+        if cache is None:
+            return self.main(inputs)
+        h = self.main.model(inputs, cache)
+        last = cache[-1]
+        if isinstance(last, ArraysCache):  # as mlx-lm's qwen3_next ties a linear layer's state to its send
+            last[0] = mx.depends(last[0], h)
+        else:
+            last.keys = mx.depends(last.keys, h)
+        return main_logits(self.main, h)
+
+
 def _carried(carry: HiddenCarry, h: mx.array) -> mx.array:
     """The carried hidden (B, 1, D): zeros for a batch none of whose rows has one yet (merging fills the others)."""
     if carry[0] is not None:
@@ -103,7 +131,9 @@ def _last(carry: HiddenCarry, h: mx.array, previous: mx.array) -> mx.array:
 
 def with_heads(loaded: Any, parallel_group: Any = None, kv_bits: int | None = None, kv_group_size: int = 64) -> Any:
     """The loaded model's model wrapped with the checkpoint's heads (ModelError where it ships none), the heads
-    sharded as the main layers are under tensor parallel, their KV stored in kv_bits (KV_BITS) as the main one."""
+    sharded as the main layers are under tensor parallel (parallel_group), else whole (one rank, or the last
+    pipeline stage, which holds the final hidden state, the embedding and the lm_head they share); their KV stored
+    in kv_bits (KV_BITS) as the main one."""
     from pathlib import Path
 
     from engine.mtp import load_heads

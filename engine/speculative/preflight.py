@@ -55,8 +55,6 @@ def _proposer(settings: Settings, target) -> tuple[int, str]:
     if refusal is None:
         return VERDICT_UNKNOWN, "SPECULATIVE=mtp: whether this model has usable MTP heads is told when it loads"
     why = refusal(target)
-    if not why and settings.PARALLEL == "pipeline":
-        why = module.PIPELINE_MTP
     return (VERDICT_REFUSED, why) if why else (VERDICT_OK, mode)
 
 

@@ -112,6 +112,23 @@ def test_heads_split_over_two_ranks_exactly_as_a_main_moe_layer(name):
         assert counts[0] == counts[1]  # heads per rank
 
 
+@pytest.mark.parametrize("name", ["deepseek-v3-mtp", "glm4-moe-mtp", "qwen3-next-mtp", "qwen3.5-mtp"])
+def test_the_last_pipeline_stage_builds_the_heads_beside_its_own_layers_and_they_compute_as_on_the_whole_model(name):
+    # mlx-lm's pipeline() leaves rank 0 (the last stage) its last layers only, the others None; the heads read the
+    # final hidden state, the embedding and the lm_head, which that stage holds
+    folder = ensure_zoo_model(name, MODEL_CACHE)
+    model, _ = load(str(folder))
+    tokens = mx.array(TOKENS)
+    hidden = model.model(tokens)
+    want = load_heads(model, folder)(hidden, tokens, None)
+    stage, _ = load(str(folder))
+    stage.model.pipeline(_Group(0, 2))
+    assert stage.model.layers[0] is None
+    got = load_heads(stage, folder)(hidden, tokens, None)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.array(g), np.array(w), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("name", "says"), [
     ("deepseek-v3", "its checkpoint holds no weights under model.layers.2.*"),
     ("deepseek-v3-4bit", "mlx_lm.convert drops the heads when it quantizes"),

@@ -3,13 +3,14 @@ takes on a pipeline rank: decided without MLX from what mlx-lm's class for the m
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from config import ConfigError, load_settings
 from engine.parallel import (AUTO, PIPELINE, SINGLE, TENSOR, Abilities, ParallelRefused, checked_split, choose,
-                             memory_weights, split_layers)
+                             holds_heads, last_stage, memory_weights, split_layers, stage_layers)
 from engine.rank0.kv_budget import token_bytes
 
 BOTH = Abilities("deepseek_v3", tensor=True, pipeline=True, uneven=True)
@@ -156,3 +157,34 @@ def test_status_and_health_say_why_the_ranks_run_pipelined():
     lines = describe_info(info).splitlines()
     assert "(pipeline parallel: layers 1 + 1)" in lines[1] and lines[2].strip() == note
     assert details(info)["parallel_note"] == note
+
+
+def _mlx_lm_stages(split: list[int]) -> list[range]:
+    """The layers each rank keeps under mlx-lm's own PipelineMixin.pipeline() (its module imports nothing: read from
+    the installed mlx_lm's folder without importing mlx), run over a stand-in holding one entry per layer."""
+    folder = importlib.util.find_spec("mlx_lm").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location("mlx_lm_pipeline", f"{folder}/models/pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = []
+    for rank in range(len(split)):
+        stage = module.PipelineMixin()
+        stage.layers = list(range(sum(split)))
+        stage.pipeline(type("Group", (), {"rank": lambda self, r=rank: r, "size": lambda self: len(split)})(), split)
+        out.append(range(stage.pipeline_layers[0], stage.pipeline_layers[-1] + 1))
+    return out
+
+
+@pytest.mark.parametrize("split", [[1, 1], [12, 12], [20, 12], [3, 9], [10, 8, 6], [1, 1, 1, 5]])
+def test_pipeline_stages_hold_the_layers_mlx_lm_gives_them_and_rank_0_the_last(split):
+    assert [stage_layers(split, r) for r in range(len(split))] == _mlx_lm_stages(split)
+    assert last_stage(split) == 0
+
+
+def test_mtp_heads_sit_on_every_tensor_rank_and_on_the_last_pipeline_stage_only():
+    # tensor parallel shards them (their all_sums meet on every rank); pipeline keeps them whole beside the final
+    # hidden state, on rank 0, where the proposer reads their drafts
+    assert holds_heads(SINGLE, 0, [])
+    assert all(holds_heads(TENSOR, r, []) for r in range(4))
+    assert [holds_heads(PIPELINE, r, [20, 12]) for r in range(2)] == [True, False]
+    assert [holds_heads(PIPELINE, r, [10, 8, 6]) for r in range(3)] == [True, False, False]
