@@ -270,8 +270,8 @@ detokenize_bodies = st.builds(
 
 # Embed and Rerank for the helper models (the zoo embedder: 512 tokens, 64 dimensions): texts and ids around the
 # vocabulary's edge, inputs past the helper's context, counts and dimensions at and past their limits.
-helper_inputs = mostly(st.lists(mostly(typed_text.map(lambda t: t or "x") | st.lists(st.integers(0, VOCAB - 1), min_size=1,
-                                                                          max_size=8),
+helper_inputs = mostly(st.lists(mostly(typed_text.map(lambda t: t or "x")
+                                       | st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8),
                                        st.just("") | st.lists(ints, max_size=4) | st.just("word " * 600)
                                        | st.lists(st.integers(0, VOCAB - 1), min_size=513, max_size=600), odds=8),
                                 min_size=1, max_size=5), st.just([]) | st.lists(st.just("a"), min_size=6, max_size=7))

@@ -17,8 +17,8 @@ import msgspec
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
 from api.helpers import check_count, check_helper_model, texts_or_tokens
-from api.ollama.protocol import (ChatRequest, EmbeddingsRequest, EmbedRequest, Format, GenerateRequest, Message, Options,
-                                 Think)
+from api.ollama.protocol import (ChatRequest, EmbeddingsRequest, EmbedRequest, Format, GenerateRequest, Message,
+                                 Options, Think)
 from api.request_checks import MODEL_ALIAS, Refusal, check_depth, max_tokens_within, server_max_tokens
 from api.schemas import closed
 from config import Settings

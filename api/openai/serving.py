@@ -210,7 +210,8 @@ def embed_request(req: EmbeddingRequest, request_id: str, helper: ipc.HelperStat
     dimensions = 0 if req.dimensions is UNSET else req.dimensions
     if dimensions and not helper.matryoshka:
         raise InvalidRequest(f"Invalid value for 'dimensions': {helper.name} cannot be cut to fewer dimensions (it "
-                             "was not trained with Matryoshka representation learning); leave it out.", param="dimensions")
+                             "was not trained with Matryoshka representation learning); leave it out.",
+                             param="dimensions")
     if dimensions > helper.dimensions:
         raise InvalidRequest(f"Invalid value for 'dimensions': {dimensions} exceeds {helper.name}'s "
                              f"{helper.dimensions}.", param="dimensions")

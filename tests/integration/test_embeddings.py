@@ -116,4 +116,7 @@ def test_the_helper_is_listed_and_counted_in_rank_0s_memory(stack):
     assert helper["kind"] == "embedding" and helper["dimensions"] == 64 and helper["weight_bytes"] > 0
     assert health["rank_states"][0]["helper_bytes"] == helper["weight_bytes"]
     assert health["helper_work"]["inputs"] >= 64
+    metrics = httpx.get(s.base_url + "/metrics").text
+    weights = f'helper_weight_bytes{{kind="embedding",name="{EMBEDDER}",rank="0"}}'
+    assert f"{weights} {float(helper['weight_bytes'])}" in metrics
     assert httpx.post(s.base_url + "/v1/rerank", json={"query": "q", "documents": ["a"]}).status_code == 404
