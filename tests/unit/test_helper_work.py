@@ -124,3 +124,12 @@ def test_dimensions_are_refused_for_a_model_that_is_not_matryoshka():
     helper.matryoshka = False
     with pytest.raises(Refused, match="matryoshka"):
         tokens(Embed(request_id="r", inputs=["a"], dimensions=2), helper)
+
+
+def test_rerank_scores_come_back_one_per_document_in_order():
+    helper, results = FakeEmbedder(), []
+    pairs = [[1] * n for n in (3, 1, 2)]
+    work = HelperWork(budget=4)
+    work.add(Job(helper, pairs, results.append, scores=True))
+    run(work)
+    assert results[0].tolist() == pytest.approx([1 / 3, 1.0, 1 / 2])
