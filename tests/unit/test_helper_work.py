@@ -133,3 +133,11 @@ def test_rerank_scores_come_back_one_per_document_in_order():
     work.add(Job(helper, pairs, results.append, scores=True))
     run(work)
     assert results[0].tolist() == pytest.approx([1 / 3, 1.0, 1 / 2])
+
+
+def test_a_large_answer_comes_in_frames_within_the_socket_limit_and_dimensions_cut_then_renormalize():
+    desk = HelperDesk({}, queue.SimpleQueue(), max_inputs=8, timeout=1)
+    rows = np.array([[3.0, 4.0, 12.0, 0.0]] * 5, dtype=np.float32)
+    frames = desk._reply(Embed(request_id="r", inputs=["a"] * 5, dimensions=2), [[1]] * 5, rows, max_frame=4 * 16)
+    assert [(f.index, len(f.embeddings), f.more) for f in frames] == [(0, 2, True), (2, 2, True), (4, 1, False)]
+    assert all(np.frombuffer(raw, "<f4").tolist() == pytest.approx([0.6, 0.8]) for f in frames for raw in f.embeddings)
