@@ -194,6 +194,23 @@ async def test_rerank_sorts_by_relevance_with_top_n_and_documents(helpers, clien
                                {"index": 1, "relevance_score": 0.5, "document": {"text": "b"}}]
 
 
+async def test_cohere_clients_v1_and_v2_read_our_rerank_answers(helpers, make_settings):
+    """Cohere's own SDK (as vLLM's rerank example drives it): v1 posts /v1/rerank, v2 posts /v2/rerank."""
+    cohere = pytest.importorskip("cohere")
+    import httpx
+
+    from api import create_app
+
+    transport = httpx.ASGITransport(app=create_app(make_settings()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        v1 = await cohere.AsyncClient(base_url="http://test", api_key="x", httpx_client=http).rerank(
+            model=RERANKER.name, query="q", documents=["a", "b", "c"], top_n=2, return_documents=True)
+        v2 = await cohere.AsyncClientV2(base_url="http://test", api_key="x", httpx_client=http).rerank(
+            model=RERANKER.name, query="q", documents=["a", "b"], top_n=1)
+    assert [(r.index, r.relevance_score, r.document.text) for r in v1.results] == [(0, 1.0, "a"), (1, 0.5, "b")]
+    assert [(r.index, r.relevance_score) for r in v2.results] == [(0, 1.0)]
+
+
 async def test_rerank_without_return_documents_gives_indices_and_scores(helpers, client):
     r = await client.post("/v1/rerank", json={"query": "q", "documents": ["a", "b"]})
     assert r.json()["results"] == [{"index": 0, "relevance_score": 1.0}, {"index": 1, "relevance_score": 0.5}]
