@@ -85,10 +85,11 @@ class DecoderEmbedder:
 
 
 def load(folder: Path, name: str) -> DecoderEmbedder:
-    from mlx_lm.utils import load_model
-    from transformers import AutoTokenizer
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    from engine.mlx_compat import hf_tokenizer
 
     model, config = load_model(folder, lazy=False, strict=True, get_model_classes=_classes)
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = hf_tokenizer(load_tokenizer(folder))
     return DecoderEmbedder(model, tokenizer, config, name)
