@@ -102,7 +102,7 @@ class HelperWork:
         except Exception as exc:  # a bug or a broken model: this request fails, the engine serves on
             log.exception("helper %s failed on %d input(s)", getattr(job.helper, "name", "?"), len(batch))
             self.jobs.popleft()
-            job.done(exc)
+            _deliver(job, exc)
             return cost
         self.stats.seconds += time.perf_counter() - started
         self.stats.inputs += len(batch)
@@ -111,7 +111,7 @@ class HelperWork:
             job._rows[i] = row
         if job.finished:
             self.jobs.popleft()
-            job.done(job.result())
+            _deliver(job, job.result())
         return cost
 
     def _drop_cancelled(self) -> None:
@@ -119,3 +119,11 @@ class HelperWork:
             self.jobs.popleft()
         if any(j.cancelled.is_set() for j in self.jobs):
             self.jobs = deque(j for j in self.jobs if not j.cancelled.is_set())
+
+
+def _deliver(job: Job, result: Any) -> None:
+    # The socket thread's loop may be gone (the engine stopping): the step loop must not die of it.
+    try:
+        job.done(result)
+    except RuntimeError as exc:
+        log.warning("a helper answer could not be delivered (%s); its client has gone", exc)
