@@ -70,15 +70,19 @@ def resolve_helper(settings: Settings, setting: str, value: str) -> Path:
         raise ModelError(str(exc).replace("MODEL=", f"{setting}=", 1)) from exc
 
 
-def family_for(config: dict[str, Any], kind: str, setting: str, value: str):
-    """(name, module) of the first family of this kind that reads the config; ModelError when none does."""
+def families_for(config: dict[str, Any], kind: str, setting: str, value: str) -> list[tuple[str, Any]]:
+    """(name, module) of every family that reads the config and may be of this kind (a module without KIND says
+    its kind once loaded), in FAMILIES' order; ModelError when none does."""
+    found = []
     for name in FAMILIES:
         module = importlib.import_module(f"engine.helpers.families.{name}")
         if getattr(module, "KIND", kind) == kind and module.matches(config):
-            return name, module
-    raise ModelError(f"{setting}={value!r}: no {kind} family reads this model (config.json model_type "
-                     f"{config.get('model_type')!r}); serve one of the families docs/helpers.md lists, or add one "
-                     "(docs/extending.md)")
+            found.append((name, module))
+    if not found:
+        raise ModelError(f"{setting}={value!r}: no {kind} family reads this model (config.json model_type "
+                         f"{config.get('model_type')!r}); serve one of the families docs/helpers.md lists, or add one "
+                         "(docs/extending.md)")
+    return found
 
 
 def load_one(settings: Settings, kind: str, value: str) -> Loaded:
@@ -89,16 +93,17 @@ def load_one(settings: Settings, kind: str, value: str) -> Loaded:
     except (OSError, ValueError) as exc:
         raise ModelError(f"{setting}={value!r}: cannot read {path / 'config.json'} ({exc}); give a model folder "
                          "with its config.json") from None
-    family, module = family_for(config, kind, setting, value)
-    try:
-        with load_errors_explained(settings, path):
-            helper = module.load(path, served_name(value))
-    except ModelError as exc:
-        raise ModelError(f"{setting}={value!r}: {exc}") from exc
-    if helper.kind != kind:
-        raise ModelError(f"{setting}={value!r} loads as a {helper.kind} model ({family}), not {kind}: name it in "
-                         f"{SETTINGS[helper.kind]} instead")
-    return Loaded(helper, family, path, helper.weight_bytes())
+    other = ""
+    for family, module in families_for(config, kind, setting, value):
+        try:
+            with load_errors_explained(settings, path):
+                helper = module.load(path, served_name(value))
+        except ModelError as exc:
+            raise ModelError(f"{setting}={value!r}: {exc}") from exc
+        if helper.kind == kind:
+            return Loaded(helper, family, path, helper.weight_bytes())
+        other = other or helper.kind
+    raise ModelError(f"{setting}={value!r} loads as a {other} model, not {kind}: name it in {SETTINGS[other]} instead")
 
 
 def load_helpers(settings: Settings) -> dict[str, Loaded]:

@@ -13,7 +13,7 @@ from engine.verdicts import VERDICT_OK, VERDICT_REFUSED, answer
 
 
 def verdict(settings: Settings) -> tuple[int, str]:
-    from engine.helpers.load import SETTINGS, configured, family_for, resolve_helper
+    from engine.helpers.load import SETTINGS, configured, families_for, resolve_helper
     from engine.model import ModelError
 
     found = []
@@ -22,7 +22,7 @@ def verdict(settings: Settings) -> tuple[int, str]:
         try:
             path = resolve_helper(settings, setting, value)
             config = json.loads((path / "config.json").read_text())
-            family, _ = family_for(config, kind, setting, value)
+            family = families_for(config, kind, setting, value)[0][0]
         except ModelError as exc:
             return VERDICT_REFUSED, str(exc)
         except (OSError, ValueError) as exc:
