@@ -161,8 +161,8 @@ def _generation(summary: str, request: str, response: str, events: dict[str, Any
 
 
 def _post(summary: str, request: dict[str, Any], response: str, errors: dict[str, str], auth: bool,
-          example: dict[str, Any]) -> dict[str, Any]:
-    operation = _get(summary, {"description": "the answer", "content": _json(response)}, errors, auth)
+          example: dict[str, Any], error: str = "ErrorResponse") -> dict[str, Any]:
+    operation = _get(summary, {"description": "the answer", "content": _json(response)}, errors, auth, error)
     operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request,
                                                                                   "example": example}}}
     return operation
@@ -239,10 +239,10 @@ def _ollama_paths(settings: Settings, auth: bool, components: dict[str, Any]) ->
         "/api/embed": {"post": _post(
             "Embed inputs with the embedding model beside the served one (EMBEDDING_MODEL)",
             {"$ref": REF.format(name=OLLAMA + "EmbedRequest")}, OLLAMA + "EmbedResponse", _HELPER_ERRORS, auth,
-            {"model": "default", "input": ["hello"]})},
+            {"model": "default", "input": ["hello"]}, error)},
         "/api/embeddings": {"post": _post(
             "Embed one prompt (Ollama's legacy endpoint)", {"$ref": REF.format(name=OLLAMA + "EmbeddingsRequest")},
-            OLLAMA + "EmbeddingsResponse", _HELPER_ERRORS, auth, {"model": "default", "prompt": "hello"})},
+            OLLAMA + "EmbeddingsResponse", _HELPER_ERRORS, auth, {"model": "default", "prompt": "hello"}, error)},
     }
 
 
