@@ -194,6 +194,22 @@ class EngineCollector(Collector):
             cached.add_metric(labels, r.prompt_cache_bytes)
         yield from (memory, host, age, step, cached)
         yield from _links(info)
+        yield from _helpers(info)
+
+
+def _helpers(info: ipc.Info) -> Iterator[Metric]:
+    """The helper models beside the served one (EMBEDDING_MODEL, RERANK_MODEL) and their work so far."""
+    weights = GaugeMetricFamily(f"{PREFIX}_helper_weight_bytes", "Weights of each helper model, on the rank it is "
+                                "pinned to.", labels=["kind", "name", "rank"])
+    for h in info.helpers:
+        weights.add_metric([h.kind, h.name, str(h.rank)], h.weight_bytes)
+    yield weights
+    yield CounterMetricFamily(f"{PREFIX}_helper_inputs", "Inputs (embeddings) and documents (rerank) the helpers "
+                              "computed.", value=info.helper_inputs)
+    yield CounterMetricFamily(f"{PREFIX}_helper_tokens", "Input tokens the helpers computed, padding included.",
+                              value=info.helper_tokens)
+    yield CounterMetricFamily(f"{PREFIX}_helper_seconds", "Seconds rank 0 spent on helper work between steps.",
+                              value=info.helper_seconds)
 
 
 def _links(info: ipc.Info) -> Iterator[Metric]:

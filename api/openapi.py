@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from api.anthropic import protocol as anthropic
 from api.openai import protocol, tokens
+from api.rerank import protocol as rerank_protocol
 from api.responses import protocol as responses_protocol
 from api.ollama import protocol as ollama
 from api.ollama.models import OLLAMA_VERSION
@@ -72,6 +73,11 @@ _GENERATION_ERRORS = {
 _TOKEN_ERRORS = {status: text for status, text in _GENERATION_ERRORS.items() if status != "429"} | {
     "400": "invalid request: a bad parameter (named in error.param), or a token id outside the vocabulary",
     "500": "the engine failed to answer",
+}
+# the helper models' routes: 404 also when no helper of the kind is configured
+_HELPER_ERRORS = _TOKEN_ERRORS | {
+    "404": "no helper model of this kind is configured (EMBEDDING_MODEL, RERANK_MODEL), or model names another",
+    "400": "invalid request: a bad input (named in error.param), or one longer than the helper takes",
 }
 # model listings before the engine has said which model it serves
 _UNAVAILABLE = {"503": "the engine is unavailable and its model is not known yet"}
@@ -155,8 +161,8 @@ def _generation(summary: str, request: str, response: str, events: dict[str, Any
 
 
 def _post(summary: str, request: dict[str, Any], response: str, errors: dict[str, str], auth: bool,
-          example: dict[str, Any]) -> dict[str, Any]:
-    operation = _get(summary, {"description": "the answer", "content": _json(response)}, errors, auth)
+          example: dict[str, Any], error: str = "ErrorResponse") -> dict[str, Any]:
+    operation = _get(summary, {"description": "the answer", "content": _json(response)}, errors, auth, error)
     operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request,
                                                                                   "example": example}}}
     return operation
@@ -194,10 +200,11 @@ def _ollama_generation(summary: str, request: str, response: str, auth: bool,
 
 
 def _ollama_paths(settings: Settings, auth: bool, components: dict[str, Any]) -> dict[str, Any]:
-    """Ollama's /api (model management and embeddings answer 501 and are left out), and the probe at /."""
+    """Ollama's /api (model management answers 501 and is left out), and the probe at /."""
     structs = [ollama.ChatRequest, ollama.GenerateRequest, ollama.ShowRequest, ollama.ChatResponse,
                ollama.GenerateResponse, ollama.ModelList, ollama.RunningModels, ollama.ShowResponse,
-               ollama.Version, ollama.Error]
+               ollama.Version, ollama.Error, ollama.EmbedRequest, ollama.EmbedResponse, ollama.EmbeddingsRequest,
+               ollama.EmbeddingsResponse]
     _, schemas = msgspec.json.schema_components(structs, ref_template=REF.format(name=OLLAMA + "{name}"))
     components.update({OLLAMA + name: schema for name, schema in schemas.items()})
     names = sorted({n + tag for n in (settings.model_name.removesuffix(LATEST), MODEL_ALIAS) for tag in ("", LATEST)})
@@ -229,6 +236,13 @@ def _ollama_paths(settings: Settings, auth: bool, components: dict[str, Any]) ->
             "Complete a prompt (Ollama)", "GenerateRequest", "GenerateResponse", auth,
             {"model": settings.model_name, "prompt": "Once upon a time", "stream": False,
              "options": {"num_predict": 8}})},
+        "/api/embed": {"post": _post(
+            "Embed inputs with the embedding model beside the served one (EMBEDDING_MODEL)",
+            {"$ref": REF.format(name=OLLAMA + "EmbedRequest")}, OLLAMA + "EmbedResponse", _HELPER_ERRORS, auth,
+            {"model": "default", "input": ["hello"]}, error)},
+        "/api/embeddings": {"post": _post(
+            "Embed one prompt (Ollama's legacy endpoint)", {"$ref": REF.format(name=OLLAMA + "EmbeddingsRequest")},
+            OLLAMA + "EmbeddingsResponse", _HELPER_ERRORS, auth, {"model": "default", "prompt": "hello"}, error)},
     }
 
 
@@ -241,6 +255,10 @@ _STRUCTS = [
     protocol.Completion,
     protocol.ModelList,
     protocol.Model,
+    protocol.EmbeddingRequest,
+    protocol.EmbeddingList,
+    rerank_protocol.RerankRequest,
+    rerank_protocol.RerankResponse,
     responses_protocol.ResponsesRequest,
     responses_protocol.Response,
     tokens.TokenizeCompletionRequest,
@@ -257,8 +275,8 @@ _STRUCTS = [
 ]
 _DESCRIPTION = ("OpenAI-compatible API (chat, completions, Responses) in front of a distributed "
                 "MLX engine; Anthropic's Messages API and Ollama's /api over the same engine. Ollama's model management (/api/pull, "
-                "/push, /create, /copy, /delete, /blobs) and embeddings (/api/embed, /embeddings) "
-                "answer 501 with {\"error\": message}.")
+                "/push, /create, /copy, /delete, /blobs) answers 501 with {\"error\": message}. Embeddings and rerank "
+                "come from helper models beside the served one (EMBEDDING_MODEL, RERANK_MODEL), 404 without them.")
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
@@ -269,7 +287,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "mlx-cluster-serve", "version": "1", "description": _DESCRIPTION},
         "paths": {**_generation_paths(settings, auth), **_model_paths(auth), **_token_paths(settings, auth),
-                  "/health": _health_path()},
+                  **_helper_paths(auth), "/health": _health_path()},
         "components": {"schemas": components},
     }
     doc["paths"].update(_ollama_paths(settings, auth, components))
@@ -349,6 +367,22 @@ def _token_paths(settings: Settings, auth: bool) -> dict[str, Any]:
     }
 
 
+def _helper_paths(auth: bool) -> dict[str, Any]:
+    """The helper models' OpenAI and rerank routes."""
+    rerank = _post("Rank documents by relevance to a query (Cohere, Jina and vLLM's shape; RERANK_MODEL)",
+                   {"$ref": REF.format(name="RerankRequest")}, "RerankResponse", _HELPER_ERRORS, auth,
+                   {"query": "capital of France", "documents": ["Paris is the capital of France", "bananas"]})
+    return {
+        "/v1/embeddings": {"post": _post(
+            "Embed inputs with the embedding model beside the served one (EMBEDDING_MODEL)",
+            {"$ref": REF.format(name="EmbeddingRequest")}, "EmbeddingList", _HELPER_ERRORS, auth,
+            {"model": "default", "input": ["hello"]})},
+        "/v1/rerank": {"post": rerank},
+        "/rerank": {"post": rerank},
+        "/v2/rerank": {"post": rerank},
+    }
+
+
 def _health_path() -> dict[str, Any]:
     """/health never needs a key; its 503 carries the same body as its 200."""
     health = {"get": _get("Engine and API health (never needs a key)", {
@@ -368,7 +402,7 @@ def _annotate(doc: dict[str, Any], auth: bool) -> None:
     if auth:
         doc["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
         for path, item in doc["paths"].items():
-            if path.startswith(("/v1/", "/api/")) or path in ("/tokenize", "/detokenize"):
+            if path.startswith(("/v1/", "/v2/", "/api/")) or path in ("/tokenize", "/detokenize", "/rerank"):
                 for operation in item.values():
                     operation["security"] = [{"bearerAuth": []}]
 

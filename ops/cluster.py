@@ -20,6 +20,7 @@ from pathlib import Path
 
 from config import REPO_ROOT, Settings
 from ops import host_faults
+from ops.helpers_check import helper_refusal
 from ops.kvquant_check import kv_quant_refusal
 from ops.parallel_check import parallel_verdict
 from ops.rank0_ports import listening
@@ -264,17 +265,18 @@ def check(settings: Settings) -> int:
     ranks = sum(len(h.ranks) for h in hosts)
     ports = (settings.doorbell_port, settings.RING_PORT)  # where the other ranks dial rank 0
     with listening(hosts[0].ips if hosts and settings.HOSTFILE and ranks > 1 else None, ports) as (reach, faults), \
-            cf.ThreadPoolExecutor(len(hosts) + 3) as pool:
+            cf.ThreadPoolExecutor(len(hosts) + 4) as pool:
         global_faults += faults
         # the ranks together: can they run MODEL at all as PARALLEL says (asked here: mlx-lm decides alike anywhere)
         parallel = pool.submit(parallel_verdict, settings, ranks)
         speculation = pool.submit(speculative_verdict, settings)
         quantization = pool.submit(kv_quant_refusal, settings)
+        helpers = pool.submit(helper_refusal, settings)
         list(pool.map(lambda h: probe_host(h, settings, reach), hosts))
     judge(hosts, settings)
     refusal, mode = parallel.result()
     spec_refusal, spec_warning = speculation.result()
-    model_faults = [why for why in (refusal, spec_refusal, quantization.result()) if why is not None]
+    model_faults = [why for why in (refusal, spec_refusal, quantization.result(), helpers.result()) if why is not None]
     print(render(hosts, settings, global_faults, model_faults, mode, [spec_warning] if spec_warning else None))
     return 1 if global_faults or model_faults or any(h.faults for h in hosts) or not hosts else 0
 

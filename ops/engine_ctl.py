@@ -15,6 +15,7 @@ from ops.interrupt import deferred
 from ops.cluster import rank_count
 from ops.layout import Die, Layout, ceil_seconds, log_size, say, show_log_tail
 from ops.parallel_check import parallel_refusal
+from ops.helpers_check import helper_refusal
 from ops.kvquant_check import kv_quant_refusal
 from ops.speculative_check import speculative_refusal
 from ops.pidfile import PidFile, stop_recorded
@@ -131,6 +132,8 @@ class EngineCtl:
         if (why := speculative_refusal(self.settings)) is not None:
             raise Die(1, why)
         if (why := kv_quant_refusal(self.settings)) is not None:
+            raise Die(1, why)
+        if (why := helper_refusal(self.settings)) is not None:
             raise Die(1, why)
         offset = log_size(self.layout.engine_log)
         pid = self.start()

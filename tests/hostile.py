@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from engine.modelgen.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
-from ipc import Detokenize, Generate, SamplingParams, Tokenize
+from ipc import Detokenize, Embed, Generate, Rerank, SamplingParams, Tokenize
 from tests.images import PNG, data_url
 
 VOCAB = 1024  # the demo model's vocabulary: top_k and token ids around it are the interesting ones
@@ -279,3 +279,15 @@ detokenize_bodies = st.builds(
     _optional(model=mostly(st.sampled_from(["default", "demo-tiny"]), st.none() | small_text),
               something_else=json_values),
 )
+
+# Embed and Rerank for the helper models (the zoo embedder: 512 tokens, 64 dimensions): texts and ids around the
+# vocabulary's edge, inputs past the helper's context, counts and dimensions at and past their limits.
+helper_inputs = mostly(st.lists(mostly(typed_text.map(lambda t: t or "x")
+                                       | st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8),
+                                       st.just("") | st.lists(ints, max_size=4) | st.just("word " * 600)
+                                       | st.lists(st.integers(0, VOCAB - 1), min_size=513, max_size=600), odds=8),
+                                min_size=1, max_size=5), st.just([]) | st.lists(st.just("a"), min_size=6, max_size=7))
+embeds = st.builds(Embed, request_id=request_ids, inputs=helper_inputs, truncate=st.booleans(),
+                   dimensions=mostly(st.sampled_from([0, 1, 16, 64]), ints), param=st.sampled_from(["input", "prompt"]))
+reranks = st.builds(Rerank, request_id=request_ids, query=mostly(st.text(max_size=30), st.just("")),
+                    documents=st.lists(st.text(max_size=30), max_size=5))

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ipc import Detokenized, Error, Finish, Generate, SamplingParams, Started, Tokenize, Tokenized
+from ipc import Detokenized, Embed, Embedded, Error, Finish, Generate, SamplingParams, Started, Tokenize, Tokenized
 from tests import hostile, wire
 from tests.harness import Stack, wait_for
 
@@ -36,7 +36,7 @@ hostile_settings = settings(max_examples=EXAMPLES, deadline=None, derandomize=no
 def small_stack():
     """Small limits, so that every admitted example is short and the capacity checks are in reach."""
     s = Stack(extra={"MAX_TOKENS_DEFAULT": "6", "MAX_TOKENS_LIMIT": "64", "MAX_BATCH": "4", "MAX_QUEUE": "8",
-                     "REQUEST_TIMEOUT": "60"})
+                     "REQUEST_TIMEOUT": "60", "EMBEDDING_MODEL": "zoo-qwen3-embedding", "HELPER_MAX_INPUTS": "5"})
     s.procs = {"engine": s.start_engine(ranks=RANKS), "api": s.start_api()}
     yield s
     for p in s.procs.values():
@@ -125,6 +125,21 @@ def test_any_socket_tokenize_or_detokenize_answers_or_gets_a_4xx_and_the_engine_
         assert (answer.token_strs is not None) == msg.return_token_strs
     else:
         assert isinstance(answer, Detokenized), answer
+    still_serving(small_stack)
+
+
+@hostile_settings
+@given(msg=hostile.mostly(hostile.embeds, hostile.reranks, odds=4))
+def test_any_socket_embed_or_rerank_answers_or_gets_a_4xx_and_the_engine_serves_on(small_stack, msg):
+    frames = wire.run(small_stack.socket, msg, max_frames=1, timeout=60)
+    assert frames, "the engine closed the connection without an answer"
+    answer = frames[0]
+    event(f"{type(answer).__name__} {getattr(answer, 'param', '') or ''}")
+    if isinstance(answer, Error):  # a Rerank: no reranker is configured here, 404
+        assert 400 <= answer.status < 500 and answer.message and answer.request_id == msg.request_id, answer
+    else:
+        assert isinstance(answer, Embedded) and isinstance(msg, Embed), answer
+        assert answer.dimensions == (msg.dimensions or 64) and answer.embeddings
     still_serving(small_stack)
 
 

@@ -29,7 +29,7 @@ CHECKS = [
     response_schema_conformance,
     negative_data_rejection,
 ]
-EXAMPLES = 40  # per operation (17 of them, each with the real engine behind): CI-sized
+EXAMPLES = 40  # per operation (23 of them, each with the real engine behind): CI-sized
 # MODEL as the test stack pins it: the document names the served model (examples, enums)
 FUZZED_SETTINGS = {"MODEL": "demo-tiny", "MAX_TOKENS_LIMIT": "16", "MAX_TOKENS_DEFAULT": "8"}
 
