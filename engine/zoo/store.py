@@ -7,7 +7,6 @@ from pathlib import Path
 
 from engine.modelgen.store import ensure, write_json
 from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
-from engine.zoo import helpers_encoder
 from engine.zoo.configs import CONTEXT_LENGTH, HIDDEN, SHAPES, config
 from engine.zoo.names import (FORMAT_MODELS, MTP_MODELS, QUANTIZED_SUFFIX, SERVED_MODELS, SHAPE_MODELS,
                               TOOLS_PREFIX, WIDE_MODELS)
@@ -19,8 +18,6 @@ MARKER_FILE = "zoo-model.json"
 PREFIX = "zoo-"
 # demo-tiny's tokenizer exactly, so token ids compare between the demo model and every zoo model.
 VOCAB, FILLER_WORDS = 1024, 0
-# Helper models (embeddings, rerank): zoo name -> writes the folder, returns the marker's facts.
-HELPERS = {**helpers_encoder.MODELS}
 
 
 def _generate(name: str, out: Path) -> dict:
@@ -32,10 +29,6 @@ def _generate(name: str, out: Path) -> dict:
     from engine.zoo.weights import build
 
     started = time.perf_counter()
-    if name in HELPERS:
-        marker = {"name": name, "version": VERSION} | HELPERS[name](out)
-        write_json(out / MARKER_FILE, marker)
-        return marker
     if name in FORMAT_MODELS:  # a family's own chat format: its architecture, its template and tokens
         model, cfg = _format_model(name, FORMAT_MODELS[name], out)
         size, eos_id = cfg["vocab_size"], cfg["eos_token_id"][0]
@@ -113,8 +106,8 @@ def _format_model(name: str, family: str, out: Path):
 
 def zoo_model_path(name: str, cache_dir: Path) -> Path:
     """Where zoo model `name` (without "zoo-") lives, or will live, under `cache_dir`."""
-    if name not in SERVED_MODELS and name not in HELPERS:
-        raise ValueError(f"unknown zoo model {name!r}; accepted: {', '.join(SERVED_MODELS + tuple(HELPERS))}")
+    if name not in SERVED_MODELS:
+        raise ValueError(f"unknown zoo model {name!r}; accepted: {', '.join(SERVED_MODELS)}")
     return Path(cache_dir) / f"{PREFIX}{name}-v{VERSION}"
 
 
