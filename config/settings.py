@@ -125,6 +125,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     SPECULATIVE: Literal["off", "ngram", "draft", "mtp"] = "off"
     NUM_DRAFT_TOKENS: Annotated[int, Meta(ge=1, le=16)] = 4
     DRAFT_MODEL: str = ""
+    # helper models served beside MODEL (docs/helpers.md): an embedding model and a reranker, each a folder, a repo
+    # id in the cache or a zoo name (resolved as MODEL is); empty: none of that kind
+    EMBEDDING_MODEL: str = ""
+    RERANK_MODEL: str = ""
+    # the rank the helpers are pinned on (0 only for now: requests reach rank 0 alone)
+    HELPER_RANK: Annotated[int, Meta(ge=0)] = 0
+    # while generations run, at most this many input tokens (padding included) of helper work between two steps
+    HELPER_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
+    # the most inputs (embeddings) or documents (rerank) one request may send
+    HELPER_MAX_INPUTS: Positive = 2048
 
     # Derived values, resolved against the repository root.
     @property
@@ -252,6 +262,9 @@ HINTS = {
     "MAX_FRAME_BYTES": f"an integer of bytes >= {MIN_FRAME_BYTES} (the engine's own answers take a few KB)",
     "MAX_REQUEST_BYTES": "an integer of bytes >= 1024",
     "BODY_READ_TIMEOUT": "a number of seconds > 0",
+    "HELPER_RANK": "0 (the helpers run on rank 0)",
+    "HELPER_TOKENS_PER_STEP": "an integer >= 16 (helper input tokens between two steps of the served model)",
+    "HELPER_MAX_INPUTS": "a positive integer (inputs or documents per request)",
 }
 
 # a host name or address for ssh and mlx.launch; never with a leading "-", which ssh would read as an option
@@ -375,6 +388,7 @@ def _check(s: Settings, rank: int = 0) -> None:
     _check_pipeline_layers(s)
     _check_hub_caches(s)
     _check_speculative(s)
+    _check_helpers(s)
     if not _listen_host(s.API_HOST):
         raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
                           "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
@@ -406,6 +420,13 @@ def _check_speculative(s: Settings) -> None:
     if s.SPECULATIVE == "draft" and not s.DRAFT_MODEL.strip():
         raise ConfigError("SPECULATIVE=draft needs DRAFT_MODEL: name a small model with MODEL's tokenizer (a folder, "
                           "a repo id, a demo or zoo name), or set SPECULATIVE=ngram, which needs no second model")
+
+
+def _check_helpers(s: Settings) -> None:
+    # Requests reach rank 0 alone, and no path carries helper work to another rank yet.
+    if s.HELPER_RANK != 0:
+        raise ConfigError(f"HELPER_RANK={s.HELPER_RANK} is not supported yet: helper models run on rank 0, the rank "
+                          "that answers requests; set HELPER_RANK=0 (or remove it)")
 
 
 def _check_hub_caches(s: Settings) -> None:

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -64,6 +64,7 @@ class Joined:
     size: int
     loaded: Any  # engine.model.LoadedModel
     started: float
+    helpers: dict = field(default_factory=dict)  # rank 0's helper models by kind (engine/helpers/load.py Loaded)
 
 
 def main() -> int:
@@ -140,6 +141,14 @@ def _join(settings, watchdog) -> Joined:
         rank = group.rank()
     size = group.size() if group is not None else 1
     started = time.time()
+    helpers = {}
+    if rank == settings.HELPER_RANK:
+        from engine.helpers.load import load_helpers
+
+        # First: a helper that cannot load ends the start before the big model's minutes of loading. Its weights
+        # are evaluated now, so every memory report (and the KV budget made from them) counts them.
+        watchdog.beat("loading the helper models")
+        helpers = load_helpers(settings)
     watchdog.beat("loading the model")
     loaded = load(settings, group)
     if settings.SPECULATIVE == "mtp":
@@ -151,7 +160,7 @@ def _join(settings, watchdog) -> Joined:
         "rank %d of %d joined: model %s loaded from %s (context %d, %s) in %.1f s, pid %d, host %s", rank, size,
         settings.model_name, loaded.path, loaded.context_length, how, time.time() - started, os.getpid(),
         socket.gethostname())
-    return Joined(group, rank, size, loaded, started)
+    return Joined(group, rank, size, loaded, started, helpers)
 
 
 def _with_heads(settings, loaded, group):
@@ -301,7 +310,9 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     """Rank 0's scheduler, admission and socket server around the step loop."""
     from engine.leader import Leader, LoopStats
     from engine.disk_tier import open_in_background
+    from engine.helpers.work import HelperWork
     from engine.rank0.admission import Prompter
+    from engine.rank0.helper_desk import HelperDesk
     from engine.rank0.disk_plan import disk_info
     from engine.rank0.kv_precision import label
     from engine.rank0.logprobs import extract
@@ -315,6 +326,10 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
 
     loaded, tokenizer = joined.loaded, joined.loaded.tokenizer
     counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
+    helpers = joined.helpers or {}
+    reports.helper_bytes = {settings.HELPER_RANK: sum(h.weight_bytes for h in helpers.values())}
+    helper_states = [h.state(settings.HELPER_RANK) for h in helpers.values()]
+    helper_work = HelperWork(settings.HELPER_TOKENS_PER_STEP, watchdog.beat)
     reports.update(announced)
     inbound: queue.SimpleQueue = queue.SimpleQueue()
     kv, measured = _kv_budget(settings, loaded, joined.size, reports.snapshot(), kv_rows, pace.chunk)
@@ -363,15 +378,17 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     spec_forward_passes=stats.spec_forward_passes, spec_emitted_tokens=stats.spec_emitted,
                     prefill_chunk=pace.chunk, prefill_tokens_per_second=pace.tokens_per_second,
                     spec_decode_positions=stats.decode_positions,
-                    test_hooks=test_hooks.ENABLED)
+                    test_hooks=test_hooks.ENABLED, helpers=helper_states, helper_inputs=helper_work.stats.inputs,
+                    helper_tokens=helper_work.stats.tokens, helper_seconds=helper_work.stats.seconds)
 
     limits = Limits(vocab_size=len(tokenizer), logits_size=loaded.vocab_size, context_length=loaded.context_length,
                     max_batch=settings.MAX_BATCH, max_queue=settings.MAX_QUEUE)
-    server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info)
+    desk = HelperDesk(helpers, inbound, settings.HELPER_MAX_INPUTS, settings.REQUEST_TIMEOUT)
+    server = EngineServer(settings, Prompter(tokenizer, limits, grammars, kv), counters, inbound, info, desk)
     if joined.size > 1:
         server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS
     loop = Leader(batch, channel, watchdog, settings.DRAIN_TIMEOUT, doorbell, scheduler, server, inbound, reports,
-                  stats, links, proposer, settings.NUM_DRAFT_TOKENS)
+                  stats, links, proposer, settings.NUM_DRAFT_TOKENS, helper_work)
     return loop, server
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from engine.helpers.work import HelperWork, Job
 from engine.lockstep.batch import LockstepBatch
 from engine.lockstep.channel import Pending, PlanChannel
 from engine.lockstep.doorbell import Bell, Doorbell
@@ -62,7 +63,7 @@ class Leader(StepLoop):
                  doorbell: Doorbell | Bell | None = None, scheduler: Scheduler | None = None,
                  server: EngineServer | None = None, inbound: queue.SimpleQueue | None = None,
                  reports: RankReports | None = None, stats: LoopStats | None = None, links: LinkProbes | None = None,
-                 proposer: Proposer | None = None, draft_tokens: int = 0):
+                 proposer: Proposer | None = None, draft_tokens: int = 0, helpers: HelperWork | None = None):
         super().__init__(batch, channel, watchdog, doorbell, links.pairs if links is not None else ())
         self.asleep = False  # the other ranks got an idle plan and wait for the doorbell
         self.drain_seconds = drain_seconds  # DRAIN_TIMEOUT: in-flight requests get this long after a stop
@@ -76,6 +77,8 @@ class Leader(StepLoop):
         self.proposer = proposer
         self.draft_schedule = DraftSchedule(proposer, draft_tokens, watchdog.beat) if proposer is not None else None
         self.drafting = True  # the last plan said the next one comes after the step (next_after)
+        # embeddings and rerank: rank 0's own work, never in a plan; one bounded slice between two steps
+        self.helpers = helpers if helpers is not None else HelperWork(0)
 
     @property
     def step(self) -> int:
@@ -100,6 +103,7 @@ class Leader(StepLoop):
             plan = self._collect(pending) if pending is not None else self._plan_after(single)
             pending = None
             if plan is None:
+                self.helpers.run_slice()  # idle: the ranks sleep while rank 0 computes helper work
                 continue  # idle: nothing to send yet
             self.asleep = plan.idle and not single
             self._apply(plan)
@@ -113,13 +117,18 @@ class Leader(StepLoop):
                     pending = self._send_ahead()
                 self._step(plan)
             server.post(sched.take_events())
+            if not plan.idle:
+                # Between two steps: a slice of helper work delays the next step by at most one slice
+                # (HELPER_TOKENS_PER_STEP); the other ranks wait in the next plan's collective meanwhile.
+                self.helpers.run_slice()
 
     def _plan_after(self, single: bool) -> Plan | None:
         """The plan made once the last step ended, sent to the ranks; None when there is none to send yet (waited
         up to IDLE_WAIT_SECONDS for work, looked after the idle engine)."""
         sched = self.scheduler
-        # wait for work only once no other rank waits for a plan (they busy-wait in the collective)
-        self._drain_inbound(block=not sched.has_work() and (single or self.asleep))
+        # wait for work only once no other rank waits for a plan (they busy-wait in the collective), and no helper
+        # work is left
+        self._drain_inbound(block=not sched.has_work() and (single or self.asleep) and not self.helpers.pending())
         now = time.monotonic()
         shutdown = self._drained(now)
         if not shutdown and not sched.has_work() and (single or self.asleep) and not self._probe_due(now):
@@ -274,3 +283,5 @@ class Leader(StepLoop):
                 self.scheduler.submit(item.requests)
             elif isinstance(item, Withdraw):
                 self.scheduler.cancel(item.rid)
+            elif isinstance(item, Job):
+                self.helpers.add(item)

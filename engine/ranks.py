@@ -81,6 +81,7 @@ class RankReports:
         self.hosts = hosts
         self.states: list[RankState] = []
         self.at = 0.0
+        self.helper_bytes: dict[int, int] = {}  # rank -> weights of the helper models pinned there
 
     def due(self, now: float) -> bool:
         return now - self.at >= REPORT_INTERVAL
@@ -91,7 +92,8 @@ class RankReports:
             RankState(rank=r, host=self.hosts[r] if r < len(self.hosts) else "", pid=row[0], step=row[1],
                       active_memory=row[2] * _KIB, cache_memory=row[3] * _KIB, peak_memory=row[4] * _KIB,
                       host_memory_total=row[5] * _KIB, host_memory_available=row[6] * _KIB,
-                      prompt_cache_bytes=row[7] * _KIB, gpu_working_set=row[8] * _KIB)
+                      prompt_cache_bytes=row[7] * _KIB, gpu_working_set=row[8] * _KIB,
+                      helper_bytes=self.helper_bytes.get(r, 0))
             for r, row in enumerate(rows)
         ]
 

@@ -62,6 +62,8 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True):
     unanswered: float = 0.0
     # bytes Metal lets this host's GPU wire (its recommended working set); 0: no such limit (not a Mac)
     gpu_working_set: int = 0
+    # weights of the helper models (embeddings, rerank) pinned on this rank, inside active_memory
+    helper_bytes: int = 0
 
 
 class LinkState(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,6 +99,20 @@ class ModelFacts(msgspec.Struct, frozen=True, kw_only=True):
     chat_template: str = ""
     thinking: bool = False  # the tokenizer knows think markers
     tool_calling: bool = False  # the tokenizer knows tool-call markers
+
+
+class HelperState(msgspec.Struct, frozen=True, kw_only=True):
+    """A helper model loaded beside the served one (EMBEDDING_MODEL, RERANK_MODEL), outside its lockstep plan."""
+
+    kind: Literal["embedding", "rerank"]
+    name: str
+    rank: int = 0
+    path: str = ""
+    family: str = ""  # its module under engine/helpers/families
+    max_tokens: int = 0  # the longest input (a rerank: query and document together) it takes
+    dimensions: int = 0  # embedding width (0 for rerank)
+    matryoshka: bool = False  # an embedding may be cut to fewer dimensions
+    weight_bytes: int = 0
 
 
 class Info(Msg):
@@ -194,6 +210,11 @@ class Info(Msg):
     spec_decode_positions: int = 0
     # MCS_TEST_HOOKS=1 on rank 0: the test-only fault hooks (ipc/test_hooks.py) are read
     test_hooks: bool = False
+    # helper models beside the served one; helper work so far: inputs embedded or scored, their tokens, seconds
+    helpers: list[HelperState] = []
+    helper_inputs: int = 0
+    helper_tokens: int = 0
+    helper_seconds: float = 0.0
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -357,6 +378,50 @@ class Detokenized(Msg):
     prompt: str
 
 
+class Embed(Msg):
+    """Embed each input with the embedding helper; answered with Embedded (rank 0 alone: never in a plan).
+
+    An input longer than the helper's max_tokens is cut to it with truncate, else refused naming param[i]."""
+
+    request_id: str
+    inputs: list[str | list[int]]
+    truncate: bool = False
+    # fewer dimensions than the helper's (a matryoshka model's embedding cut, then renormalized); 0: all of them
+    dimensions: int = 0
+    param: str = "input"  # the request's name of the inputs, for errors: "input[2]"
+
+
+class Embedded(Msg):
+    """Embeddings of inputs index, index + 1, ...: float32 little-endian bytes each (the width Embed asked for).
+
+    A large answer comes in several frames, each within the socket's frame limit; more: another one follows."""
+
+    request_id: str
+    embeddings: list[bytes]
+    prompt_tokens: int
+    dimensions: int
+    index: int = 0
+    more: bool = False
+
+
+class Rerank(Msg):
+    """Score each document's relevance to the query with the rerank helper; answered with Reranked."""
+
+    request_id: str
+    query: str
+    documents: list[str]
+    truncate: bool = False  # cut the document of a pair longer than the helper's max_tokens, else refuse it
+    param: str = "documents"
+
+
+class Reranked(Msg):
+    """Each document's relevance in [0, 1], in the order sent (the gateway sorts)."""
+
+    request_id: str
+    scores: list[float]
+    prompt_tokens: int
+
+
 class Error(Msg):
     """A failure; the API rebuilds its own error class from status and code (each dialect names the type)."""
 
@@ -368,4 +433,4 @@ class Error(Msg):
 
 
 Message = Union[Hello, Welcome, InfoRequest, Info, Generate, Started, Delta, Finish, Tokenize, Tokenized, Detokenize,
-                Detokenized, Error]
+                Detokenized, Embed, Embedded, Rerank, Reranked, Error]

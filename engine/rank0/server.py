@@ -24,12 +24,14 @@ from config import Settings
 from engine.rank0 import errors, validate
 from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
+from engine.rank0.helper_desk import HelperDesk
 from engine.rank0.lanes import TokenizerLanes
 from engine.rank0.outbox import DONE, Outbox
 from engine.rank0.requests import Counters, Submit, Withdraw
 from ipc import (
     ConnectionClosed,
     Detokenize,
+    Embed,
     FrameError,
     FramedStream,
     FrameTooLarge,
@@ -37,6 +39,7 @@ from ipc import (
     Info,
     InfoRequest,
     Msg,
+    Rerank,
     Started,
     Tokenize,
     TruncatedFrame,
@@ -61,8 +64,10 @@ class EngineServer:
     """Serves the Unix socket from a background thread on behalf of the step loop."""
 
     def __init__(self, settings: Settings, prompter: Prompter, counters: Counters,
-                 inbound: queue.SimpleQueue, info: Callable[[], Info]):
+                 inbound: queue.SimpleQueue, info: Callable[[], Info], desk: HelperDesk | None = None):
         self.settings = settings
+        self.desk = desk if desk is not None else HelperDesk({}, inbound, settings.HELPER_MAX_INPUTS,
+                                                             settings.REQUEST_TIMEOUT)
         self.prompter = prompter
         self.counters = counters
         self.inbound = inbound
@@ -156,9 +161,32 @@ class EngineServer:
             await self._tokenizer_work(conn, self.prompter.tokenize, msg, param)
         elif isinstance(msg, Detokenize):
             await self._tokenizer_work(conn, self.prompter.detokenize, msg, "tokens")
+        elif isinstance(msg, Embed | Rerank):
+            await self._helper_work(conn, msg)
         else:
             await _send(conn, invalid_request(f"unexpected {type(msg).__name__.lower()} message; send info, "
-                                              "generate, tokenize or detokenize", code="bad_frame"))
+                                              "generate, tokenize, detokenize, embed or rerank", code="bad_frame"))
+
+    async def _helper_work(self, conn: FramedStream, msg: Embed | Rerank) -> None:
+        """An Embed or Rerank, answered by the helper models between steps (engine/rank0/helper_desk.py)."""
+        rid = msg.request_id
+        if not self.accepting:
+            await _send(conn, errors.shutting_down(rid, "the engine is shutting down; retry shortly"))
+            return
+        try:
+            frames = await self.desk.answer(conn, msg, self._lanes, self._watch_peer)
+        except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
+            log.exception("%s %s failed", type(msg).__name__.lower(), rid)
+            frames = [errors.generation_failed(rid, "the engine failed this request (see the engine log); other "
+                                                    "requests are unaffected")]
+        try:
+            for frame in frames:
+                await conn.send(frame)
+        except FrameTooLarge:
+            await _send(conn, invalid_request(f"the answer is larger than the engine's socket allows (MAX_FRAME_BYTES="
+                                              f"{conn.max_frame}); send fewer or shorter documents", request_id=rid))
+        except ConnectionClosed:
+            pass
 
     async def _tokenizer_work(self, conn: FramedStream, work: Callable[[Any], Msg], msg: Msg, param: str) -> None:
         """Answer a Tokenize or Detokenize from a worker thread; the plan and the other ranks never see it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 
@@ -18,6 +19,12 @@ MARKER_FILE = "zoo-model.json"
 PREFIX = "zoo-"
 # demo-tiny's tokenizer exactly, so token ids compare between the demo model and every zoo model.
 VOCAB, FILLER_WORDS = 1024, 0
+# Helper models (embeddings, rerank: engine/helpers): each module generates its own (MODELS, generate); one line each.
+HELPER_MODULES = (
+    "engine.zoo.helpers_decoder",
+)
+# helper name (without "zoo-") -> its module
+HELPER_MODELS = {name: module for module in HELPER_MODULES for name in importlib.import_module(module).MODELS}
 
 
 def _generate(name: str, out: Path) -> dict:
@@ -115,3 +122,15 @@ def ensure_zoo_model(name: str, cache_dir: Path) -> Path:
     """Return the path of zoo model `name`, generating it first if `cache_dir` lacks it (safe when
     several local ranks call it at once: see engine.modelgen.store.ensure)."""
     return ensure(zoo_model_path(name, cache_dir), lambda out: _generate(name, out), MARKER_FILE, VERSION)
+
+
+def ensure_helper_model(name: str, cache_dir: Path) -> Path:
+    """The path of zoo helper model `name` (without "zoo-"), generated first where `cache_dir` lacks it."""
+    module = importlib.import_module(HELPER_MODELS[name])
+
+    def generate(out: Path) -> dict:
+        marker = module.generate(name, out) | {"version": VERSION}
+        write_json(out / MARKER_FILE, marker)  # last: a directory without it is unfinished
+        return marker
+
+    return ensure(Path(cache_dir) / f"{PREFIX}{name}-v{VERSION}", generate, MARKER_FILE, VERSION)

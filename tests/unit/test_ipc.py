@@ -27,6 +27,8 @@ from ipc import (
     Delta,
     Detokenize,
     Detokenized,
+    Embed,
+    Embedded,
     EngineUnavailable,
     Error,
     Finish,
@@ -38,6 +40,8 @@ from ipc import (
     Info,
     InfoRequest,
     Msg,
+    Rerank,
+    Reranked,
     SamplingParams,
     Started,
     Tokenize,
@@ -100,6 +104,10 @@ SAMPLES: list[Msg] = [
     Tokenized(tokens=[1, 2, 3], max_model_len=2048, token_strs=["a", "b", "c"]),
     Detokenize(tokens=[1, 2, 3]),
     Detokenized(prompt="héllo"),
+    Embed(request_id="emb-1", inputs=["héllo", [1, 2, 3]], truncate=True, dimensions=32),
+    Embedded(request_id="emb-1", embeddings=[b"\x00\x00\x80?" * 2], prompt_tokens=5, dimensions=2, more=True),
+    Rerank(request_id="rr-1", query="q", documents=["a", ""]),
+    Reranked(request_id="rr-1", scores=[0.25, 1.0], prompt_tokens=9),
     Error(status=429, message="queue full", code="overloaded", request_id="chatcmpl-1"),
 ]
 
