@@ -117,8 +117,8 @@ def _bert(out: Path, classifier: bool) -> dict:
 
 
 def _qwen3_reranker(out: Path) -> dict:
-    from mlx.utils import tree_flatten
     import mlx.core as mx
+    from mlx.utils import tree_flatten
     from mlx_lm.utils import save_config
 
     from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
@@ -136,9 +136,12 @@ def _qwen3_reranker(out: Path) -> dict:
     return {"model_type": "qwen3", "vocab_size": len(vocab)}
 
 
-# zoo name (without "zoo-") -> writes the folder into the directory it is given, returns the marker's facts.
-MODELS = {
-    "bert-embedding": lambda out: _bert(out, classifier=False) | {"kind": "embedding"},
-    "bert-rerank": lambda out: _bert(out, classifier=True) | {"kind": "rerank"},
-    "qwen3-reranker": lambda out: _qwen3_reranker(out) | {"kind": "rerank"},
-}
+MODELS = ("bert-embedding", "bert-rerank", "qwen3-reranker")
+
+
+def generate(name: str, out: Path) -> dict:
+    """Write zoo helper `name` into the existing directory `out`; return its marker (without the version)."""
+    if name == "qwen3-reranker":
+        return {"name": name, "kind": "rerank"} | _qwen3_reranker(out)
+    classifier = name == "bert-rerank"
+    return {"name": name, "kind": "rerank" if classifier else "embedding"} | _bert(out, classifier)

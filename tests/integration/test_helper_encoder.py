@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from engine.helpers.families import encoder, rerank
-from engine.zoo import ensure_zoo_model
+from engine.zoo.store import ensure_helper_model
 from tests.harness import MODEL_CACHE
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog, twice!", "a", "Numbers: 3.14 and 42."]
@@ -61,7 +61,7 @@ def _cosines(a, b) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def embedding_folder():
-    return ensure_zoo_model("bert-embedding", MODEL_CACHE)
+    return ensure_helper_model("bert-embedding", MODEL_CACHE)
 
 
 def _reference(folder, mode: str, normalize: bool) -> np.ndarray:
@@ -115,7 +115,7 @@ def test_max_tokens_falls_back_to_the_position_table(embedding_folder, tmp_path)
 
 
 def test_cross_encoder_scores_equal_sigmoid_of_a_numpy_classifier():
-    folder = ensure_zoo_model("bert-rerank", MODEL_CACHE)
+    folder = ensure_helper_model("bert-rerank", MODEL_CACHE)
     cfg = json.loads((folder / "config.json").read_text())
     assert rerank.matches(cfg) and not encoder.matches(cfg)
     helper = rerank.load(folder, "zoo-bert-rerank")

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from engine.helpers.families import encoder, rerank
 from engine.zoo import ensure_zoo_model
+from engine.zoo.store import ensure_helper_model
 from tests.harness import MODEL_CACHE
 
 # The card's prompt, written out: the system prefix, the user turn, the assistant's empty think block.
@@ -29,7 +30,7 @@ PAIRS = [("What is the capital of China?", "The capital of China is Beijing."),
 
 @pytest.fixture(scope="module")
 def folder():
-    return ensure_zoo_model("qwen3-reranker", MODEL_CACHE)
+    return ensure_helper_model("qwen3-reranker", MODEL_CACHE)
 
 
 @pytest.fixture(scope="module")

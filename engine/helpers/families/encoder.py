@@ -12,6 +12,8 @@ import mlx.core as mx
 from engine.helpers import bert
 from engine.helpers.st_folder import Embedding, max_tokens, read_embedding
 
+KIND = "embedding"
+
 
 def matches(config: dict) -> bool:
     """An encoder without a sequence-classification head (those rerank: engine/helpers/families/rerank.py)."""
@@ -59,6 +61,7 @@ class EncoderEmbedder:
         self.name, self.model, self.embedding = name, model, embedding
         self.tokenizer = load_tokenizer(folder)
         self.dimensions = config["hidden_size"]
+        self.vocab_size = config["vocab_size"]  # token ids a client may send (beyond the protocol)
         self.max_tokens = max_tokens(config, embedding.max_seq_length, bert.position_offset(config))
         self.pad_id = config.get("pad_token_id") or 0
 

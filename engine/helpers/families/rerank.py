@@ -17,6 +17,7 @@ from engine.helpers import bert
 from engine.helpers.families.encoder import load_tokenizer
 from engine.load_errors import ModelError
 
+KIND = "rerank"
 # The Qwen3-Reranker card's prompt: its system prefix, the user turn's format, the assistant's empty think block.
 PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
           "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n")
