@@ -16,9 +16,10 @@ import mlx.nn as nn
 
 from engine.load_errors import ModelError
 
-# model_type -> the prefix its *For* checkpoints put before the encoder's tensors.
-ENCODER_TYPES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}
-_ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx,
+# model_type -> the prefix its *For* checkpoints put before the encoder's tensors (modernbert: its own module).
+ENCODER_TYPES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "modernbert": "model."}
+ROBERTA_TYPES = ("roberta", "xlm-roberta")
+ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx,
                 "relu": nn.relu, "silu": nn.silu, "swish": nn.silu}
 
 
@@ -32,7 +33,7 @@ def is_classifier(config: dict) -> bool:
 
 def position_offset(config: dict) -> int:
     """RoBERTa counts positions from padding_idx + 1 (its first two rows are never used); BERT from 0."""
-    return config.get("pad_token_id", 1) + 1 if config["model_type"] != "bert" else 0
+    return config.get("pad_token_id", 1) + 1 if config["model_type"] in ROBERTA_TYPES else 0
 
 
 class _Linear(nn.Module):
@@ -71,7 +72,7 @@ class _Layer(nn.Module):
         self.attention = _Attention(hidden, eps)
         self.intermediate = _Intermediate(hidden, c["intermediate_size"])
         self.output = _Linear(c["intermediate_size"], hidden, eps)
-        self.act = _ACTIVATIONS[c.get("hidden_act", "gelu")]
+        self.act = ACTIVATIONS[c.get("hidden_act", "gelu")]
 
     def __call__(self, x: mx.array, keep: mx.array) -> mx.array:
         b, n, h = x.shape
@@ -145,7 +146,7 @@ class Bert(nn.Module):
             x = layer(x, keep)
         return x
 
-    def classify(self, hidden: mx.array) -> mx.array:
+    def classify(self, hidden: mx.array, lengths: mx.array) -> mx.array:
         """The sequence-classification logits [n, labels] from the first token's hidden state."""
         first = hidden[:, 0]
         if isinstance(self.classifier, nn.Linear):  # BertForSequenceClassification: classifier(pooler_output)
@@ -158,39 +159,53 @@ def read_config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
 
-def _weights(folder: Path, prefix: str) -> dict[str, mx.array]:
+def checked_activation(folder: Path, config: dict, key: str) -> None:
+    if config.get(key, "gelu") not in ACTIVATIONS:
+        raise ModelError(f"{folder / 'config.json'} asks for {key} {config[key]!r}, which this encoder lacks (it has "
+                         f"{', '.join(ACTIVATIONS)}); serve another model")
+
+
+def read_weights(folder: Path, prefix: str) -> dict[str, mx.array]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{folder} has no *.safetensors weights; save the model with safetensors "
                          "(transformers' save_pretrained(safe_serialization=True)) and point the setting at it")
-    raw: dict[str, mx.array] = {}
+    weights: dict[str, mx.array] = {}
     for f in files:
-        raw.update(mx.load(str(f)))
-    weights = {}
-    for name, value in raw.items():
-        name = name.removeprefix(prefix)
-        # Older checkpoints name LayerNorm's parameters as TensorFlow did.
-        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        if name.startswith(("cls.", "lm_head.")) or name.endswith("position_ids"):
-            continue  # masked-LM heads and buffers: not part of an encoder's output
-        weights[name] = value
+        for name, value in mx.load(str(f)).items():
+            # Older checkpoints name LayerNorm's parameters as TensorFlow did.
+            name = name.removeprefix(prefix).replace("LayerNorm.gamma", "LayerNorm.weight")
+            weights[name.replace("LayerNorm.beta", "LayerNorm.bias")] = value
     return weights
 
 
-def load_bert(folder: Path, config: dict, labels: int = 0) -> Bert:
-    """The encoder in `folder` with its checkpoint's weights (and its classifier when `labels`)."""
-    if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
-        raise ModelError(f"{folder / 'config.json'} asks for hidden_act {config['hidden_act']!r}, which this "
-                         f"encoder lacks (it has {', '.join(_ACTIVATIONS)}); serve another model")
-    weights = _weights(folder, ENCODER_TYPES[config["model_type"]])
-    model = Bert(config, pooler="pooler.dense.weight" in weights, labels=labels)
+def fill(model: nn.Module, weights: dict[str, mx.array], folder: Path, config: dict) -> nn.Module:
+    """`model` with the folder's tensors; those it has no use for (a masked-LM head, buffers, a classifier when
+    embedding) are left out, and any it lacks is an error naming it."""
+    from mlx.utils import tree_flatten
+
+    wanted = dict(tree_flatten(model.parameters()))
+    missing = sorted(set(wanted) - set(weights))
+    if missing:
+        raise ModelError(f"the weights in {folder} lack {len(missing)} tensor(s) that the {config['model_type']} model "
+                         f"its config.json describes needs ({missing[0]}, ...); restore the files that came with the "
+                         "model")
     try:
-        model.load_weights(list(weights.items()), strict=True)
+        model.load_weights([(name, weights[name]) for name in wanted], strict=True)
     except ValueError as exc:
         raise ModelError(f"the weights in {folder} do not fit the {config['model_type']} model its config.json "
                          f"describes ({exc}); restore the files that came with the model") from exc
     mx.eval(model.parameters())
     return model
+
+
+def load_bert(folder: Path, config: dict, labels: int = 0) -> Bert:
+    """The encoder in `folder` with its checkpoint's weights (and its classifier when `labels`)."""
+    checked_activation(folder, config, "hidden_act")
+    weights = read_weights(folder, ENCODER_TYPES[config["model_type"]])
+    # BertForSequenceClassification reads the pooler; an embedder needs it only to load it
+    pooler = "pooler.dense.weight" in weights or bool(labels and config["model_type"] == "bert")
+    return fill(Bert(config, pooler=pooler, labels=labels), weights, folder, config)
 
 
 def token_types(ids: mx.array, sep_id: int | None, type_vocab: int) -> mx.array:

@@ -1,5 +1,6 @@
-"""Embeddings from a BERT-style encoder (BERT, RoBERTa, XLM-RoBERTa: all-MiniLM, bge, e5, gte, multilingual-e5):
-the folder's tokenizer adds [CLS]/[SEP] (or <s>/</s>), the encoder runs in MLX (engine/helpers/bert.py),
+"""Embeddings from a BERT-style encoder (BERT, RoBERTa, XLM-RoBERTa, ModernBERT: all-MiniLM, bge, e5, gte,
+multilingual-e5, modernbert-embed): the folder's tokenizer adds [CLS]/[SEP] (or <s>/</s>), the encoder runs in MLX
+(engine/helpers/bert.py, engine/helpers/modernbert.py),
 and the token embeddings are pooled and normalized as its sentence-transformers files say
 (engine/helpers/st_folder.py)."""
 
@@ -22,7 +23,16 @@ def matches(config: dict) -> bool:
 
 def load(folder: Path, name: str) -> EncoderEmbedder:
     config = bert.read_config(folder)
-    return EncoderEmbedder(folder, name, config, bert.load_bert(folder, config), read_embedding(folder))
+    return EncoderEmbedder(folder, name, config, load_network(folder, config), read_embedding(folder))
+
+
+def load_network(folder: Path, config: dict, labels: int = 0):
+    """The encoder of the config's model_type with the folder's weights (a classifier of `labels` outputs)."""
+    if config["model_type"] == "modernbert":
+        from engine.helpers.modernbert import load_modernbert
+
+        return load_modernbert(folder, config, labels)
+    return bert.load_bert(folder, config, labels)
 
 
 def load_tokenizer(folder: Path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from engine.helpers import bert
-from engine.helpers.families.encoder import load_tokenizer
+from engine.helpers.families.encoder import load_network, load_tokenizer
 from engine.load_errors import ModelError
 
 KIND = "rerank"
@@ -109,7 +109,7 @@ class CrossEncoder(_Reranker):
             raise ModelError(f"{folder / 'config.json'} has {labels} labels; a cross-encoder reranker gives one "
                              "relevance logit: serve a one-label model (ms-marco-MiniLM, bge-reranker)")
         self.name = name
-        self.model = bert.load_bert(folder, config, labels=1)
+        self.model = load_network(folder, config, labels=1)
         self.tokenizer = load_tokenizer(folder)
         self.max_tokens = config["max_position_embeddings"] - bert.position_offset(config)
         self.pad_id = config.get("pad_token_id") or 0
@@ -126,5 +126,5 @@ class CrossEncoder(_Reranker):
     def score(self, batch: list[list[int]]) -> mx.array:
         ids, lengths = bert.padded(batch, self.pad_id)
         types = bert.token_types(ids, self.sep_id, self.type_vocab)
-        logits = self.model.classify(self.model(ids, types, lengths)).astype(mx.float32)
+        logits = self.model.classify(self.model(ids, types, lengths), lengths).astype(mx.float32)
         return mx.sigmoid(logits[:, 0])
