@@ -3,6 +3,7 @@
 - bert-embedding: a sentence-transformers BERT folder (config.json, model.safetensors, a WordPiece tokenizer,
   modules.json with Transformer, Pooling (mean) and Normalize, 1_Pooling/config.json, sentence_bert_config.json);
 - bert-rerank: a BertForSequenceClassification cross-encoder with one label (bert.* tensors and a classifier);
+- modernbert-embedding, modernbert-rerank: the same two for ModernBERT (local and global attention layers);
 - qwen3-reranker: the zoo's Qwen3 with tied embeddings, as Qwen3-Reranker-0.6B has, on the demo tokenizer
   with "yes" and "no" added.
 
@@ -17,6 +18,7 @@ from engine.modelgen.store import write_json
 
 BERT_VOCAB, BERT_HIDDEN, BERT_LAYERS, BERT_HEADS, BERT_INTERMEDIATE = 512, 64, 2, 4, 128
 BERT_POSITIONS, BERT_MAX_SEQ = 128, 96  # max_seq_length below the position table: the folder's own cap wins
+MODERNBERT_LAYERS, MODERNBERT_INTERMEDIATE, MODERNBERT_WINDOW = 4, 96, 8
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 POOLING_CONFIG = {"word_embedding_dimension": BERT_HIDDEN, "pooling_mode_cls_token": False,
                   "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
@@ -70,41 +72,70 @@ def bert_config(vocab: int, classifier: bool) -> dict:
     } | ({"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}} if classifier else {})
 
 
-def _bert_tensors(config: dict, labels: int) -> dict:
-    """Every tensor of the encoder (and its classifier), drawn by name: matrices scaled by fan-in, LayerNorm
-    scales at one, biases small."""
+def modernbert_config(vocab: int, classifier: bool) -> dict:
+    """A config.json with the keys answerdotai/ModernBERT-base's has (its older RoPE keys), shrunk: four layers,
+    so two are local, and a local window of 8 tokens that short inputs already exceed."""
+    return {
+        "architectures": ["ModernBertForSequenceClassification" if classifier else "ModernBertModel"],
+        "model_type": "modernbert", "vocab_size": vocab, "hidden_size": BERT_HIDDEN,
+        "num_hidden_layers": MODERNBERT_LAYERS, "num_attention_heads": BERT_HEADS,
+        "intermediate_size": MODERNBERT_INTERMEDIATE, "hidden_activation": "gelu",
+        "max_position_embeddings": BERT_POSITIONS, "norm_eps": 1e-5, "norm_bias": False,
+        "global_rope_theta": 160000.0, "local_rope_theta": 10000.0, "global_attn_every_n_layers": 3,
+        "local_attention": MODERNBERT_WINDOW, "attention_bias": False, "mlp_bias": False,
+        "attention_dropout": 0.0, "embedding_dropout": 0.0, "mlp_dropout": 0.0, "initializer_range": 0.02,
+        "pad_token_id": 0, "cls_token_id": 2, "sep_token_id": 3, "bos_token_id": 2, "eos_token_id": 3,
+        "classifier_pooling": "mean", "classifier_activation": "gelu", "classifier_bias": False,
+        "classifier_dropout": 0.0, "tie_word_embeddings": True, "torch_dtype": "float32",
+    } | ({"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}} if classifier else {})
+
+
+def _tensors(model, family: str) -> dict:
+    """Every tensor of `model`, drawn by name: matrices scaled by fan-in, LayerNorm scales near one, biases small."""
     import math
 
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from engine.helpers.bert import Bert
     from engine.modelgen.draws import uniform
 
     tensors = {}
-    for name, p in tree_flatten(Bert(config, pooler=True, labels=labels).parameters()):
-        shape = tuple(p.shape)
-        if name.endswith("LayerNorm.weight"):
-            value = uniform(f"bert/{name}", shape, 0.1, low=0.8)
+    for name, p in tree_flatten(model.parameters()):
+        shape, key = tuple(p.shape), f"{family}/{name}"
+        if "norm" in name.lower() and name.endswith("weight"):
+            value = uniform(key, shape, 0.1, low=0.8)
         elif name.endswith("bias"):
-            value = uniform(f"bert/{name}", shape, 0.05)
+            value = uniform(key, shape, 0.05)
         elif "embeddings" in name:
-            value = uniform(f"bert/{name}", shape, 1.0)
+            value = uniform(key, shape, 1.0)
         else:
-            value = uniform(f"bert/{name}", shape, 1.0 / math.sqrt(shape[-1]))
+            value = uniform(key, shape, 1.0 / math.sqrt(shape[-1]))
         tensors[name] = mx.array(value)
     return tensors
 
 
-def _bert(out: Path, classifier: bool) -> dict:
+def _encoder(out: Path, family: str, classifier: bool) -> dict:
+    """An encoder folder: the bare model with sentence-transformers' files (an embedder), or a *ForSequenceClassification
+    checkpoint with one label (a cross-encoder), its encoder under the class's prefix."""
     import mlx.core as mx
+
+    from engine.helpers.bert import ENCODER_TYPES, Bert
+    from engine.helpers.modernbert import ModernBert
 
     write_wordpiece(out)
     vocab = len((out / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    config = bert_config(vocab, classifier)
-    tensors = _bert_tensors(config, labels=1 if classifier else 0)
-    if classifier:  # BertForSequenceClassification's names: the encoder under bert., the head beside it
-        tensors = {(n if n.startswith("classifier.") else "bert." + n): v for n, v in tensors.items()}
+    labels = 1 if classifier else 0
+    if family == "bert":
+        config = bert_config(vocab, classifier)
+        model = Bert(config, pooler=True, labels=labels)
+    else:
+        config = modernbert_config(vocab, classifier)
+        model = ModernBert(config, labels=labels)
+    tensors = _tensors(model, family)
+    if classifier:  # the head's own tensors sit beside the encoder's prefix
+        heads = ("classifier.", "head.")
+        prefix = ENCODER_TYPES[family]
+        tensors = {(n if n.startswith(heads) else prefix + n): v for n, v in tensors.items()}
     mx.save_safetensors(str(out / "model.safetensors"), dict(sorted(tensors.items())), metadata={"format": "pt"})
     write_json(out / "config.json", config)
     if not classifier:
@@ -113,7 +144,7 @@ def _bert(out: Path, classifier: bool) -> dict:
         write_json(out / "1_Pooling" / "config.json", POOLING_CONFIG)
         (out / "2_Normalize").mkdir()
         write_json(out / "sentence_bert_config.json", {"max_seq_length": BERT_MAX_SEQ, "do_lower_case": False})
-    return {"model_type": "bert", "vocab_size": vocab}
+    return {"model_type": family, "vocab_size": vocab}
 
 
 def _qwen3_reranker(out: Path) -> dict:
@@ -136,12 +167,12 @@ def _qwen3_reranker(out: Path) -> dict:
     return {"model_type": "qwen3", "vocab_size": len(vocab)}
 
 
-MODELS = ("bert-embedding", "bert-rerank", "qwen3-reranker")
+MODELS = ("bert-embedding", "bert-rerank", "modernbert-embedding", "modernbert-rerank", "qwen3-reranker")
 
 
 def generate(name: str, out: Path) -> dict:
     """Write zoo helper `name` into the existing directory `out`; return its marker (without the version)."""
     if name == "qwen3-reranker":
         return {"name": name, "kind": "rerank"} | _qwen3_reranker(out)
-    classifier = name == "bert-rerank"
-    return {"name": name, "kind": "rerank" if classifier else "embedding"} | _bert(out, classifier)
+    family, kind = name.split("-")
+    return {"name": name, "kind": kind} | _encoder(out, family, classifier=kind == "rerank")

@@ -6,7 +6,6 @@ sentence-transformers files say, cross-encoder scores as sigmoid(classifier(pool
 from __future__ import annotations
 
 import json
-import math
 import shutil
 
 import numpy as np
@@ -16,44 +15,10 @@ from tokenizers import Tokenizer
 
 from engine.helpers.families import encoder, rerank
 from engine.zoo.store import ensure_helper_model
+from tests.encoder_reference import bert, pool
 from tests.harness import MODEL_CACHE
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog, twice!", "a", "Numbers: 3.14 and 42."]
-_erf = np.vectorize(math.erf)
-
-
-def _layer_norm(x, w, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w + b
-
-
-def _encode(w: dict, cfg: dict, ids: list[int], types: list[int], prefix: str = "") -> np.ndarray:
-    """Hugging Face's BertModel for one sequence, in float64: embeddings, then post-LN layers."""
-    p = lambda name: w[prefix + name].astype(np.float64)  # noqa: E731
-    eps, heads = cfg["layer_norm_eps"], cfg["num_attention_heads"]
-    x = p("embeddings.word_embeddings.weight")[ids] + p("embeddings.position_embeddings.weight")[: len(ids)]
-    x = _layer_norm(x + p("embeddings.token_type_embeddings.weight")[types],
-                    p("embeddings.LayerNorm.weight"), p("embeddings.LayerNorm.bias"), eps)
-    for i in range(cfg["num_hidden_layers"]):
-        lin = lambda name, v: v @ p(f"encoder.layer.{i}.{name}.weight").T + p(f"encoder.layer.{i}.{name}.bias")  # noqa: E731
-        q, k, v = (lin(f"attention.self.{n}", x).reshape(len(ids), heads, -1).transpose(1, 0, 2)
-                   for n in ("query", "key", "value"))
-        s = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
-        s = np.exp(s - s.max(-1, keepdims=True))
-        ctx = ((s / s.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(len(ids), -1)
-        ln = lambda name, v: _layer_norm(v, p(f"encoder.layer.{i}.{name}.LayerNorm.weight"),  # noqa: E731
-                                         p(f"encoder.layer.{i}.{name}.LayerNorm.bias"), eps)
-        x = ln("attention.output", lin("attention.output.dense", ctx) + x)
-        h = lin("intermediate.dense", x)
-        x = ln("output", lin("output.dense", 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))) + x)
-    return x
-
-
-def _pool(hidden: np.ndarray, mode: str) -> np.ndarray:
-    return {"cls": hidden[0], "mean": hidden.mean(0), "max": hidden.max(0), "lasttoken": hidden[-1],
-            "mean_sqrt_len": hidden.sum(0) / math.sqrt(len(hidden))}[mode]
-
-
 def _cosines(a, b) -> np.ndarray:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
@@ -70,7 +35,7 @@ def _reference(folder, mode: str, normalize: bool) -> np.ndarray:
     rows = []
     for text in TEXTS:
         ids = tok.encode(text).ids
-        rows.append(_pool(_encode(w, cfg, ids, [0] * len(ids)), mode))
+        rows.append(pool(bert(w, cfg, ids, [0] * len(ids)), mode))
     rows = np.stack(rows)
     return rows / np.linalg.norm(rows, axis=-1, keepdims=True) if normalize else rows
 
@@ -126,7 +91,7 @@ def test_cross_encoder_scores_equal_sigmoid_of_a_numpy_classifier():
     want = []
     for q, d in pairs:
         enc = tok.encode(q, d)  # [CLS] q [SEP] d [SEP], the document's segment 1
-        hidden = _encode(w, cfg, enc.ids, enc.type_ids, prefix="bert.")
+        hidden = bert(w, cfg, enc.ids, enc.type_ids, prefix="bert.")
         pooled = np.tanh(hidden[0] @ w["bert.pooler.dense.weight"].T + w["bert.pooler.dense.bias"])
         want.append(1.0 / (1.0 + np.exp(-(pooled @ w["classifier.weight"].T + w["classifier.bias"])[0])))
         assert batch[len(want) - 1] == enc.ids

@@ -2,9 +2,9 @@
 
 - Qwen3-Reranker style (a Qwen3 causal LM, loaded with mlx-lm's classes): the pair goes into the prompt its
   model card writes, and the score is softmax over the logits of "yes" and "no" at the last position, P(yes).
-- Cross-encoders (BertForSequenceClassification / XLMRobertaForSequenceClassification with one label, e.g.
-  ms-marco-MiniLM, bge-reranker): [CLS] query [SEP] document [SEP] through the encoder, sigmoid of the logit,
-  as sentence-transformers' CrossEncoder gives it.
+- Cross-encoders (Bert/XLMRoberta/ModernBertForSequenceClassification with one label, e.g. ms-marco-MiniLM,
+  bge-reranker-v2-m3, gte-reranker-modernbert): [CLS] query [SEP] document [SEP] through the encoder, sigmoid
+  of the logit, as sentence-transformers' CrossEncoder gives it.
 """
 
 from __future__ import annotations
