@@ -75,6 +75,12 @@ def read_embedding(folder: Path) -> Embedding:
     return Embedding(pooling=pooling, normalize=normalize, max_seq_length=max_seq)
 
 
+def pools_embeddings(folder: Path) -> bool:
+    """Whether the folder's modules.json pools token embeddings into one vector (an embedding model's files)."""
+    path = folder / "modules.json"
+    return path.exists() and any(str(m.get("type", "")).endswith(".Pooling") for m in _json(path))
+
+
 def max_tokens(config: dict, max_seq_length: int | None, offset: int = 0) -> int:
     """The longest input: max_seq_length where the folder sets one, never past the position table
     (less the positions RoBERTa never uses)."""

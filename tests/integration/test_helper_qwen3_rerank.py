@@ -5,6 +5,7 @@ mlx-lm's own full forward pass over each prompt alone (no padding, the whole voc
 from __future__ import annotations
 
 import json
+import shutil
 
 import mlx.core as mx
 import numpy as np
@@ -13,6 +14,7 @@ from mlx_lm.utils import load_model
 from tokenizers import Tokenizer
 
 from engine.helpers.families import encoder, rerank
+from engine.load_errors import ModelError
 from engine.zoo import ensure_zoo_model
 from engine.zoo.store import ensure_helper_model
 from tests.harness import MODEL_CACHE
@@ -74,11 +76,16 @@ def test_scores_equal_p_yes_from_mlx_lms_full_forward(folder, helper):
 
 
 def test_a_tokenizer_without_yes_and_no_is_refused(folder, tmp_path):
-    import shutil
-
-    from engine.load_errors import ModelError
-
     other = tmp_path / "chat"
     shutil.copytree(ensure_zoo_model("qwen3", MODEL_CACHE), other)
     with pytest.raises(ModelError, match="has no token 'yes'.*set RERANK_MODEL to a reranker"):
         rerank.load(other, "chat")
+
+
+def test_an_embedding_folder_of_the_same_architecture_is_refused(folder, tmp_path):
+    other = tmp_path / "embedding"
+    shutil.copytree(folder, other)  # its tokenizer has "yes" and "no", as Qwen3-Embedding's does
+    pooling = {"type": "sentence_transformers.models.Pooling", "path": "1_Pooling", "idx": 1, "name": "1"}
+    (other / "modules.json").write_text(json.dumps([pooling]))
+    with pytest.raises(ModelError, match="is an embedding model .* set it as EMBEDDING_MODEL"):
+        rerank.load(other, "embedding")

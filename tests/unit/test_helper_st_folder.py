@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine.helpers.st_folder import Embedding, max_tokens, read_embedding
+from engine.helpers.st_folder import Embedding, max_tokens, pools_embeddings, read_embedding
 from engine.load_errors import ModelError
 
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
@@ -78,3 +78,8 @@ def test_broken_json_names_the_file(tmp_path):
                                                               (8192, 2, 512)])
 def test_max_tokens_is_the_folders_cap_within_the_position_table(max_seq, offset, expected):
     assert max_tokens({"max_position_embeddings": 512 + offset}, max_seq, offset) == expected
+
+
+def test_an_embedding_folder_is_told_from_a_reranker_by_its_pooling_module(tmp_path):
+    assert not pools_embeddings(tmp_path)
+    assert pools_embeddings(_folder(tmp_path, [TRANSFORMER, POOLING, NORMALIZE], _flags("lasttoken")))

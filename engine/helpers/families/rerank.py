@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from engine.helpers import bert
 from engine.helpers.families.encoder import load_network, load_tokenizer
+from engine.helpers.st_folder import pools_embeddings
 from engine.load_errors import ModelError
 
 KIND = "rerank"
@@ -61,6 +62,9 @@ class DecoderReranker(_Reranker):
     def __init__(self, folder: Path, name: str, config: dict):
         from mlx_lm.utils import load_model
 
+        if pools_embeddings(folder):  # Qwen3-Embedding shares the architecture and the "yes"/"no" tokens
+            raise ModelError(f"{folder} is an embedding model (its modules.json pools token embeddings), not a "
+                             "reranker: set it as EMBEDDING_MODEL, and RERANK_MODEL to a reranker")
         self.name = name
         self.model, _ = load_model(folder)
         self.tokenizer = load_tokenizer(folder)
