@@ -19,11 +19,13 @@ def layer_norm(x, w, b, eps):
     return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w + b
 
 
-def bert(w: dict, cfg: dict, ids: list[int], types: list[int], prefix: str = "") -> np.ndarray:
-    """Hugging Face's BertModel for one sequence, in float64: embeddings, then post-LN layers."""
+def bert(w: dict, cfg: dict, ids: list[int], types: list[int], prefix: str = "", first_position: int = 0) -> np.ndarray:
+    """Hugging Face's BertModel for one sequence, in float64: embeddings, then post-LN layers. RobertaModel is the
+    same with positions counted from padding_idx + 1 (`first_position`)."""
     p = lambda name: w[prefix + name].astype(np.float64)  # noqa: E731
     eps, heads = cfg["layer_norm_eps"], cfg["num_attention_heads"]
-    x = p("embeddings.word_embeddings.weight")[ids] + p("embeddings.position_embeddings.weight")[: len(ids)]
+    positions = p("embeddings.position_embeddings.weight")[first_position:first_position + len(ids)]
+    x = p("embeddings.word_embeddings.weight")[ids] + positions
     x = layer_norm(x + p("embeddings.token_type_embeddings.weight")[types],
                    p("embeddings.LayerNorm.weight"), p("embeddings.LayerNorm.bias"), eps)
     for i in range(cfg["num_hidden_layers"]):
