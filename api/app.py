@@ -28,6 +28,7 @@ from api.ollama.routes import OllamaRoutes
 from api.openai.routes import OpenAIRoutes
 from api.openai.tokens import TokenRoutes
 from api.openapi import openapi_route
+from api.rerank.routes import RerankRoutes
 from api.responses.routes import ResponsesRoutes
 from api.served import Served
 from config import Settings
@@ -45,12 +46,15 @@ def create_app(settings: Settings) -> Starlette:
     responses = ResponsesRoutes(served, engine)
     ollama = OllamaRoutes(served, engine)
     tokens = TokenRoutes(served, engine)
+    rerank = RerankRoutes(served, engine)
     metrics = Metrics(engine)
     ops = ops_guard(settings)
     v1 = [
         Route("/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/completions", openai.completions, methods=["POST"]),
         Route("/responses", responses.create, methods=["POST"]),
+        Route("/embeddings", openai.embeddings, methods=["POST"]),
+        Route("/rerank", rerank.rerank, methods=["POST"]),
         Route("/models", openai.list_models, methods=["GET"]),
         Route("/models/{model_id:path}", openai.get_model, methods=["GET"]),
     ]
@@ -72,6 +76,9 @@ def create_app(settings: Settings) -> Starlette:
             # vLLM's paths: at the root, not under /v1
             Route("/tokenize", tokens.tokenize, methods=["POST"], middleware=auth),
             Route("/detokenize", tokens.detokenize, methods=["POST"], middleware=auth),
+            # vLLM's and Jina's rerank path, and Cohere's v2 client's
+            Route("/rerank", rerank.rerank, methods=["POST"], middleware=auth),
+            Route("/v2/rerank", rerank.rerank, methods=["POST"], middleware=auth),
             Route("/metrics", metrics.endpoint, methods=["GET"], middleware=ops),
             *Dashboard(settings, engine, metrics).routes(ops),
         ],

@@ -114,6 +114,14 @@ class EngineClient(Protocol):
         """The text of msg's ids, or the APIError they were refused with."""
         ...
 
+    async def embed(self, msg: ipc.Embed, timeout: float) -> ipc.Embedded:
+        """Every embedding of msg's inputs (one Embedded, however many frames carried it), or the APIError."""
+        ...
+
+    async def rerank(self, msg: ipc.Rerank, timeout: float) -> ipc.Reranked:
+        """The relevance of each of msg's documents, or the APIError they were refused with."""
+        ...
+
 
 class SocketEngineClient:
     """EngineClient over rank 0's Unix socket; remembers the last Info for /v1/models."""
@@ -158,7 +166,32 @@ class SocketEngineClient:
             raise GenerationTimeout(f"the engine did not detokenize within the server's REQUEST_TIMEOUT of "
                                     f"{timeout:g} s") from None
 
-    async def _ask(self, msg: ipc.Msg, answer: type[A], timeout: float, what: str) -> A:
+    async def embed(self, msg: ipc.Embed, timeout: float) -> ipc.Embedded:
+        """One Embed on a connection of its own; its Embedded frames joined (closing cancels what is left)."""
+        parts: list[ipc.Embedded] = []
+        try:
+            first = await self._ask(msg, ipc.Embedded, timeout, "an embed", parts)
+        except TimeoutError:
+            raise GenerationTimeout(f"the engine did not compute the embeddings within the server's REQUEST_TIMEOUT "
+                                    f"of {timeout:g} s") from None
+        rows = [row for part in parts for row in part.embeddings]
+        if len(rows) != len(msg.inputs):
+            raise GenerationFailed(f"the engine sent {len(rows)} embeddings for {len(msg.inputs)} inputs")
+        return msgspec.structs.replace(first, embeddings=rows, more=False)
+
+    async def rerank(self, msg: ipc.Rerank, timeout: float) -> ipc.Reranked:
+        """One Rerank round trip bounded by timeout."""
+        try:
+            reply = await self._ask(msg, ipc.Reranked, timeout, "a rerank")
+        except TimeoutError:
+            raise GenerationTimeout(f"the engine did not score the documents within the server's REQUEST_TIMEOUT "
+                                    f"of {timeout:g} s") from None
+        if len(reply.scores) != len(msg.documents):
+            raise GenerationFailed(f"the engine sent {len(reply.scores)} scores for {len(msg.documents)} documents")
+        return reply
+
+    async def _ask(self, msg: ipc.Msg, answer: type[A], timeout: float, what: str,
+                   parts: list | None = None) -> A:
         """Send msg on a connection of its own and return the engine's one answer, or raise the APIError it
         means; TimeoutError when none came within timeout (each caller says what that means)."""
         try:
@@ -167,6 +200,12 @@ class SocketEngineClient:
                 try:
                     await _send_request(conn, msg)
                     reply = await conn.recv()
+                    if parts is not None:  # an answer in several frames (Embedded: more)
+                        parts.append(reply)
+                        while getattr(parts[-1], "more", False):
+                            parts.append(await conn.recv())
+                        if not all(isinstance(p, answer) for p in parts):
+                            reply = next(p for p in parts if not isinstance(p, answer))
                 finally:
                     with anyio.CancelScope(shield=True):
                         await conn.aclose()

@@ -96,6 +96,10 @@ def details(info: ipc.Info) -> dict[str, Any]:
         "links": [
             {**msgspec.structs.asdict(link), "age": round(link.age, 3)} for link in info.links
         ],
+        # helper models beside the served one (their weights also in their rank's rank_states helper_bytes)
+        "helpers": [msgspec.structs.asdict(h) for h in info.helpers],
+        "helper_work": {"inputs": info.helper_inputs, "tokens": info.helper_tokens,
+                        "seconds": round(info.helper_seconds, 3)},
     }
 
 

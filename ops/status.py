@@ -55,7 +55,10 @@ def describe_info(i: Info) -> str:
                      f"  memory {_size(r.active_memory)} (cache {_size(r.cache_memory)}, peak {_size(r.peak_memory)})"
                      f"  host {_size(used)} of {_size(r.host_memory_total)} used"
                      f"  prefix cache {_size(r.prompt_cache_bytes)}"
+                     + (f"  helpers {_size(r.helper_bytes)}" if r.helper_bytes else "")
                      + (f"  NOT ANSWERING for {r.unanswered:.0f}s (frozen or gone)" if r.unanswered >= 1 else ""))
+    lines += [f"  helper    {h.kind} {h.name} on rank {h.rank} ({h.family}, {_size(h.weight_bytes)}, up to "
+              f"{h.max_tokens} tokens{f', {h.dimensions} dimensions' if h.dimensions else ''})" for h in i.helpers]
     if i.parallel_note:  # PARALLEL=auto chose pipeline: why, so nobody wonders where tensor's speed went
         lines.insert(2, f"            {i.parallel_note}")
     lines += [_link(link) for link in i.links]

@@ -118,3 +118,26 @@ def show(info: ipc.Info, settings: Settings) -> ShowResponse:
         capabilities=capabilities(info),
         modified_at=timestamp(info.created),
     )
+
+
+def _helper_details(helper: ipc.HelperState) -> ModelDetails:
+    return ModelDetails(format=FORMAT, family=helper.family, families=[helper.family], parameter_size="",
+                        quantization_level="")
+
+
+def listed_helper(helper: ipc.HelperState, info: ipc.Info) -> ListedModel:
+    """A helper model (embeddings, rerank) beside the served one; its digest from its own name."""
+    return ListedModel(name=helper.name, model=helper.name, modified_at=timestamp(info.created),
+                       size=helper.weight_bytes, digest=hashlib.sha256(helper.name.encode()).hexdigest(),
+                       details=_helper_details(helper))
+
+
+def show_helper(helper: ipc.HelperState, info: ipc.Info) -> ShowResponse:
+    """/api/show of a helper: Ollama's "embedding" capability for an embedder (a reranker says "rerank")."""
+    model_info: dict[str, object] = {"general.architecture": helper.family, "general.basename": helper.name,
+                                     f"{helper.family}.context_length": helper.max_tokens}
+    if helper.dimensions:
+        model_info[f"{helper.family}.embedding_length"] = helper.dimensions
+    return ShowResponse(modelfile=f"# a {helper.kind} model loaded beside the served one\nFROM {helper.path}\n",
+                        parameters="", template="", details=_helper_details(helper), model_info=model_info,
+                        capabilities=[helper.kind], modified_at=timestamp(info.created))

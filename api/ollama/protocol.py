@@ -125,7 +125,37 @@ class ShowRequest(Struct, kw_only=True):
     verbose: bool | None = None
 
 
+class EmbedRequest(Struct, kw_only=True):
+    model: str
+    input: str | list[Any]  # a string or a list of strings (checked in serving, naming the element)
+    truncate: bool = True  # cut an input past the model's context to it; false: such an input is an error
+    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    options: Options | None = None
+    keep_alive: Any = None  # the helper never unloads
+
+
+class EmbeddingsRequest(Struct, kw_only=True):
+    """The legacy /api/embeddings: one prompt, one embedding."""
+
+    model: str
+    prompt: str = ""
+    options: Options | None = None
+    keep_alive: Any = None
+
+
 # ---------------------------------------------------------------- responses
+
+
+class EmbedResponse(Struct, kw_only=True):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int = 0
+    load_duration: int = 0
+    prompt_eval_count: int = 0
+
+
+class EmbeddingsResponse(Struct, kw_only=True):
+    embedding: list[float]
 
 
 class ModelDetails(Struct, kw_only=True):

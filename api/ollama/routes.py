@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,10 +18,12 @@ from api.bodies import check_message_count, decode, json_response, read_body, re
 from api.errors import APIError, EngineUnavailable, InvalidRequest, NotSupported
 from api.generation import CLIENT_CLOSED, respond, until_disconnect
 from api.ollama import models
-from api.ollama.protocol import (ChatRequest, GenerateRequest, ModelList, Options, RunningModels, ShowRequest,
-                                 Version)
+from api.helpers import floats, served_helper
+from api.ollama.protocol import (ChatRequest, EmbeddingsRequest, EmbeddingsResponse, EmbedRequest, EmbedResponse,
+                                 GenerateRequest, ModelList, Options, RunningModels, ShowRequest, Version)
 from api.ollama.render import NDJSON, OllamaRenderer, collect, ndjson_stream
-from api.ollama.serving import chat_generate, check_model, generate_generate, new_request_id
+from api.ollama.serving import (chat_generate, check_model, embed_request, embeddings_request, generate_generate,
+                                new_request_id)
 from api.served import DialectRoutes
 
 logger = logging.getLogger(__name__)
@@ -32,6 +35,8 @@ RUNNING = "Ollama is running"
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _generate_decoder = msgspec.json.Decoder(GenerateRequest)
 _show_decoder = msgspec.json.Decoder(ShowRequest)
+_embed_decoder = msgspec.json.Decoder(EmbedRequest)
+_embeddings_decoder = msgspec.json.Decoder(EmbeddingsRequest)
 
 
 class _OptionKeys(msgspec.Struct):
@@ -58,7 +63,7 @@ class OllamaRoutes(DialectRoutes):
             Route("/ps", self.ps, methods=["GET"]),
             Route("/chat", self.chat, methods=["POST"]),
             Route("/generate", self.generate, methods=["POST"]),
-            Route("/embed", self.embeddings, methods=["POST"]),
+            Route("/embed", self.embed, methods=["POST"]),
             Route("/embeddings", self.embeddings, methods=["POST"]),
             *[Route(path, self._refuse(what), methods=methods) for path, methods, what in refused],
         ]
@@ -72,7 +77,8 @@ class OllamaRoutes(DialectRoutes):
 
     async def tags(self, request: Request) -> Response:
         info = await self._info()
-        return json_response(ModelList(models=[models.listed(info, self.served.settings())]))
+        return json_response(ModelList(models=[models.listed(info, self.served.settings()),
+                                               *(models.listed_helper(h, info) for h in info.helpers)]))
 
     async def ps(self, request: Request) -> Response:
         info = await self._info()
@@ -83,8 +89,12 @@ class OllamaRoutes(DialectRoutes):
         model = req.model or req.name
         if not model:
             raise InvalidRequest("Missing required parameter: 'model'.", param="model")
-        check_model(model, await self.served.fresh(model))
+        settings = await self.served.fresh(model)
         info = await self._info()
+        helper = next((h for h in info.helpers if model in (h.name, h.name + ":latest")), None)
+        if helper is not None:
+            return json_response(models.show_helper(helper, info))
+        check_model(model, settings)
         return json_response(models.show(info, self.served.settings()))
 
     async def chat(self, request: Request) -> Response:
@@ -110,9 +120,29 @@ class OllamaRoutes(DialectRoutes):
         msg = generate_generate(req, request_id, settings)
         return await self._run(request, msg, renderer, req.stream is not False)
 
+    async def embed(self, request: Request) -> Response:
+        started = time.perf_counter_ns()
+        request_id = access_record(request).request_id = new_request_id()
+        req: EmbedRequest = await self._read(request, _embed_decoder)
+        helper = await served_helper(self.engine, "embedding")
+        msg = embed_request(req, request_id, helper, self.settings.HELPER_MAX_INPUTS)
+        if msg is None:
+            return json_response(EmbedResponse(model=req.model, embeddings=[]))
+        reply = await self.engine.embed(msg, self.settings.REQUEST_TIMEOUT)
+        return json_response(EmbedResponse(model=req.model, embeddings=[floats(raw) for raw in reply.embeddings],
+                                           total_duration=time.perf_counter_ns() - started,
+                                           prompt_eval_count=reply.prompt_tokens))
+
     async def embeddings(self, request: Request) -> Response:
-        raise NotSupported(f"embeddings are not supported: this server does not compute embeddings; it serves one "
-                           f"generative model, {self.served.settings().model_name}")
+        """The legacy /api/embeddings: {"prompt"} -> {"embedding"}."""
+        request_id = access_record(request).request_id = new_request_id()
+        req: EmbeddingsRequest = await self._read(request, _embeddings_decoder)
+        helper = await served_helper(self.engine, "embedding")
+        msg = embeddings_request(req, request_id, helper)
+        if msg is None:
+            return json_response(EmbeddingsResponse(embedding=[]))
+        reply = await self.engine.embed(msg, self.settings.REQUEST_TIMEOUT)
+        return json_response(EmbeddingsResponse(embedding=floats(reply.embeddings[0])))
 
     def _refuse(self, what: str) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:

@@ -16,7 +16,9 @@ import msgspec
 
 import ipc
 from api.errors import InvalidRequest, ModelNotFound
-from api.ollama.protocol import ChatRequest, Format, GenerateRequest, Message, Options, Think
+from api.helpers import check_count, check_helper_model, texts_or_tokens
+from api.ollama.protocol import (ChatRequest, EmbeddingsRequest, EmbedRequest, Format, GenerateRequest, Message, Options,
+                                 Think)
 from api.request_checks import MODEL_ALIAS, Refusal, check_depth, max_tokens_within, server_max_tokens
 from api.schemas import closed
 from config import Settings
@@ -221,3 +223,26 @@ def _answered(m: Message, unanswered: list[tuple[str, str]]) -> str | None:
         return None
     unanswered.remove(picked)
     return picked[0]
+
+
+def embed_request(req: EmbedRequest, request_id: str, helper: ipc.HelperState, max_inputs: int) -> ipc.Embed | None:
+    """/api/embed -> Embed; None for an empty input, which Ollama answers with no embeddings (it loads the model)."""
+    check_helper_model(req.model, helper)
+    if req.input in ("", []):
+        return None
+    inputs = texts_or_tokens(req.input, "input", tokens=False)
+    check_count(len(inputs), max_inputs, "input", "input")
+    dimensions = req.dimensions or 0
+    if dimensions and (not helper.matryoshka or dimensions > helper.dimensions):
+        why = (f"it has {helper.dimensions}" if helper.matryoshka else
+               "it was not trained to be cut to fewer dimensions; leave dimensions out")
+        raise InvalidRequest(f"dimensions {dimensions} is not available for {helper.name}: {why}", param="dimensions")
+    return ipc.Embed(request_id=request_id, inputs=inputs, truncate=req.truncate, dimensions=dimensions)
+
+
+def embeddings_request(req: EmbeddingsRequest, request_id: str, helper: ipc.HelperState) -> ipc.Embed | None:
+    """The legacy /api/embeddings -> Embed of its one prompt (cut to the context, as Ollama did); None: empty."""
+    check_helper_model(req.model, helper)
+    if not req.prompt:
+        return None
+    return ipc.Embed(request_id=request_id, inputs=[req.prompt], truncate=True, param="prompt")

@@ -317,6 +317,34 @@ class Completion(Struct, kw_only=True):
     usage: Usage | None | UnsetType = UNSET
 
 
+class EmbeddingRequest(Struct, kw_only=True):
+    # a string, a list of strings, a list of token ids or a list of lists of them (checked in serving: msgspec
+    # takes one list type per union)
+    input: str | list[Any]
+    model: str
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+    user: str | UnsetType = UNSET
+
+
+class Embedding(Struct, kw_only=True):
+    object: str = "embedding"
+    embedding: list[float] | str  # str: base64 of float32 little-endian
+    index: int
+
+
+class EmbeddingUsage(Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(Struct, kw_only=True):
+    object: str = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 class Model(Struct, kw_only=True):
     id: str
     object: str = "model"
@@ -324,6 +352,8 @@ class Model(Struct, kw_only=True):
     owned_by: str = "mlx-cluster-serve"
     # non-OpenAI extensions
     context_length: int
+    # a helper model beside the served one: "embedding" or "rerank" (absent for the served model)
+    kind: str | UnsetType = UNSET
 
 
 class ModelList(Struct, kw_only=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -15,9 +16,10 @@ from api.access import access_record
 from api.bodies import check_message_count, json_response, read_request
 from api.errors import APIError, EngineUnavailable, ModelNotFound
 from api.generation import Renderer, respond
-from api.openai.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
+from api.helpers import served_helper
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Model, ModelList
 from api.openai.render import ChatRenderer, CompletionRenderer
-from api.openai.serving import chat_generate, completion_generate, new_request_id
+from api.openai.serving import chat_generate, completion_generate, embed_request, embedding_list, new_request_id
 from api.request_checks import MODEL_ALIAS
 from api.served import DialectRoutes
 from config import Settings
@@ -29,6 +31,7 @@ INFO_TIMEOUT = 2.0
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)
 
 
 class OpenAIRoutes(DialectRoutes):
@@ -65,15 +68,37 @@ class OpenAIRoutes(DialectRoutes):
             timeout=self.settings.REQUEST_TIMEOUT,
         )
 
+    async def embeddings(self, request: Request) -> Response:
+        request_id = access_record(request).request_id = f"embd-{uuid.uuid4().hex}"
+        req = await read_request(request, _embedding_decoder, self.settings.MAX_REQUEST_BYTES,
+                                 self.settings.BODY_READ_TIMEOUT)
+        helper = await served_helper(self.engine, "embedding")
+        msg = embed_request(req, request_id, helper, self.settings.HELPER_MAX_INPUTS)
+        reply = await self.engine.embed(msg, self.settings.REQUEST_TIMEOUT)
+        return json_response(embedding_list(reply, req.encoding_format, helper.name))
+
     async def list_models(self, request: Request) -> Response:
-        return json_response(ModelList(data=[await self._model()]))
+        return json_response(ModelList(data=await self._models()))
 
     async def get_model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
-        served = (await self.served.fresh(model_id)).model_name
-        if model_id not in (served, MODEL_ALIAS):
-            raise ModelNotFound(f"The model '{model_id}' does not exist. This server serves '{served}'.")
-        return json_response(await self._model())
+        await self.served.fresh(model_id)  # the engine may have switched to the model asked for
+        models = await self._models()
+        if model_id == MODEL_ALIAS:
+            return json_response(models[0])
+        for model in models:
+            if model.id == model_id:
+                return json_response(model)
+        raise ModelNotFound(f"The model '{model_id}' does not exist. This server serves "
+                            + ", ".join(f"'{m.id}'" for m in models) + ".")
+
+    async def _models(self) -> list[Model]:
+        """The served model, then the helper models beside it."""
+        model = await self._model()
+        info = self.engine.last_info
+        helpers = info.helpers if info is not None else []
+        return [model, *(Model(id=h.name, created=model.created, context_length=h.max_tokens, kind=h.kind)
+                         for h in helpers)]
 
     async def _model(self) -> Model:
         """The served model from fresh Info, or the last Info while the engine is briefly down (not while it

@@ -15,7 +15,9 @@ from msgspec import UNSET
 import ipc
 from ipc.messages import REASONING_EFFORTS
 from api.errors import InvalidRequest
-from api.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ResponseFormat
+from api.helpers import base64_floats, check_count, check_helper_model, floats, texts_or_tokens
+from api.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, Embedding, EmbeddingList,
+                                 EmbeddingRequest, EmbeddingUsage, ResponseFormat)
 from api.request_checks import Refusal, check_depth, check_model, max_tokens_within, refuse_unsupported
 from api.request_fields import TOKEN_ID_MAX, Tool
 from api.schemas import closed
@@ -198,3 +200,25 @@ def _engine_prompt(prompt: str | list[Any]) -> str | list[int]:
         f"Invalid value for 'prompt': expected a string or a list of token ids (integers from 0 to {TOKEN_ID_MAX}).",
         param="prompt",
     )
+
+
+def embed_request(req: EmbeddingRequest, request_id: str, helper: ipc.HelperState, max_inputs: int) -> ipc.Embed:
+    """/v1/embeddings -> Embed. OpenAI has no truncation: an input past the model's limit is a 400 naming it."""
+    check_helper_model(req.model, helper)
+    inputs = texts_or_tokens(req.input, "input", tokens=True)
+    check_count(len(inputs), max_inputs, "input", "input")
+    dimensions = 0 if req.dimensions is UNSET else req.dimensions
+    if dimensions and not helper.matryoshka:
+        raise InvalidRequest(f"Invalid value for 'dimensions': {helper.name} cannot be cut to fewer dimensions (it "
+                             "was not trained with Matryoshka representation learning); leave it out.", param="dimensions")
+    if dimensions > helper.dimensions:
+        raise InvalidRequest(f"Invalid value for 'dimensions': {dimensions} exceeds {helper.name}'s "
+                             f"{helper.dimensions}.", param="dimensions")
+    return ipc.Embed(request_id=request_id, inputs=inputs, dimensions=dimensions)
+
+
+def embedding_list(reply: ipc.Embedded, encoding_format: str, model: str) -> EmbeddingList:
+    encode = base64_floats if encoding_format == "base64" else floats
+    return EmbeddingList(data=[Embedding(embedding=encode(raw), index=i) for i, raw in enumerate(reply.embeddings)],
+                         model=model, usage=EmbeddingUsage(prompt_tokens=reply.prompt_tokens,
+                                                           total_tokens=reply.prompt_tokens))

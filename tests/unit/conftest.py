@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -39,9 +40,12 @@ class FakeEngine:
             engine_pid=4242,
         )
         self.generates: list[ipc.Generate] = []
+        self.helper_requests: list[ipc.Embed | ipc.Rerank] = []  # answered by helper_answer
         self.token_requests: list[ipc.Tokenize | ipc.Detokenize] = []
         # answers Tokenize (a token per character) and Detokenize (a character per token); a test may swap it
         self.token_answer: Callable[[ipc.Msg], ipc.Msg] = _characters
+        # answers Embed (input i: the unit vector along i, in as many frames as inputs) and Rerank (1/(1+i))
+        self.helper_answer: Callable[[ipc.Msg], list[ipc.Msg]] = _unit_vectors
         self.received = anyio.Event()  # a Generate arrived
         self.peer_closed = anyio.Event()  # the API closed a connection we were holding open
         self.script: Script = self._reply
@@ -107,6 +111,11 @@ class FakeEngine:
         if isinstance(msg, ipc.InfoRequest):
             await conn.send(self.info)
             return
+        if isinstance(msg, ipc.Embed | ipc.Rerank):
+            self.helper_requests.append(msg)
+            for frame in self.helper_answer(msg):
+                await conn.send(frame)
+            return
         if isinstance(msg, ipc.Tokenize | ipc.Detokenize):
             self.token_requests.append(msg)
             await conn.send(self.token_answer(msg))
@@ -115,6 +124,17 @@ class FakeEngine:
         self.generates.append(msg)
         self.received.set()
         await self.script(conn, msg)
+
+
+def _unit_vectors(msg: ipc.Msg) -> list[ipc.Msg]:
+    if isinstance(msg, ipc.Rerank):
+        return [ipc.Reranked(request_id=msg.request_id, scores=[1 / (1 + i) for i in range(len(msg.documents))],
+                             prompt_tokens=10 * len(msg.documents))]
+    assert isinstance(msg, ipc.Embed)
+    width = msg.dimensions or 8
+    rows = [struct.pack(f"<{width}f", *(float(j == i % width) for j in range(width))) for i in range(len(msg.inputs))]
+    return [ipc.Embedded(request_id=msg.request_id, embeddings=[row], prompt_tokens=3 * len(rows), dimensions=width,
+                         index=i, more=i + 1 < len(rows)) for i, row in enumerate(rows)]
 
 
 def _characters(msg: ipc.Msg) -> ipc.Msg:

@@ -1,0 +1,41 @@
+"""Rerank request -> the engine's Rerank, and its scores -> results sorted by relevance."""
+
+from __future__ import annotations
+
+import uuid
+
+from msgspec import UNSET
+
+import ipc
+from api.errors import InvalidRequest
+from api.helpers import check_count, check_helper_model
+from api.rerank.protocol import RerankRequest, RerankResponse, RerankResult, RerankUsage, TextDocument
+
+
+def new_request_id() -> str:
+    return f"rerank-{uuid.uuid4().hex}"
+
+
+def texts(req: RerankRequest) -> list[str]:
+    return [d if isinstance(d, str) else d.text for d in req.documents]
+
+
+def rerank_request(req: RerankRequest, request_id: str, helper: ipc.HelperState, max_inputs: int) -> ipc.Rerank:
+    check_helper_model(req.model, helper)
+    check_count(len(req.documents), max_inputs, "documents", "document")
+    if not req.query:
+        raise InvalidRequest("Invalid value for 'query': an empty string; send the text to rank the documents by.",
+                             param="query")
+    return ipc.Rerank(request_id=request_id, query=req.query, documents=texts(req))
+
+
+def rerank_response(req: RerankRequest, reply: ipc.Reranked, model: str) -> RerankResponse:
+    """Results by relevance, highest first (ties keep the documents' order), top_n of them when asked."""
+    docs = texts(req)
+    order = sorted(range(len(reply.scores)), key=lambda i: -reply.scores[i])
+    if req.top_n is not UNSET and req.top_n:
+        order = order[:req.top_n]
+    results = [RerankResult(index=i, relevance_score=reply.scores[i],
+                            document=TextDocument(text=docs[i]) if req.return_documents else None) for i in order]
+    return RerankResponse(id=reply.request_id, model=model, usage=RerankUsage(total_tokens=reply.prompt_tokens),
+                          results=results)
