@@ -14,6 +14,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from engine.helpers.families import encoder, rerank
+from engine.load_errors import ModelError
 from engine.zoo.store import ensure_helper_model
 from tests.encoder_reference import bert, pool
 from tests.harness import MODEL_CACHE
@@ -98,3 +99,12 @@ def test_cross_encoder_scores_equal_sigmoid_of_a_numpy_classifier():
     np.testing.assert_allclose(np.array(helper.score(batch)), want, atol=1e-5)
     cut = helper.pair_tokens("what is a fox", TEXTS[1] * 4, limit=20)
     assert len(cut) == 20 and cut[-1] == tok.token_to_id("[SEP]")
+
+
+def test_a_quantized_conversion_is_refused_with_the_fix(embedding_folder, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(embedding_folder, folder)
+    config = json.loads((folder / "config.json").read_text()) | {"quantization": {"group_size": 64, "bits": 4}}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="describes quantized weights.*original Hugging Face folder"):
+        encoder.load(folder, "q")

@@ -12,6 +12,7 @@ import mlx.core as mx
 
 from engine.helpers import bert
 from engine.helpers.st_folder import Embedding, max_tokens, read_embedding
+from engine.load_errors import ModelError
 
 KIND = "embedding"
 
@@ -28,6 +29,9 @@ def load(folder: Path, name: str) -> EncoderEmbedder:
 
 def load_network(folder: Path, config: dict, labels: int = 0):
     """The encoder of the config's model_type with the folder's weights (a classifier of `labels` outputs)."""
+    if config.get("quantization") or config.get("quantization_config"):
+        raise ModelError(f"{folder / 'config.json'} describes quantized weights, which this encoder does not read; "
+                         "point the setting at the model's original Hugging Face folder (float weights)")
     if config["model_type"] == "modernbert":
         from engine.helpers.modernbert import load_modernbert
 
