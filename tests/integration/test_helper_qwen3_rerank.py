@@ -89,3 +89,16 @@ def test_an_embedding_folder_of_the_same_architecture_is_refused(folder, tmp_pat
     (other / "modules.json").write_text(json.dumps([pooling]))
     with pytest.raises(ModelError, match="is an embedding model .* set it as EMBEDDING_MODEL"):
         rerank.load(other, "embedding")
+
+
+def test_an_untied_head_is_read_as_the_4b_and_8b_rerankers_have_one(folder, helper, tmp_path):
+    untied = tmp_path / "untied"
+    shutil.copytree(folder, untied)
+    weights = mx.load(str(untied / "model.safetensors"))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"] * 0.5  # half the logits of the tied head
+    mx.save_safetensors(str(untied / "model.safetensors"), weights)
+    config = json.loads((untied / "config.json").read_text()) | {"tie_word_embeddings": False}
+    (untied / "config.json").write_text(json.dumps(config))
+    batch = [helper.pair_tokens(q, d) for q, d in PAIRS]
+    tied, half = np.array(helper.score(batch), np.float64), np.array(rerank.load(untied, "u").score(batch), np.float64)
+    np.testing.assert_allclose(np.log(half / (1 - half)), 0.5 * np.log(tied / (1 - tied)), rtol=1e-4)

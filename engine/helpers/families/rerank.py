@@ -99,9 +99,9 @@ class DecoderReranker(_Reranker):
         return mx.sigmoid(logits[:, self.yes] - logits[:, self.no])  # = softmax([no, yes])[1]
 
     def _head(self, hidden: mx.array) -> mx.array:
-        if getattr(self.model.args, "tie_word_embeddings", False):
-            return self.model.model.embed_tokens.as_linear(hidden)
-        return self.model.lm_head(hidden)
+        if "lm_head" in self.model:  # untied (the 4B and 8B rerankers); the 0.6B ties it to the embeddings
+            return self.model.lm_head(hidden)
+        return self.model.model.embed_tokens.as_linear(hidden)
 
 
 class CrossEncoder(_Reranker):
