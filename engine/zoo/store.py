@@ -22,6 +22,7 @@ VOCAB, FILLER_WORDS = 1024, 0
 # Helper models (embeddings, rerank: engine/helpers): each module generates its own (MODELS, generate); one line each.
 HELPER_MODULES = (
     "engine.zoo.helpers_decoder",
+    "engine.zoo.helpers_encoder",
 )
 # helper name (without "zoo-") -> its module
 HELPER_MODELS = {name: module for module in HELPER_MODULES for name in importlib.import_module(module).MODELS}
