@@ -3,5 +3,7 @@ config.json is one of its models, `load(folder, name)` loads it. Tried in this o
 to add one."""
 
 FAMILIES = (
-    "decoder_embed",
+    "decoder_embed",  # Qwen3-Embedding style: a causal LM's last token
+    "encoder",  # BERT, RoBERTa, XLM-RoBERTa, ModernBERT: sentence-transformers pooling
+    "rerank",  # Qwen3-Reranker style (P(yes) at the card's prompt) and one-label cross-encoders
 )
