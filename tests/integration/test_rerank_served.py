@@ -1,0 +1,67 @@
+"""The encoder and reranker families served by the real engine: /v1/embeddings from a BERT encoder and /v1/rerank
+from a Qwen3-Reranker give what the same family computes in this process on the folder the engine loaded, read
+through the official clients (openai, cohere). One stack for the module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.harness import serving
+
+EMBEDDER, RERANKER = "zoo-bert-embedding", "zoo-qwen3-reranker"
+QUERY = "Where does the cat sleep?"
+DOCUMENTS = ["The cat sleeps on the mat.", "Stocks fell on Tuesday.", "A dog barks at night.", "cat mat sleep"]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with serving("demo-tiny", EMBEDDING_MODEL=EMBEDDER, RERANK_MODEL=RERANKER) as (s, client):
+        yield s, client
+
+
+def _local(s, kind: str):
+    """The family's own load of the folder the engine loaded, in this process."""
+    from engine.helpers.families import encoder, rerank
+
+    helper = next(h for h in httpx.get(s.base_url + "/health", timeout=10).json()["helpers"] if h["kind"] == kind)
+    family = encoder if kind == "embedding" else rerank
+    return family.load(Path(helper["path"]), helper["name"])
+
+
+def test_rerank_scores_are_the_families_own_sorted_and_cut_to_top_n(stack):
+    s, _ = stack
+    local = _local(s, "rerank")
+    want = np.array(local.score([local.pair_tokens(QUERY, d) for d in DOCUMENTS]))
+    r = httpx.post(s.base_url + "/v1/rerank", timeout=60, json={
+        "model": RERANKER, "query": QUERY, "documents": DOCUMENTS, "top_n": 3, "return_documents": True})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    order = [int(i) for i in np.argsort(-want, kind="stable")[:3]]
+    assert [x["index"] for x in results] == order
+    assert [x["relevance_score"] for x in results] == pytest.approx([float(want[i]) for i in order], abs=1e-5)
+    assert [x["document"]["text"] for x in results] == [DOCUMENTS[i] for i in order]
+    assert r.json()["usage"]["total_tokens"] > 0
+
+
+def test_the_cohere_client_reads_the_served_rerank(stack):
+    import cohere
+    s, _ = stack
+    with httpx.Client(timeout=60) as http:
+        client = cohere.ClientV2(base_url=s.base_url, api_key="x", httpx_client=http)
+        answer = client.rerank(model=RERANKER, query=QUERY, documents=DOCUMENTS, top_n=2)
+    assert len(answer.results) == 2 and answer.results[0].relevance_score >= answer.results[1].relevance_score
+
+
+def test_bert_embeddings_are_the_encoders_own_and_both_helpers_are_listed(stack):
+    s, client = stack
+    local = _local(s, "embedding")
+    want = np.array(local.embed([local.tokenize(t) for t in DOCUMENTS]), dtype=np.float64)
+    got = np.array([d.embedding for d in client.embeddings.create(model=EMBEDDER, input=DOCUMENTS).data])
+    cos = (want * got).sum(1) / np.linalg.norm(want, axis=1) / np.linalg.norm(got, axis=1)
+    assert cos.min() >= 0.9999, cos
+    kinds = {m.id: getattr(m, "kind", None) for m in client.models.list().data}
+    assert kinds == {"demo-tiny": None, EMBEDDER: "embedding", RERANKER: "rerank"}
