@@ -105,7 +105,8 @@ def test_errors_in_ollama_shape(llama):
     assert err.value.status_code == 400 and "images" in err.value.error
     with pytest.raises(ollama.ResponseError) as err:
         llama.embed(model="default", input="hello")
-    assert err.value.status_code == 501 and "embeddings" in err.value.error
+    # no EMBEDDING_MODEL here: the answer names the setting that would serve it
+    assert err.value.status_code == 404 and "EMBEDDING_MODEL" in err.value.error
 
 
 def test_greedy_output_equals_chat_completions(llama, client):
