@@ -7,6 +7,7 @@ forwarding threads and every local rank; stopping means signalling the group, ne
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -56,32 +57,43 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 # ---- ports ------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+# A port the kernel hands out as an outgoing connection's source port can be taken between our check and the
+# server's bind (the ring backend's "Couldn't bind socket (error: 98)"), so ours come from below that range.
+_LOW_PORT = 10000
+
+
+def _ephemeral_start() -> int:
+    """The first port the kernel may give an outgoing connection (Linux's setting; macOS and IANA use 49152)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago and that no outgoing connection will take meanwhile."""
+    return free_port_run(1)
 
 
 def free_port_run(n: int) -> int:
-    """The first of n consecutive free ports (the ring backend listens on port, port+1, ...)."""
-    for _ in range(50):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for k in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + k))
+    """The first of n consecutive free ports (the ring backend listens on port, port+1, ...), all below the
+    kernel's range for outgoing connections so that none is taken between this check and the server's bind."""
+    top = _ephemeral_start() - n
+    rng = random.SystemRandom()
+    for _ in range(200):
+        base = rng.randrange(_LOW_PORT, top) if top > _LOW_PORT else rng.randrange(1024, 65536 - n)
+        if all(_bindable(base + k) for k in range(n)):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports found")
+    raise RuntimeError(f"no {n} consecutive free ports found below {top + n}")
 
 
 def free_ring_port(ranks: int) -> int:

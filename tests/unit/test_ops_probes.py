@@ -101,3 +101,13 @@ def test_start_refuses_a_port_something_listens_on(socket_path: str) -> None:
         with pytest.raises(Die, match=f"something already listens on http://127.0.0.1:{port}"):
             api_at("127.0.0.1", port, str(Path(socket_path).parent)).refuse_running()
     api_at("127.0.0.1", port, str(Path(socket_path).parent)).refuse_running()  # free again: nothing to say
+
+
+@pytest.mark.skipif(not Path("/proc/sys/net/ipv4/ip_local_port_range").exists(), reason="Linux's setting")
+def test_ports_tests_pick_lie_below_the_kernels_range_for_outgoing_connections() -> None:
+    # an outgoing connection's source port could take a ring port between our check and the rank's bind
+    first_outgoing = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for ranks in (1, 2, 4):
+        base = free_ring_port(ranks)
+        assert base - 1 >= 1024 and base + 2 * ranks < first_outgoing, (base, first_outgoing)
+    assert all(free_port() < first_outgoing for _ in range(20))
