@@ -27,6 +27,8 @@ from engine.rank0.errors import Refused, invalid_request
 from engine.rank0.helper_desk import HelperDesk
 from engine.rank0.lanes import TokenizerLanes
 from engine.rank0.outbox import DONE, Outbox
+from engine.rank0.peer import send_answer, watch_peer
+from engine.rank0.peer import send_quietly as _send
 from engine.rank0.requests import Counters, Submit, Withdraw
 from ipc import (
     ConnectionClosed,
@@ -56,8 +58,6 @@ log = logging.getLogger(__name__)
 # 1.14 from one run to the next. One rank writes every connection directly: 9-11 % faster at 1 and 8 streams.
 MULTIRANK_DIRECT_CONNECTIONS = 0
 FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
-EXTRA_FRAME = ("this connection already carries a request: send each request on a connection of its own "
-               "(closing a connection cancels its request)")
 
 
 class EngineServer:
@@ -174,19 +174,12 @@ class EngineServer:
             await _send(conn, errors.shutting_down(rid, "the engine is shutting down; retry shortly"))
             return
         try:
-            frames = await self.desk.answer(conn, msg, self._lanes, self._watch_peer)
+            frames = await self.desk.answer(conn, msg, self._lanes, watch_peer)
         except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
             log.exception("%s %s failed", type(msg).__name__.lower(), rid)
             frames = [errors.generation_failed(rid, "the engine failed this request (see the engine log); other "
                                                     "requests are unaffected")]
-        try:
-            for frame in frames:
-                await conn.send(frame)
-        except FrameTooLarge:
-            await _send(conn, invalid_request(f"the answer is larger than the engine's socket allows (MAX_FRAME_BYTES="
-                                              f"{conn.max_frame}); send fewer or shorter documents", request_id=rid))
-        except ConnectionClosed:
-            pass
+        await send_answer(conn, frames, rid)
 
     async def _tokenizer_work(self, conn: FramedStream, work: Callable[[Any], Msg], msg: Msg, param: str) -> None:
         """Answer a Tokenize or Detokenize from a worker thread; the plan and the other ranks never see it.
@@ -196,7 +189,7 @@ class EngineServer:
         reply: Msg | None = None
         complaint: list[Msg] = []
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_peer, conn, "", tg.cancel_scope, complaint)
+            tg.start_soon(watch_peer, conn, "", tg.cancel_scope, complaint)
             try:
                 reply = await self._lanes.run(work, msg, size)
             except Refused as exc:
@@ -276,7 +269,7 @@ class EngineServer:
         try:
             async with anyio.create_task_group() as tg:
                 outbox.scope = tg.cancel_scope
-                tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
+                tg.start_soon(watch_peer, conn, rid, tg.cancel_scope, complaint)
                 finished = await self._relay(conn, receive, outbox, rid, complaint)
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
@@ -304,7 +297,7 @@ class EngineServer:
         complaint: list[Msg] = []
         async with anyio.create_task_group() as tg:
             # A client that leaves while its prompt waits for a tokenizer slot takes it out of the queue.
-            tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
+            tg.start_soon(watch_peer, conn, rid, tg.cancel_scope, complaint)
             try:
                 tokens = await self._lanes.run(self.prompter.tokens, gen, conn.last_frame_bytes)
             except Refused as exc:
@@ -347,19 +340,6 @@ class EngineServer:
                 outbox.resume()
         return False
 
-    async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope,
-                          complaint: list[Msg]) -> None:
-        """The peer closing its connection (even half: shutdown for writing) ends the request. It sends nothing
-        else: a frame (or broken framing) ends the request too, and complaint says why."""
-        try:
-            await conn.recv()
-            complaint.append(invalid_request(EXTRA_FRAME, code="bad_frame", request_id=rid))
-        except ConnectionClosed:
-            pass
-        except FrameError as exc:
-            complaint.append(invalid_request(f"{exc}; {EXTRA_FRAME}", code="bad_frame", request_id=rid))
-        scope.cancel()
-
 
 def _dispatch(events: list) -> None:
     for outbox, msg in events:
@@ -378,9 +358,3 @@ async def _complain(conn: FramedStream, outbox: Outbox, message: Msg) -> None:
         except ConnectionClosed:
             pass
 
-
-async def _send(conn: FramedStream, msg) -> None:
-    try:
-        await conn.send(msg)
-    except ConnectionClosed:
-        pass
