@@ -54,6 +54,7 @@ class RemoteHelpers:
         self.timeout = timeout  # REQUEST_TIMEOUT
         self.max_frame = max_frame  # MAX_FRAME_BYTES: rank k cuts its answers to the same
         self.states = list(states or [])  # what rank k serves (welcome() at startup)
+        self.grace = ANSWER_GRACE_SECONDS
 
     def welcome(self) -> list[HelperState]:
         """Startup, on the main thread: what rank k serves; HelperLinkError in a sentence when it cannot be asked."""
@@ -93,7 +94,7 @@ class RemoteHelpers:
         frames: list[Msg] = []
         try:
             await peer.send(msg)
-            with anyio.fail_after(self.timeout + ANSWER_GRACE_SECONDS):
+            with anyio.fail_after(self.timeout + self.grace):
                 while True:
                     frame = await peer.recv()
                     frames.append(frame)
