@@ -188,3 +188,29 @@ def test_a_client_that_leaves_takes_its_queued_work_off_rank_k():
         assert job.cancelled.wait(10)  # rank k saw the connection close: none of its slices will be computed
     finally:
         k.close()
+
+
+def test_check_refuses_a_helper_rank_the_engine_lacks_in_one_sentence(tmp_path):
+    from config import ConfigError, load_settings
+
+    env = {"MODEL": "demo-tiny", "HOSTS": "10.0.0.1,10.0.0.2", "HELPER_RANK": "2", "ENV_FILE": str(tmp_path / "no.env")}
+    with pytest.raises(ConfigError, match=r"^HELPER_RANK=2 names no rank: .* 2 rank\(s\).*set HELPER_RANK to one from "
+                                          r"0 to 1"):
+        load_settings(env)
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]')
+    with pytest.raises(ConfigError, match="HOSTFILE=.* starts 2 rank"):
+        load_settings({**env, "HOSTFILE": str(hostfile)})
+    assert load_settings({**env, "HELPER_RANK": "1"}).HELPER_RANK == 1
+
+
+def test_the_helper_preflight_runs_only_where_the_helper_rank_loads(tmp_path):
+    from config import load_settings
+    from ops.helpers_check import helper_host_is_here
+
+    def here(hosts: str, k: int) -> bool:
+        return helper_host_is_here(load_settings({"MODEL": "demo-tiny", "HOSTS": hosts, "HELPER_RANK": str(k),
+                                                  "ENV_FILE": str(tmp_path / "no.env")}))
+
+    assert here("10.0.0.1", 0) and here("127.0.0.1,127.0.0.1", 1) and here("10.0.0.1,10.0.0.1", 1)
+    assert not here("10.0.0.1,10.0.0.2", 1)
