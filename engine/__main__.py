@@ -232,7 +232,9 @@ def _build(settings, joined: Joined, watchdog):
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather, port=settings.doorbell_port)
     side = None
     if joined.size > 1 and settings.HELPER_RANK and configured(settings):
-        side, joined.remote = _helper_rank(settings, joined, channel, doorbell, watchdog)
+        from engine.helpers.link import open_link
+
+        side, joined.remote = open_link(settings, joined.rank, joined.helpers, channel.gather, doorbell, watchdog.beat)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
     speculating = _can_speculate(settings, joined, channel)
     proposer = _speculation(settings, joined, channel, watchdog) if speculating else None
@@ -250,46 +252,6 @@ def _build(settings, joined: Joined, watchdog):
         return StepLoop(batch, channel, watchdog, doorbell, links.pairs, side), None
     return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
                   proposer, pace, kv_dtype)
-
-
-def _helper_rank(settings, joined: Joined, channel, doorbell, watchdog):
-    """HELPER_RANK=k > 0: rank k serves its helpers on a listener of its own (engine/helpers/rank_server.py) and every
-    rank learns where in one gather. Returns rank k's inbox (its step loop runs the work between its steps) and
-    rank 0's forwarder (engine/rank0/helper_remote.py), None for what a rank has not; HelperLinkError on every
-    rank when rank k cannot listen."""
-    import secrets
-
-    from engine.helpers import link
-
-    k = settings.HELPER_RANK
-    watchdog.beat(f"opening rank {k}'s helper listener")
-    mine, why, inbox = None, "", None
-    if joined.rank == k:
-        from engine.helpers.inbox import HelperInbox
-        from engine.helpers.rank_server import HelperRankServer
-        from engine.helpers.work import HelperWork
-        from engine.rank0.helper_desk import HelperDesk
-
-        inbox = HelperInbox(HelperWork(settings.HELPER_TOKENS_PER_STEP, watchdog.beat))
-        desk = HelperDesk(joined.helpers, inbox, settings.HELPER_MAX_INPUTS, settings.REQUEST_TIMEOUT)
-        token = secrets.randbits(62)
-        server = HelperRankServer(desk, [h.state(k) for h in joined.helpers.values()], token, settings.MAX_FRAME_BYTES)
-        host = doorbell.sock.getsockname()[0]  # the interface this rank reached rank 0 from: rank 0 reaches it there
-        try:
-            mine = link.Address(host, server.start(host), token)
-        except OSError as exc:
-            why = f"{host}: {exc.strerror or exc}"
-    address = link.exchange(channel.gather, k, mine, why)
-    if joined.rank != 0:
-        return inbox, None
-    from engine.rank0.helper_remote import RemoteHelpers
-
-    watchdog.beat(f"asking rank {k} for its helper models")
-    remote = RemoteHelpers(address, k, settings.REQUEST_TIMEOUT, settings.MAX_FRAME_BYTES)
-    remote.welcome()
-    logging.getLogger("engine").info("helper models on rank %d (%s:%d): %s", k, address.host, address.port,
-                                     ", ".join(f"{s.kind} {s.name}" for s in remote.states))
-    return None, remote
 
 
 def _open_disk(batch, tier, planner=None) -> None:
