@@ -232,7 +232,7 @@ def _build(settings, joined: Joined, watchdog):
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather, port=settings.doorbell_port)
     side = None
     if joined.size > 1 and settings.HELPER_RANK and configured(settings):
-        from engine.helpers.link import open_link
+        from engine.helpers.rank_setup import open_link
 
         side, joined.remote = open_link(settings, joined.rank, joined.helpers, channel.gather, doorbell, watchdog.beat)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank

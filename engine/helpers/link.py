@@ -3,20 +3,15 @@
 Rank k listens on a free TCP port of the interface it reached rank 0's doorbell from (so rank 0 can reach it
 back) and contributes the address, the port and a random token; the other ranks contribute zeros. Rank 0 then
 opens one connection per helper request (engine/rank0/helper_remote.py), presenting the token. A rank k that could
-not listen contributes zeros too, and every rank ends with the same sentence. No MLX here (the listener's
-modules, which may import it, load on rank k alone).
+not listen contributes zeros too, and every rank ends with the same sentence (engine/helpers/rank_setup.py
+opens it all). No MLX here.
 """
 
 from __future__ import annotations
 
-import logging
-import secrets
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from config import Settings
-from engine.lockstep.doorbell import Bell, DoorbellError, Gather
+from engine.lockstep.doorbell import DoorbellError, Gather
 
 HOST_BYTES = 64  # an IPv6 address in text fits
 
@@ -60,40 +55,3 @@ def exchange(gather: Gather, helper_rank: int, mine: Address | None, why: str = 
                               + "; free a TCP port on that host or set HELPER_RANK=0")
     return found
 
-
-def open_link(settings: Settings, rank: int, helpers: dict[str, Any], gather: Gather, bell: Any,
-              beat: Callable[[str], None]) -> tuple[Any, Any]:
-    """Every rank, HELPER_RANK=k > 0: rank k opens its listener (engine/helpers/rank_server.py) and every rank learns
-    where in one gather. Returns rank k's inbox (its step loop runs the work between its steps) and rank 0's
-    forwarder (engine/rank0/helper_remote.py), None for what a rank has not; HelperLinkError on every rank when rank k
-    cannot listen, on rank 0 when it cannot reach it."""
-    k = settings.HELPER_RANK
-    beat(f"opening rank {k}'s helper listener")
-    mine, why, inbox = None, "", None
-    if rank == k:
-        from engine.helpers.inbox import HelperInbox
-        from engine.helpers.rank_server import HelperRankServer
-        from engine.helpers.work import HelperWork
-        from engine.rank0.helper_desk import HelperDesk
-
-        inbox = HelperInbox(HelperWork(settings.HELPER_TOKENS_PER_STEP, beat))
-        desk = HelperDesk(helpers, inbox, settings.HELPER_MAX_INPUTS, settings.REQUEST_TIMEOUT)
-        token = secrets.randbits(62)
-        server = HelperRankServer(desk, [h.state(k) for h in helpers.values()], token, settings.MAX_FRAME_BYTES)
-        assert isinstance(bell, Bell)
-        host = bell.sock.getsockname()[0]  # the interface this rank reached rank 0 from: rank 0 reaches it there
-        try:
-            mine = Address(host, server.start(host), token)
-        except OSError as exc:
-            why = f"{host}: {exc.strerror or exc}"
-    address = exchange(gather, k, mine, why)
-    if rank != 0:
-        return inbox, None
-    from engine.rank0.helper_remote import RemoteHelpers
-
-    beat(f"asking rank {k} for its helper models")
-    remote = RemoteHelpers(address, k, settings.REQUEST_TIMEOUT, settings.MAX_FRAME_BYTES)
-    remote.welcome()
-    logging.getLogger(__name__).info("helper models on rank %d (%s:%d): %s", k, address.host, address.port,
-                                     ", ".join(f"{s.kind} {s.name}" for s in remote.states))
-    return None, remote
