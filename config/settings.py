@@ -114,15 +114,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ENGINE_RESTART: Literal["never", "always"] = "never"
     DRAIN_TIMEOUT: Seconds = 10.0
     ENGINE_START_TIMEOUT: Seconds = 600.0
-    MAX_FRAME_BYTES: Annotated[int, Meta(ge=MIN_FRAME_BYTES)] = 8 * 1024 * 1024
-    MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    # room for an agent's turn with screenshots: Anthropic's own request cap is 32 MB, and images travel as base64 in
+    # the body and as files (3/4 of that) on the engine's socket
+    MAX_FRAME_BYTES: Annotated[int, Meta(ge=MIN_FRAME_BYTES)] = 32 * 1024 * 1024
+    MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     MAX_MESSAGES: Positive = 2048
     BODY_READ_TIMEOUT: Seconds = 30.0
     # images in requests (docs/vision.md): at most MAX_IMAGES_PER_REQUEST (0: none taken), each within
     # MAX_IMAGE_BYTES as a file and MAX_IMAGE_PIXELS as its header declares (checked before any pixel is decoded)
     MAX_IMAGES_PER_REQUEST: Annotated[int, Meta(ge=0)] = 16
     MAX_IMAGE_PIXELS: Positive = 33554432
-    MAX_IMAGE_BYTES: Positive = 5242880
+    MAX_IMAGE_BYTES: Positive = 10 * 1024 * 1024  # a 4K PNG screenshot is 3-8 MB
     # http(s) image URLs: off (only data URLs and base64 are taken) or on (fetched from public addresses only,
     # within IMAGE_URL_TIMEOUT seconds and MAX_IMAGE_BYTES)
     IMAGE_URL_FETCH: Literal["off", "on"] = "off"

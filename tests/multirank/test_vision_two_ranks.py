@@ -1,6 +1,8 @@
-"""A vision-language model on two real ranks in tensor parallel: rank 0 alone runs the tower, the features travel
-in the plan, and both ranks' prefill reads them, so an image request answers with mlx-vlm's own greedy tokens (as
-one rank does) and a second turn with the same image reuses the first's KV on every rank."""
+"""Vision-language models on two real ranks: rank 0 alone runs the tower, the features travel in the plan, and both
+ranks' prefill reads them, so an image request answers with mlx-vlm's own greedy tokens (as one rank does) and a
+second turn with the same image reuses the first's KV on every rank. Each family and parallel mode once: Mistral 3
+in tensor parallel, in pipeline parallel with prompt lookup drafting (its drafts copy the prompt's image tokens),
+and Gemma 3 in tensor parallel (its text model sharded by engine/shard_gemma3.py)."""
 
 from __future__ import annotations
 
@@ -12,22 +14,26 @@ from tests.integration.test_vision_engine import QUESTION, ask, image_part, png,
 
 pytestmark = pytest.mark.multirank
 
-MODEL = "mistral3-vision"  # mlx-lm's gemma3 cannot be split over ranks; its Llama-style text model can
+RUNS = [("mistral3-vision", "tensor", {}),
+        ("mistral3-vision", "pipeline", {"PARALLEL": "pipeline", "SPECULATIVE": "ngram"}),
+        ("gemma3-vision", "tensor", {})]
 
 
-def test_two_ranks_answer_an_image_as_mlx_vlm_does(tmp_path):
+@pytest.mark.parametrize(("model", "parallel", "settings"), RUNS, ids=[f"{m}-{p}" for m, p, _ in RUNS])
+def test_two_ranks_answer_an_image_as_mlx_vlm_does(tmp_path, model, parallel, settings):
     stack = Stack()
-    engine = stack.start_engine(ranks=2, MODEL=f"zoo-{MODEL}")
+    engine = stack.start_engine(ranks=2, MODEL=f"zoo-{model}", **settings)
     try:
         info = wire.info(stack.socket)
-        assert info.parallel == "tensor" and info.ranks == 2 and info.facts.vision
+        assert info.parallel == parallel and info.ranks == 2 and info.facts.vision
         data = png(5, 40, 64)
-        expected, prompt_tokens = reference(MODEL, data, tmp_path)
+        expected, prompt_tokens = reference(model, data, tmp_path)
         turn = [{"role": "user", "content": [{"type": "text", "text": QUESTION}, image_part(data)]}]
         tokens, finish = ask(stack, turn, "two-ranks-1")
         assert tokens == expected and finish.prompt_tokens == prompt_tokens
         follow = turn + [{"role": "assistant", "content": "A picture."}, {"role": "user", "content": "More?"}]
         _, again = ask(stack, follow, "two-ranks-2")
-        assert again.cached_tokens >= prompt_tokens - 2
+        assert again.cached_tokens >= prompt_tokens - 2  # the image's features were not sent again (a KeyError)
+        assert wire.info(stack.socket).spec_mode == settings.get("SPECULATIVE", "off")
     finally:
         engine.stop()
