@@ -9,9 +9,7 @@ queued. An anyio event loop in a thread of its own, as rank 0's socket server.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 
 import anyio
 from anyio.abc import SocketAttribute, SocketStream
@@ -19,6 +17,7 @@ from anyio.abc import SocketAttribute, SocketStream
 from engine.rank0.errors import generation_failed, invalid_request
 from engine.rank0.helper_desk import HelperDesk
 from engine.rank0.lanes import TokenizerLanes
+from engine.rank0.loop_thread import LoopThread
 from engine.rank0.peer import send_answer, watch_peer
 from ipc import (
     PROTOCOL_VERSION,
@@ -30,56 +29,33 @@ from ipc import (
     HelperState,
     HelperWelcome,
     Rerank,
-    ignore_settled_wakeups,
 )
 from ipc.connection import HANDSHAKE_TIMEOUT, version_mismatch
 
 log = logging.getLogger(__name__)
 
 
-class HelperRankServer:
+class HelperRankServer(LoopThread):
     """Serves the helpers of this rank to rank 0, from a background thread."""
 
     def __init__(self, desk: HelperDesk, states: list[HelperState], token: int, max_frame: int):
+        super().__init__("helper-rank")
         self.desk = desk
         self.states = states
         self.token = token
         self.max_frame = max_frame  # MAX_FRAME_BYTES, as on rank 0's socket: its answers pass through unchanged
-        self.port = 0
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self._stop: anyio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.host, self.port = "", 0
         self._lanes: TokenizerLanes | None = None
 
-    def start(self, host: str, port: int = 0) -> int:
+    def listen(self, host: str, port: int = 0) -> int:
         """Listen on host:port (0: a free port); the port listened on. Raises OSError when it cannot."""
-        threading.Thread(target=self._run, args=(host, port), name="helper-rank", daemon=True).start()
-        self._ready.wait()
-        if self._failure is not None:
-            raise self._failure
+        self.host, self.port = host, port
+        self.start()
         return self.port
 
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
-
-    def _run(self, host: str, port: int) -> None:
-        try:
-            anyio.run(self._main, host, port)
-        except BaseException as exc:  # surfaced to start() or logged: the thread must not die silently
-            if not self._ready.is_set():
-                self._failure = exc
-                self._ready.set()
-            else:
-                log.exception("the helper listener failed")
-
-    async def _main(self, host: str, port: int) -> None:
-        self._loop = asyncio.get_running_loop()
-        ignore_settled_wakeups(self._loop)
-        self._stop = anyio.Event()
+    async def serve(self) -> None:
         self._lanes = TokenizerLanes()
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
         self.port = listener.extra(SocketAttribute.local_port)
         self._ready.set()
         async with listener, anyio.create_task_group() as tg:

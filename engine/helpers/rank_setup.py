@@ -35,7 +35,7 @@ def open_link(settings: Settings, rank: int, helpers: dict[str, Any], gather: Ga
         assert isinstance(bell, Bell)
         host = bell.sock.getsockname()[0]  # the interface this rank reached rank 0 from: rank 0 reaches it there
         try:
-            mine = Address(host, server.start(host), token)
+            mine = Address(host, server.listen(host), token)
         except OSError as exc:
             why = f"{host}: {exc.strerror or exc}"
     address = exchange(gather, k, mine, why)

@@ -8,11 +8,9 @@ a token costs one non-blocking write, not a wake of this thread.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +24,7 @@ from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
 from engine.rank0.helper_desk import HelperDesk
 from engine.rank0.lanes import TokenizerLanes
+from engine.rank0.loop_thread import LoopThread
 from engine.rank0.outbox import DONE, Outbox
 from engine.rank0.peer import send_answer, watch_peer
 from engine.rank0.peer import send_quietly as _send
@@ -45,7 +44,6 @@ from ipc import (
     Started,
     Tokenize,
     TruncatedFrame,
-    ignore_settled_wakeups,
     serve_unix,
 )
 from ipc.connection import HANDSHAKE_TIMEOUT
@@ -60,11 +58,12 @@ MULTIRANK_DIRECT_CONNECTIONS = 0
 FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
 
 
-class EngineServer:
+class EngineServer(LoopThread):
     """Serves the Unix socket from a background thread on behalf of the step loop."""
 
     def __init__(self, settings: Settings, prompter: Prompter, counters: Counters,
                  inbound: queue.SimpleQueue, info: Callable[[], Info], desk: HelperDesk | None = None):
+        super().__init__("engine-socket")
         self.settings = settings
         self.desk = desk if desk is not None else HelperDesk({}, inbound, settings.HELPER_MAX_INPUTS,
                                                              settings.REQUEST_TIMEOUT)
@@ -75,24 +74,7 @@ class EngineServer:
         self.direct_limit: int | None = None  # connections a step's events are written to directly (None: all)
         self.accepting = True
         self._live: set[str] = set()  # request ids with an open generation; touched on the event loop only
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: anyio.Event | None = None
         self._lanes: TokenizerLanes | None = None  # made on the event loop
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
-
-    # -- lifecycle (called from the main thread) --------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-        self._ready.wait()
-        if self._failure is not None:
-            raise self._failure
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=5)
 
     def post(self, events: list) -> None:
         """Step thread: deliver one step's events, one write per generation; what cannot be written now
@@ -109,20 +91,8 @@ class EngineServer:
         if queued:
             self._loop.call_soon_threadsafe(_dispatch, queued)
 
-    def _run(self) -> None:
-        try:
-            anyio.run(self._main)
-        except BaseException as exc:  # surfaced to start() or logged: the thread must not die silently
-            if not self._ready.is_set():
-                self._failure = exc
-                self._ready.set()
-            else:
-                log.exception("socket server failed")
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        ignore_settled_wakeups(self._loop)
-        self._stop = anyio.Event()
+    async def serve(self) -> None:
+        """The event loop's work (engine/rank0/loop_thread.py: start and stop come from the step thread)."""
         self._lanes = TokenizerLanes()
         async with anyio.create_task_group() as tg:
             await tg.start(lambda task_status: serve_unix(

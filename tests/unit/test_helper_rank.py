@@ -47,7 +47,7 @@ class RankK:
         self.inbox.put = lambda job: (put(job), self.queued.set())
         desk = HelperDesk({"embedding": Loaded(self.helper)}, self.inbox, max_inputs=64, timeout=timeout)
         self.server = HelperRankServer(desk, [STATE], token=12345, max_frame=max_frame)
-        self.port = self.server.start("127.0.0.1")
+        self.port = self.server.listen("127.0.0.1")
         self.stopping = threading.Event()
         self.loop = threading.Thread(target=self._steps, daemon=True)
         if compute:
