@@ -214,3 +214,25 @@ def test_the_helper_preflight_runs_only_where_the_helper_rank_loads(tmp_path):
 
     assert here("10.0.0.1", 0) and here("127.0.0.1,127.0.0.1", 1) and here("10.0.0.1,10.0.0.1", 1)
     assert not here("10.0.0.1,10.0.0.2", 1)
+
+
+def test_rank0s_desk_drops_the_queued_work_of_a_client_that_left():
+    import queue
+
+    inbound: queue.SimpleQueue = queue.SimpleQueue()
+    desk = HelperDesk({"embedding": Loaded(FakeEmbedder())}, inbound, max_inputs=8, timeout=30)
+
+    async def leaves_once_queued(conn, rid, scope, complaint):
+        while inbound.empty():
+            await anyio.sleep(0.01)
+        scope.cancel()
+
+    async def go():
+        from engine.rank0.lanes import TokenizerLanes
+
+        conn = type("Conn", (), {"last_frame_bytes": 10, "max_frame": 1 << 20})()
+        with anyio.fail_after(30):
+            return await desk.answer(conn, Embed(request_id="r", inputs=["a b"]), TokenizerLanes(), leaves_once_queued)
+
+    assert anyio.run(go) == []
+    assert inbound.get_nowait().cancelled.is_set()  # the step thread skips it: no slice computed for nobody
