@@ -147,3 +147,30 @@ def test_codex_exec_ends_with_a_last_message(clis, stack, model, tmp_path):
     assert r.returncode == 0, f"codex exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert last.exists(), f"codex wrote no last message:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert any(" 200 " in line for line in _served(stack, "/v1/responses")), "no /v1/responses request succeeded"
+
+
+VISION_MODEL = "zoo-gemma3-vision"  # a fixed 16 image tokens per picture on the zoo model
+
+
+@pytest.fixture(scope="module")
+def vision_stack():
+    s = Stack(extra={"MAX_TOKENS_DEFAULT": "0"})
+    engine, api = s.start_engine(MODEL=VISION_MODEL), s.start_api(MODEL=VISION_MODEL)
+    yield s
+    api.stop()
+    engine.stop()
+
+
+def _claude_turn(clis: Path, stack, content: list[dict], home: Path) -> list[dict]:
+    """One headless Claude Code turn fed a user message as stream-json (how its SDK sends images); its events."""
+    env = _agent_env(home, ANTHROPIC_BASE_URL=stack.base_url, ANTHROPIC_AUTH_TOKEN="unused",
+                     CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(OUTPUT_TOKENS), API_TIMEOUT_MS=str(int(CLI_TIMEOUT * 1000)),
+                     DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+    line = json.dumps({"type": "user", "message": {"role": "user", "content": content}})
+    r = subprocess.run([str(clis / "claude"), "-p", "--input-format", "stream-json", "--output-format", "stream-json",
+                        "--verbose", "--model", VISION_MODEL, "--tools", CLAUDE_TOOLS],
+                       env=env, cwd=home, input=line + "\n", capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert events and events[-1].get("type") == "result", \
+        f"claude exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return events

@@ -65,3 +65,35 @@ def test_bert_embeddings_are_the_encoders_own_and_both_helpers_are_listed(stack)
     assert cos.min() >= 0.9999, cos
     kinds = {m.id: getattr(m, "kind", None) for m in client.models.list().data}
     assert kinds == {"demo-tiny": None, EMBEDDER: "embedding", RERANKER: "rerank"}
+
+
+def test_a_document_past_the_context_is_cut_at_its_end_unless_truncation_is_off(stack):
+    import cohere
+    s, _ = stack
+    local = _local(s, "rerank")
+    room = local.max_tokens
+    long_doc = "The cat sleeps on the mat. " * (room // 5)
+    full = local.pair_tokens(QUERY, long_doc)
+    assert len(full) > room
+    # the card's prompt with the document's tail dropped, its closing tokens kept
+    cut = full[:room - len(local.suffix)] + local.suffix
+    short = local.pair_tokens(QUERY, DOCUMENTS[1])
+    want = [float(x) for x in local.score([short, cut])]
+    r = httpx.post(s.base_url + "/v1/rerank", timeout=120, json={"query": QUERY, "documents": [DOCUMENTS[1], long_doc]})
+    assert r.status_code == 200, r.text
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    assert [got[0], got[1]] == pytest.approx(want, abs=1e-5)
+    assert r.json()["usage"]["total_tokens"] == len(short) + room  # what was scored, not what was sent
+
+    refused = httpx.post(s.base_url + "/v1/rerank", timeout=60,
+                         json={"query": QUERY, "documents": [DOCUMENTS[1], long_doc], "truncate": "NONE"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents[1]", refused.text
+    too_long = httpx.post(s.base_url + "/v1/rerank", timeout=60, json={"query": long_doc, "documents": ["a"]})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "query", too_long.text
+
+    with httpx.Client(timeout=60) as http:  # Cohere v2's own cap per document
+        answer = cohere.ClientV2(base_url=s.base_url, api_key="x", httpx_client=http).rerank(
+            model=RERANKER, query=QUERY, documents=[long_doc], max_tokens_per_doc=16)
+    base = len(local.pair_tokens(QUERY, ""))
+    capped = full[:base + 16 - len(local.suffix)] + local.suffix
+    assert answer.results[0].relevance_score == pytest.approx(float(local.score([capped])[0]), abs=1e-5)
