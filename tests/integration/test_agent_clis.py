@@ -174,3 +174,26 @@ def _claude_turn(clis: Path, stack, content: list[dict], home: Path) -> list[dic
     assert events and events[-1].get("type") == "result", \
         f"claude exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return events
+
+
+def _first_prompt_tokens(events: list[dict]) -> int:
+    """The prompt tokens the server counted for the turn's first request (its first assistant event's usage)."""
+    usage = next(e["message"]["usage"] for e in events if e.get("type") == "assistant")
+    return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
+
+
+def test_claude_code_sends_an_image_block_headless_and_gets_an_answer(clis, vision_stack, tmp_path):
+    # Claude Code attaches a screenshot as an Anthropic image block; headless, its stream-json input takes the
+    # same block. The same turn without the image is the baseline: the image must add its tokens to the prompt
+    # the server counted (the zoo model's 16, and the markers around them), and the turn must end with an answer.
+    from tests.images import b64, image_file
+
+    text = {"type": "text", "text": "What is in this picture? Answer in one word."}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": b64(image_file("PNG", (64, 48)))}}
+    plain = _claude_turn(clis, vision_stack, [text], tmp_path)
+    seen = _claude_turn(clis, vision_stack, [image, text], tmp_path)
+    added = _first_prompt_tokens(seen) - _first_prompt_tokens(plain)
+    assert added >= 16, f"the image added {added} prompt tokens: Claude Code did not carry it"
+    result = seen[-1]
+    assert isinstance(result.get("result"), str) and result["usage"]["output_tokens"] >= 1, result
