@@ -150,6 +150,8 @@ def test_codex_exec_ends_with_a_last_message(clis, stack, model, tmp_path):
 
 
 VISION_MODEL = "zoo-gemma3-vision"  # a fixed 16 image tokens per picture on the zoo model
+# The zoo model's context is 4,096 tokens and Claude Code's own system prompt with three tools ~6,000: a short
+# system prompt and its Read tool (what reads an image file) keep the turn's shape within it.
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,7 @@ def _claude_turn(clis: Path, stack, content: list[dict], home: Path) -> list[dic
                      DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
     line = json.dumps({"type": "user", "message": {"role": "user", "content": content}})
     r = subprocess.run([str(clis / "claude"), "-p", "--input-format", "stream-json", "--output-format", "stream-json",
-                        "--verbose", "--model", VISION_MODEL, "--tools", CLAUDE_TOOLS],
+                        "--verbose", "--model", VISION_MODEL, "--tools", "Read", "--system-prompt", CODEX_INSTRUCTIONS],
                        env=env, cwd=home, input=line + "\n", capture_output=True, text=True, timeout=CLI_TIMEOUT)
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert events and events[-1].get("type") == "result", \
@@ -185,7 +187,7 @@ def _first_prompt_tokens(events: list[dict]) -> int:
 def test_claude_code_sends_an_image_block_headless_and_gets_an_answer(clis, vision_stack, tmp_path):
     # Claude Code attaches a screenshot as an Anthropic image block; headless, its stream-json input takes the
     # same block. The same turn without the image is the baseline: the image must add its tokens to the prompt
-    # the server counted (the zoo model's 16, and the markers around them), and the turn must end with an answer.
+    # the server counted (the zoo model's 16, and the markers around them: 20 here), and the model must answer.
     from tests.images import b64, image_file
 
     text = {"type": "text", "text": "What is in this picture? Answer in one word."}
@@ -195,5 +197,6 @@ def test_claude_code_sends_an_image_block_headless_and_gets_an_answer(clis, visi
     seen = _claude_turn(clis, vision_stack, [image, text], tmp_path)
     added = _first_prompt_tokens(seen) - _first_prompt_tokens(plain)
     assert added >= 16, f"the image added {added} prompt tokens: Claude Code did not carry it"
-    result = seen[-1]
-    assert isinstance(result.get("result"), str) and result["usage"]["output_tokens"] >= 1, result
+    # the model's own answer (random weights: any text), whether the turn then ends or runs into the output cap
+    answers = [e["message"] for e in seen if e.get("type") == "assistant" and e["message"]["model"] == VISION_MODEL]
+    assert answers and answers[0]["content"] and seen[-1]["usage"]["output_tokens"] >= 1, seen[-1]
