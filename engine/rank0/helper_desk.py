@@ -151,11 +151,12 @@ def fit_pairs(helper: Any, query: str, documents: list[str], truncate: bool, per
     its end when truncate (the query is kept whole), else refused; per_doc > 0 cuts every document to about that many
     tokens. A query too long for any document to fit is refused either way."""
     room = helper.max_tokens
-    base = len(helper.pair_tokens(query, ""))  # the prompt and the query: what every pair costs before its document
-    if base >= room:
-        raise Refused(f"'query' is {base} tokens long in {helper.name}'s prompt, which leaves no room for a document "
-                      f"within its limit of {room}; shorten the query", "query", "context_length_exceeded")
-    limit = min(room, base + per_doc) if per_doc else room
+    # the pair with a one-token document: the least any document needs (a tokenizer cannot cut a document to nothing)
+    least = len(helper.pair_tokens(query, "x"))
+    if least > room:
+        raise Refused(f"'query' is {least - 1} tokens long in {helper.name}'s prompt, which leaves no room for a "
+                      f"document within its limit of {room}; shorten the query", "query", "context_length_exceeded")
+    limit = min(room, least - 1 + per_doc) if per_doc else room
     out = []
     for i, doc in enumerate(documents):
         ids = helper.pair_tokens(query, doc)

@@ -80,8 +80,8 @@ def test_long_documents_are_cut_per_cohere_v2_or_refused_by_index_with_truncate_
         answer = cohere.ClientV2(base_url=s.base_url, api_key="x", httpx_client=http).rerank(
             model=RERANKER, query=QUERY, documents=[DOCUMENTS[1], long_doc], max_tokens_per_doc=16)
     # the card's prompt with the document's tail dropped, its closing tokens kept: 16 tokens of the document
-    base = len(local.pair_tokens(QUERY, ""))
-    cut = full[:base + 16 - len(local.suffix)] + local.suffix
+    fixed = len(local.pair_tokens(QUERY, "x")) - 1  # the prompt and the query around a one-token document
+    cut = full[:fixed + 16 - len(local.suffix)] + local.suffix
     short = local.pair_tokens(QUERY, DOCUMENTS[1])
     want = [float(x) for x in local.score([short, cut])]
     got = {x.index: x.relevance_score for x in answer.results}
