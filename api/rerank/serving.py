@@ -32,6 +32,10 @@ def rerank_request(req: RerankRequest, request_id: str, helper: ipc.HelperState,
 
 def truncates(req: RerankRequest) -> bool:
     """Whether a document too long for the model is cut to fit (the default) or refused."""
+    if req.truncate_prompt_tokens not in (None, -1):
+        raise InvalidRequest("Invalid value for 'truncate_prompt_tokens': only -1 (cut to the model's limit, what this "
+                             "server does by default) is taken; send max_tokens_per_doc to cut documents shorter.",
+                             param="truncate_prompt_tokens")
     value = req.truncate
     if value is UNSET or isinstance(value, bool):
         return value is not False

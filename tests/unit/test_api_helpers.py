@@ -222,6 +222,7 @@ async def test_rerank_without_return_documents_gives_indices_and_scores(helpers,
     ({"truncate": "none"}, False, 0),
     ({"truncate": False}, False, 0),  # TEI's boolean
     ({"truncate": True}, True, 0),
+    ({"truncate_prompt_tokens": -1}, True, 0),  # vLLM's "cut to the model's limit"
 ])
 async def test_rerank_truncation_fields_reach_the_engine(helpers, client, fields, truncate, per_doc):
     r = await client.post("/v1/rerank", json={"query": "q", "documents": ["a"], **fields})
@@ -255,6 +256,7 @@ async def test_cohere_v2s_max_tokens_per_doc_reaches_the_engine(helpers, make_se
     ({"query": "q", "documents": ["a"], "truncate": "START"}, "truncate"),
     ({"query": "q", "documents": ["a"], "truncate": 3}, "truncate"),
     ({"query": "q", "documents": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ({"query": "q", "documents": ["a"], "truncate_prompt_tokens": 64}, "truncate_prompt_tokens"),
 ])
 async def test_bad_rerank_requests_are_4xx_naming_the_field(helpers, client, body, param):
     r = await client.post("/v1/rerank", json=body)
