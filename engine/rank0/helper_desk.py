@@ -156,7 +156,7 @@ def fit_pairs(helper: Any, query: str, documents: list[str], truncate: bool, per
     if least > room:
         raise Refused(f"'query' is {least - 1} tokens long in {helper.name}'s prompt, which leaves no room for a "
                       f"document within its limit of {room}; shorten the query", "query", "context_length_exceeded")
-    limit = min(room, least - 1 + per_doc) if per_doc else room
+    limit = min(room, least - 1 + per_doc) if per_doc > 0 else room
     out = []
     for i, doc in enumerate(documents):
         ids = helper.pair_tokens(query, doc)
