@@ -413,6 +413,7 @@ class Rerank(Msg):
     documents: list[str]
     truncate: bool = False  # cut the document of a pair longer than the helper's max_tokens, else refuse it
     param: str = "documents"
+    max_tokens_per_doc: int = 0  # cut each document to about this many tokens (Cohere v2's); 0: only to fit
 
 
 class Reranked(Msg):

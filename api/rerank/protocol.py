@@ -17,6 +17,12 @@ class RerankRequest(Struct, kw_only=True):
     model: str | None = None
     top_n: Annotated[int, Meta(ge=0)] | UnsetType = UNSET  # 0 or absent: every document
     return_documents: bool = False
+    max_tokens_per_doc: Annotated[int, Meta(ge=1)] | UnsetType = UNSET  # Cohere v2: cut each document to this many
+    # non-Cohere extensions
+    # "END" or true (the default, as Cohere, Jina and vLLM cut): a document too long for the model is cut at its end;
+    # "NONE" or false (TEI's default): it is refused with a 400 naming it
+    truncate: bool | str | UnsetType = UNSET
+    truncate_prompt_tokens: int | None = None  # vLLM's: -1 (cut to the model's limit, as here by default) or null
 
 
 class RerankResult(Struct, kw_only=True, omit_defaults=True):

@@ -26,7 +26,23 @@ def rerank_request(req: RerankRequest, request_id: str, helper: ipc.HelperState,
     if not req.query:
         raise InvalidRequest("Invalid value for 'query': an empty string; send the text to rank the documents by.",
                              param="query")
-    return ipc.Rerank(request_id=request_id, query=req.query, documents=texts(req))
+    return ipc.Rerank(request_id=request_id, query=req.query, documents=texts(req), truncate=truncates(req),
+                      max_tokens_per_doc=req.max_tokens_per_doc or 0)
+
+
+def truncates(req: RerankRequest) -> bool:
+    """Whether a document too long for the model is cut to fit (the default) or refused."""
+    if req.truncate_prompt_tokens not in (None, -1):
+        raise InvalidRequest("Invalid value for 'truncate_prompt_tokens': only -1 (cut to the model's limit, what this "
+                             "server does by default) is taken; send max_tokens_per_doc to cut documents shorter.",
+                             param="truncate_prompt_tokens")
+    value = req.truncate
+    if value is UNSET or isinstance(value, bool):
+        return value is not False
+    if value.upper() in ("END", "NONE"):
+        return value.upper() == "END"
+    raise InvalidRequest(f"Invalid value for 'truncate': {value!r}; send \"END\" (cut a long document's end to fit, "
+                         "the default) or \"NONE\" (refuse it), or true or false.", param="truncate")
 
 
 def rerank_response(req: RerankRequest, reply: ipc.Reranked, model: str) -> RerankResponse:

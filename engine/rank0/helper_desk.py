@@ -140,19 +140,33 @@ class HelperDesk:
         return ids
 
     def _pairs(self, msg: Rerank, helper: Any) -> list[list[int]]:
-        param = msg.param
-        self._count(len(msg.documents), param, "document")
+        self._count(len(msg.documents), msg.param, "document")
         if not msg.query:
             raise Refused("'query' is an empty string: send the text to rank the documents by", "query")
-        out = []
-        for i, doc in enumerate(msg.documents):
-            ids = helper.pair_tokens(msg.query, doc)
-            if len(ids) > helper.max_tokens:
-                raise Refused(f"'{param}[{i}]' with the query is {len(ids)} tokens long, more than {helper.name}'s "
-                              f"limit of {helper.max_tokens}; shorten the document or the query", f"{param}[{i}]",
-                              "context_length_exceeded")
-            out.append(ids)
-        return out
+        return fit_pairs(helper, msg.query, msg.documents, msg.truncate, msg.max_tokens_per_doc, msg.param)
+
+
+def fit_pairs(helper: Any, query: str, documents: list[str], truncate: bool, per_doc: int,
+              param: str = "documents") -> list[list[int]]:
+    """Each document's scored input (helper.pair_tokens) within the helper's max_tokens: a longer document is cut at
+    its end when truncate (the query is kept whole), else refused; per_doc > 0 cuts every document to about that many
+    tokens. A query too long for any document to fit is refused either way."""
+    room = helper.max_tokens
+    # the pair with a one-token document: the least any document needs (a tokenizer cannot cut a document to nothing)
+    least = len(helper.pair_tokens(query, "x"))
+    if least > room:
+        raise Refused(f"'query' is {least - 1} tokens long in {helper.name}'s prompt, which leaves no room for a "
+                      f"document within its limit of {room}; shorten the query", "query", "context_length_exceeded")
+    limit = min(room, least - 1 + per_doc) if per_doc > 0 else room
+    out = []
+    for i, doc in enumerate(documents):
+        ids = helper.pair_tokens(query, doc)
+        if len(ids) > room and not truncate:
+            raise Refused(f"'{param}[{i}]' with the query is {len(ids)} tokens long, more than {helper.name}'s limit "
+                          f"of {room}, and truncation is off; shorten the document, or leave 'truncate' out (or set "
+                          "it to \"END\") to have it cut to fit", f"{param}[{i}]", "context_length_exceeded")
+        out.append(helper.pair_tokens(query, doc, limit=limit) if len(ids) > limit else ids)
+    return out
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

@@ -89,15 +89,19 @@ def _agent_env(home: Path, **more: str) -> dict[str, str]:
     return env
 
 
+def _claude_env(home: Path, stack) -> dict[str, str]:
+    return _agent_env(home, ANTHROPIC_BASE_URL=stack.base_url, ANTHROPIC_AUTH_TOKEN="unused",
+                      CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(OUTPUT_TOKENS),
+                      # one attempt, bounded by our own timeout: its default 300 s then a retry from scratch
+                      API_TIMEOUT_MS=str(int(CLI_TIMEOUT * 1000)),
+                      DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+
+
 def test_claude_code_prints_the_models_answer(clis, stack, model, tmp_path):
     # The demo model's answer depends on Claude Code's prompt, which names the date and the working
     # directory: it may be only whitespace or an end-of-sequence token. So read the result as JSON,
     # which says whether the turn succeeded and how many tokens the model produced, whatever they were.
-    env = _agent_env(tmp_path, ANTHROPIC_BASE_URL=stack.base_url, ANTHROPIC_AUTH_TOKEN="unused",
-                     CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(OUTPUT_TOKENS),
-                     # one attempt, bounded by our own timeout: its default 300 s then a retry from scratch
-                     API_TIMEOUT_MS=str(int(CLI_TIMEOUT * 1000)),
-                     DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+    env = _claude_env(tmp_path, stack)
     before = _log_sizes(stack)
     r = _run([str(clis / "claude"), "-p", "Say hello in one word.", "--model", model, "--output-format", "json",
               "--tools", CLAUDE_TOOLS], env, tmp_path)
@@ -147,3 +151,60 @@ def test_codex_exec_ends_with_a_last_message(clis, stack, model, tmp_path):
     assert r.returncode == 0, f"codex exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert last.exists(), f"codex wrote no last message:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert any(" 200 " in line for line in _served(stack, "/v1/responses")), "no /v1/responses request succeeded"
+
+
+VISION_MODEL = "zoo-gemma3-vision"  # a fixed 16 image tokens per picture on the zoo model
+# The zoo model's context is 4,096 tokens and Claude Code's own system prompt with three tools ~6,000: a short
+# system prompt and its Read tool (what reads an image file) keep the turn's shape within it.
+
+
+@pytest.fixture(scope="module")
+def vision_stack():
+    s = Stack(extra={"MAX_TOKENS_DEFAULT": "0"})
+    engine, api = s.start_engine(MODEL=VISION_MODEL), s.start_api(MODEL=VISION_MODEL)
+    yield s
+    api.stop()
+    engine.stop()
+
+
+def _claude_turn(clis: Path, stack, content: list[dict], home: Path) -> list[dict]:
+    """One headless Claude Code turn fed a user message as stream-json (how its SDK sends images); its events."""
+    env = _claude_env(home, stack)
+    line = json.dumps({"type": "user", "message": {"role": "user", "content": content}})
+    r = subprocess.run([str(clis / "claude"), "-p", "--input-format", "stream-json", "--output-format", "stream-json",
+                        "--verbose", "--model", VISION_MODEL, "--tools", "Read", "--system-prompt", CODEX_INSTRUCTIONS],
+                       env=env, cwd=home, input=line + "\n", capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert events and events[-1].get("type") == "result", \
+        f"claude exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return events
+
+
+def _answers(events: list[dict]) -> list[dict]:
+    """The model's own messages (Claude Code reports an API error as a message of model "<synthetic>")."""
+    return [e["message"] for e in events if e.get("type") == "assistant" and e["message"]["model"] == VISION_MODEL]
+
+
+def _first_prompt_tokens(events: list[dict]) -> int:
+    """The prompt tokens the server counted for the turn's first request (its first answer's usage)."""
+    answers = _answers(events)
+    assert answers, f"the server answered nothing: {events[-1]}"
+    usage = answers[0]["usage"]
+    return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
+
+
+def test_claude_code_sends_an_image_block_headless_and_gets_an_answer(clis, vision_stack, tmp_path):
+    # Claude Code attaches a screenshot as an Anthropic image block; headless, its stream-json input takes the
+    # same block. The same turn without the image is the baseline: the image must add its tokens to the prompt
+    # the server counted (the zoo model's 16, and the markers around them: 20 here), and the model must answer.
+    from tests.images import b64, image_file
+
+    text = {"type": "text", "text": "What is in this picture? Answer in one word."}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": b64(image_file("PNG", (64, 48)))}}
+    plain = _claude_turn(clis, vision_stack, [text], tmp_path)
+    seen = _claude_turn(clis, vision_stack, [image, text], tmp_path)
+    added = _first_prompt_tokens(seen) - _first_prompt_tokens(plain)
+    assert added >= 16, f"the image added {added} prompt tokens: Claude Code did not carry it"
+    # the model's own answer (random weights: any text), whether the turn then ends or runs into the output cap
+    assert _answers(seen)[0]["content"] and seen[-1]["usage"]["output_tokens"] >= 1, seen[-1]

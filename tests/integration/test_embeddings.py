@@ -1,7 +1,8 @@
 """Embeddings from the helper model beside the served one, against the real engine: the openai SDK's
-embeddings.create, the ollama SDK's embed and LangChain's OpenAIEmbeddings get what an in-process reference computes
-the Qwen3-Embedding way (mlx-lm's qwen3 model alone, one input at a time, no batching: the final hidden state of the
-last token after <|endoftext|>, L2-normalized), while a chat generation runs beside them. One stack for the module."""
+embeddings.create, the ollama SDK's embed, LangChain's OpenAIEmbeddings and LlamaIndex's OpenAIEmbedding get what an
+in-process reference computes the Qwen3-Embedding way (mlx-lm's qwen3 model alone, one input at a time, no batching:
+the final hidden state of the last token after <|endoftext|>, L2-normalized), while a chat generation runs beside
+them. One stack for the module."""
 
 from __future__ import annotations
 
@@ -66,6 +67,18 @@ def test_the_sdks_get_the_reference_embeddings_while_a_chat_runs(stack, referenc
     lc = OpenAIEmbeddings(model=EMBEDDER, base_url=s.base_url + "/v1", api_key="unused", max_retries=0,
                           check_embedding_ctx_length=False)  # its default tokenizes with tiktoken, OpenAI's models only
     assert cosines(lc.embed_documents(TEXTS), want).min() >= 0.9999
+
+
+def test_llamaindex_openai_embedding_gets_the_reference_one_text_and_batched(stack, reference):
+    from llama_index.embeddings.openai import OpenAIEmbedding
+
+    s, _ = stack
+    want, _ = reference(TEXTS)
+    # model_name: its `model` must be one of OpenAI's own; model_name is what it sends for any other server's model
+    li = OpenAIEmbedding(model_name=EMBEDDER, api_base=s.base_url + "/v1", api_key="unused", max_retries=0,
+                         embed_batch_size=3)  # 4 texts: two requests
+    assert cosines([li.get_query_embedding(TEXTS[1]), li.get_text_embedding(TEXTS[2])], want[1:3]).min() >= 0.9999
+    assert cosines(li.get_text_embedding_batch(TEXTS), want).min() >= 0.9999
 
 
 def test_too_long_is_a_400_for_openai_and_cut_to_the_context_for_ollama(stack, reference):

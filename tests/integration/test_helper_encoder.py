@@ -99,6 +99,19 @@ def test_cross_encoder_scores_equal_sigmoid_of_a_numpy_classifier():
     np.testing.assert_allclose(np.array(helper.score(batch)), want, atol=1e-5)
     cut = helper.pair_tokens("what is a fox", TEXTS[1] * 4, limit=20)
     assert len(cut) == 20 and cut[-1] == tok.token_to_id("[SEP]")
+    # the longest query that leaves a document room: the document is cut to fit, never past the position table nor
+    # into an error of the tokenizer's; one word more and the query is refused
+    from engine.rank0.errors import Refused
+    from engine.rank0.helper_desk import fit_pairs
+
+    def query(n: int) -> str:
+        return " ".join(["fox"] * n)
+    n = max(n for n in range(1, helper.max_tokens) if len(helper.pair_tokens(query(n), "x")) <= helper.max_tokens)
+    (tight,) = fit_pairs(helper, query(n), [TEXTS[1] * 4], truncate=True, per_doc=0)
+    head = helper.pair_tokens(query(n), "x")[:-2]  # [CLS] query [SEP]
+    assert len(tight) == helper.max_tokens and tight[:len(head)] == head
+    with pytest.raises(Refused, match="shorten the query"):
+        fit_pairs(helper, query(n + 1), ["a"], truncate=True, per_doc=0)
 
 
 def test_a_quantized_conversion_is_refused_with_the_fix(embedding_folder, tmp_path):

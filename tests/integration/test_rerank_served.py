@@ -65,3 +65,33 @@ def test_bert_embeddings_are_the_encoders_own_and_both_helpers_are_listed(stack)
     assert cos.min() >= 0.9999, cos
     kinds = {m.id: getattr(m, "kind", None) for m in client.models.list().data}
     assert kinds == {"demo-tiny": None, EMBEDDER: "embedding", RERANKER: "rerank"}
+
+
+
+def test_long_documents_are_cut_per_cohere_v2_or_refused_by_index_with_truncate_none(stack):
+    import cohere
+    s, _ = stack
+    local = _local(s, "rerank")
+    # past the reranker's 8,192 tokens; only tokenized here (scoring that much on a CPU takes gigabytes)
+    long_doc = "The cat sleeps on the mat. " * (local.max_tokens // 5)
+    full = local.pair_tokens(QUERY, long_doc)
+    assert len(full) > local.max_tokens
+    with httpx.Client(timeout=60) as http:  # Cohere v2's own cap per document
+        answer = cohere.ClientV2(base_url=s.base_url, api_key="x", httpx_client=http).rerank(
+            model=RERANKER, query=QUERY, documents=[DOCUMENTS[1], long_doc], max_tokens_per_doc=16)
+    # the card's prompt with the document's tail dropped, its closing tokens kept: 16 tokens of the document
+    fixed = len(local.pair_tokens(QUERY, "x")) - 1  # the prompt and the query around a one-token document
+    cut = full[:fixed + 16 - len(local.suffix)] + local.suffix
+    short = local.pair_tokens(QUERY, DOCUMENTS[1])
+    want = [float(x) for x in local.score([short, cut])]
+    got = {x.index: x.relevance_score for x in answer.results}
+    assert [got[0], got[1]] == pytest.approx(want, abs=1e-5)
+    raw = httpx.post(s.base_url + "/v1/rerank", timeout=60,
+                     json={"query": QUERY, "documents": [DOCUMENTS[1], long_doc], "max_tokens_per_doc": 16})
+    assert raw.json()["usage"]["total_tokens"] == len(short) + len(cut)  # what was scored, not what was sent
+
+    refused = httpx.post(s.base_url + "/v1/rerank", timeout=60,
+                         json={"query": QUERY, "documents": [DOCUMENTS[1], long_doc], "truncate": "NONE"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents[1]", refused.text
+    too_long = httpx.post(s.base_url + "/v1/rerank", timeout=60, json={"query": long_doc, "documents": ["a"]})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "query", too_long.text

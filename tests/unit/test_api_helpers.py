@@ -216,6 +216,34 @@ async def test_rerank_without_return_documents_gives_indices_and_scores(helpers,
     assert r.json()["results"] == [{"index": 0, "relevance_score": 1.0}, {"index": 1, "relevance_score": 0.5}]
 
 
+@pytest.mark.parametrize(("fields", "truncate", "per_doc"), [
+    ({}, True, 0),  # Cohere, Jina and vLLM cut a long document by default
+    ({"truncate": "END", "max_tokens_per_doc": 64}, True, 64),
+    ({"truncate": "none"}, False, 0),
+    ({"truncate": False}, False, 0),  # TEI's boolean
+    ({"truncate": True}, True, 0),
+    ({"truncate_prompt_tokens": -1}, True, 0),  # vLLM's "cut to the model's limit"
+])
+async def test_rerank_truncation_fields_reach_the_engine(helpers, client, fields, truncate, per_doc):
+    r = await client.post("/v1/rerank", json={"query": "q", "documents": ["a"], **fields})
+    assert r.status_code == 200, r.text
+    sent = helpers.helper_requests[0]
+    assert (sent.truncate, sent.max_tokens_per_doc) == (truncate, per_doc)
+
+
+async def test_cohere_v2s_max_tokens_per_doc_reaches_the_engine(helpers, make_settings):
+    cohere = pytest.importorskip("cohere")
+    import httpx
+
+    from api import create_app
+
+    transport = httpx.ASGITransport(app=create_app(make_settings()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        await cohere.AsyncClientV2(base_url="http://test", api_key="x", httpx_client=http).rerank(
+            model=RERANKER.name, query="q", documents=["a"], max_tokens_per_doc=32)
+    assert helpers.helper_requests[0].max_tokens_per_doc == 32 and helpers.helper_requests[0].truncate
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"query": "q", "documents": []}, "documents"),
     ({"query": "", "documents": ["a"]}, "query"),
@@ -225,6 +253,10 @@ async def test_rerank_without_return_documents_gives_indices_and_scores(helpers,
     ({"query": "q", "documents": ["a"], "model": "other"}, "model"),
     ({"documents": ["a"]}, "query"),
     ({"query": "q", "documents": ["a"] * 2049}, "documents"),
+    ({"query": "q", "documents": ["a"], "truncate": "START"}, "truncate"),
+    ({"query": "q", "documents": ["a"], "truncate": 3}, "truncate"),
+    ({"query": "q", "documents": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ({"query": "q", "documents": ["a"], "truncate_prompt_tokens": 64}, "truncate_prompt_tokens"),
 ])
 async def test_bad_rerank_requests_are_4xx_naming_the_field(helpers, client, body, param):
     r = await client.post("/v1/rerank", json=body)

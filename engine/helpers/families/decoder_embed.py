@@ -72,7 +72,7 @@ class DecoderEmbedder:
         pooled = mx.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0, :].astype(mx.float32)
         return pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
 
-    def pair_tokens(self, query: str, document: str) -> list[int]:
+    def pair_tokens(self, query: str, document: str, limit: int | None = None) -> list[int]:
         raise NotImplementedError("an embedding model scores no pairs")
 
     def score(self, batch: list[list[int]]) -> mx.array:

@@ -88,7 +88,7 @@ class EncoderEmbedder:
         vectors = pool(hidden, lengths, self.embedding.pooling)
         return normalized(vectors) if self.embedding.normalize else vectors
 
-    def pair_tokens(self, query: str, document: str) -> list[int]:
+    def pair_tokens(self, query: str, document: str, limit: int | None = None) -> list[int]:
         raise NotImplementedError("an embedding model scores no pairs")
 
     def score(self, batch: list[list[int]]) -> mx.array:

@@ -121,11 +121,11 @@ class CrossEncoder(_Reranker):
         self.type_vocab = config.get("type_vocab_size", 2)
 
     def pair_tokens(self, query: str, document: str, limit: int | None = None) -> list[int]:
-        """[CLS] query [SEP] document [SEP] as the folder's tokenizer joins a pair; `limit` truncates the
-        longer part first, as the tokenizer's longest_first does."""
+        """[CLS] query [SEP] document [SEP] as the folder's tokenizer joins a pair; `limit` cuts the document's end
+        only (the query is kept whole: the caller refuses a query that leaves no room)."""
         if limit is None:
             return self.tokenizer(query, document)["input_ids"]
-        return self.tokenizer(query, document, truncation="longest_first", max_length=limit)["input_ids"]
+        return self.tokenizer(query, document, truncation="only_second", max_length=limit)["input_ids"]
 
     def score(self, batch: list[list[int]]) -> mx.array:
         ids, lengths = bert.padded(batch, self.pad_id)
