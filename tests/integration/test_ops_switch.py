@@ -115,7 +115,8 @@ def rolled_back(launch: Launch, api_pid: int, demo, hubs) -> float:
     return down[-1] - down[0]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+# one rank takes the same path as each of two: CI_SLOW=1 runs it
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_switch_serves_a_cached_repo_id_with_the_same_api_process(ranks: int):
     # two local ranks get a cache each, so each finds the model in its own folder
     launch = Launch(MODEL="demo-tiny", HOSTS=",".join(["127.0.0.1"] * ranks))
