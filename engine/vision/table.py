@@ -20,6 +20,8 @@ class FeatureTable:
     def __init__(self):
         self.rows: dict[int, mx.array] = {}
         self.owners: dict[int, set[str]] = {}
+        self.grids: dict[int, tuple[int, int]] = {}  # first id -> (rows, columns) of its image tokens
+        self.positions = None  # engine/vision/mrope.py Positions, for a family whose images change positions
         self._stacked: tuple[np.ndarray, np.ndarray, mx.array] | None = None  # firsts, starts, every row
 
     def add(self, rid: str, images: list[ImageRows]) -> None:
@@ -27,12 +29,15 @@ class FeatureTable:
             if image.first not in self.rows:
                 self.rows[image.first] = decode(image)
                 self._stacked = None
+                if image.grid:
+                    self.grids[image.first] = (image.grid[0], image.grid[1])
             self.owners.setdefault(image.first, set()).add(rid)
 
     def keep_only(self, rids: set[str]) -> None:
         """Let go of the features no running request carries."""
         for first in [f for f, owners in self.owners.items() if not owners & rids]:
             del self.owners[first], self.rows[first]
+            self.grids.pop(first, None)
             self._stacked = None
         for owners in self.owners.values():
             owners &= rids
@@ -54,14 +59,14 @@ class FeatureTable:
         return rows[mx.array((starts[at] + offset).astype(np.uint32))]
 
 
-def encode(features: mx.array, first: int) -> ImageRows:
-    """One image's features [rows, hidden] for the plan."""
+def encode(features: mx.array, first: int, grid: tuple[int, int] | None = None) -> ImageRows:
+    """One image's features [rows, hidden] for the plan (grid: its tokens' rows and columns, where they matter)."""
     if features.dtype == mx.bfloat16:
         data, dtype = np.array(features.view(mx.uint16)).tobytes(), "bfloat16"
     else:
         data = np.array(features).tobytes()
         dtype = str(np.array(features[:0]).dtype)
-    return ImageRows(first=first, rows=features.shape[0], dtype=dtype, data=data)
+    return ImageRows(first=first, rows=features.shape[0], dtype=dtype, data=data, grid=list(grid or ()))
 
 
 def decode(image: ImageRows) -> mx.array:
