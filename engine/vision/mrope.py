@@ -78,8 +78,12 @@ class _Deltas:
     def row(self, uid: int, history: list[int], start: int, chunk: np.ndarray) -> np.ndarray | None:
         """The positions [3, len(chunk)] of a sequence's tokens start.. (None: plain positions serve)."""
         n, delta, any_image = self.seen.get(uid, (0, 0, False))
-        if n > start:  # rolled back (or a new sequence under an old uid): scan again
-            n, delta, any_image = 0, 0, False
+        if n > start:  # rolled back (rejected drafts): the delta holds unless an image was dropped, then scan again
+            if any(t >= FIRST for t in history[start:n]):
+                delta, any_image = 0, False
+                n = 0
+            else:
+                n = start
         for token in history[n:start]:
             if token >= FIRST:
                 any_image = True

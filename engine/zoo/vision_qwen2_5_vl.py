@@ -32,7 +32,8 @@ def config(vocab: dict[str, int]) -> dict:
                                                                   3 * head_dim // 16]},
             "vision_config": vision, "image_token_id": vocab[IMAGE], "video_token_id": vocab[VIDEO],
             "vision_start_token_id": vocab[START], "vision_end_token_id": vocab[END],
-            "eos_token_id": vocab[IM_END], "pad_token_id": vocab[ENDOFTEXT], "torch_dtype": "float32"}
+            "bos_token_id": vocab[ENDOFTEXT], "eos_token_id": vocab[IM_END], "pad_token_id": vocab[ENDOFTEXT],
+            "torch_dtype": "float32"}
 
 
 def generate(out: Path) -> dict:
