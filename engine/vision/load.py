@@ -26,6 +26,10 @@ def image_hook(model: Any, config: dict) -> FeatureTable | None:
         from engine.vision.mrope import install as install_mrope
 
         install_mrope(model, lambda attn: module.rotary(config), table)
+    if getattr(module, "deepstack_levels", None) and module.deepstack_levels(config):
+        from engine.vision.deepstack import install as install_deepstack
+
+        install_deepstack(model, table, module.deepstack_levels(config))
     return table
 
 

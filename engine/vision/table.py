@@ -22,6 +22,9 @@ class FeatureTable:
         self.owners: dict[int, set[str]] = {}
         self.grids: dict[int, tuple[int, int]] = {}  # first id -> (rows, columns) of its image tokens
         self.positions = None  # engine/vision/mrope.py Positions, for a family whose images change positions
+        # a family whose features go into its first layers too (engine/vision/deepstack.py): where the forward pass
+        # running now holds image tokens (flat indices) and their rows for those layers [tokens, layers, hidden]
+        self.deep: tuple[mx.array, mx.array] | None = None
         self._stacked: tuple[np.ndarray, np.ndarray, mx.array] | None = None  # firsts, starts, every row
 
     def add(self, rid: str, images: list[ImageRows]) -> None:
@@ -107,6 +110,7 @@ def find_embedding(model):
 def _embed_with_images(self, x: mx.array) -> mx.array:
     table: FeatureTable = object.__getattribute__(self, "_image_table")
     base_call = type(self).__mro__[1].__call__
+    table.deep = None
     if not table.rows:
         return base_call(self, x)
     mask = x >= FIRST
@@ -118,5 +122,8 @@ def _embed_with_images(self, x: mx.array) -> mx.array:
     # the image rows in order of their positions, scattered back into the token grid
     flat = h.reshape(-1, h.shape[-1])
     where = mx.array(np.flatnonzero(ids.reshape(-1) >= FIRST).astype(np.uint32))
+    if rows.shape[-1] > h.shape[-1]:  # the input rows, then one row per DeepStack layer
+        table.deep = (where, rows[:, h.shape[-1]:].reshape(rows.shape[0], -1, h.shape[-1]))
+        rows = rows[:, :h.shape[-1]]
     flat[where] = rows
     return flat.reshape(h.shape)

@@ -17,7 +17,7 @@ from ipc import Delta, Error, Finish, Generate, SamplingParams, Tokenize
 from tests import wire
 from tests.harness import MODEL_CACHE, Stack
 
-MODELS = ("gemma3-vision", "mistral3-vision", "qwen2_5_vl-vision")
+MODELS = ("gemma3-vision", "mistral3-vision", "qwen2_5_vl-vision", "qwen3_vl-vision")
 MAX_TOKENS = 12
 QUESTION = "Describe the picture."
 

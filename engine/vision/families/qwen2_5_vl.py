@@ -4,6 +4,7 @@ Its image tokens take 3-D positions (M-RoPE), which engine/vision/mrope.py gives
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,24 +20,28 @@ def rotary(config: dict):
     """mlx-vlm's rotary embedding of this family's text model (M-RoPE over its mrope_section)."""
     from mlx_vlm.models.qwen2_5_vl.language import Qwen2RotaryEmbedding
 
+    return text_rotary(Qwen2RotaryEmbedding, config)
+
+
+def text_rotary(cls, config: dict):
     text = config.get("text_config") or config
-    return Qwen2RotaryEmbedding(text["hidden_size"] // text["num_attention_heads"],
-                                max_position_embeddings=text.get("max_position_embeddings", 128000),
-                                base=text.get("rope_theta", 1000000.0), rope_scaling=text.get("rope_scaling"))
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    return cls(head_dim, max_position_embeddings=text.get("max_position_embeddings", 128000),
+               base=text.get("rope_theta", 1000000.0), rope_scaling=text.get("rope_scaling"))
 
 
-class Qwen25VLTower:
-    def __init__(self, folder: Path, config: dict):
-        from mlx_vlm.models.qwen2_5_vl import VisionModel
-        from mlx_vlm.models.qwen2_5_vl.config import VisionConfig
-        from mlx_vlm.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
+class QwenVLTower:
+    """A Qwen-VL tower of mlx-vlm's models.<package> (its VisionModel, its processor class)."""
 
-        self.vision = VisionModel(VisionConfig.from_dict(config["vision_config"]))
+    def __init__(self, folder: Path, config: dict, package: str, processor: str):
+        module = importlib.import_module(f"mlx_vlm.models.{package}")
+        processing = importlib.import_module(f"mlx_vlm.models.{package}.processing_{package}")
+        self.vision = module.VisionModel(module.VisionConfig.from_dict(config["vision_config"]))
         self.weight_bytes = load_prefixed(folder, {"vision_tower.": self.vision}, self.vision.sanitize)
-        processor = Qwen2_5_VLProcessor.from_pretrained(str(folder))
-        self.image_processor = processor.image_processor
-        self.marker = self.image_token = processor.image_token
-        self.image_token_id = processor.image_token_id
+        loaded = getattr(processing, processor).from_pretrained(str(folder))
+        self.image_processor = loaded.image_processor
+        self.marker = self.image_token = loaded.image_token
+        self.image_token_id = loaded.image_token_id
         self.merge = self.image_processor.merge_size
         self.dtype = self.vision.patch_embed.proj.weight.dtype
 
@@ -52,14 +57,17 @@ class Qwen25VLTower:
         rows, columns = self.grid(image)
         return self.image_token * (rows * columns)
 
-    def features(self, image) -> mx.array:
-        """[image tokens, text hidden] for one PIL image, as mlx-vlm's get_input_embeddings makes them."""
+    def _tower(self, image):
         import numpy as np
 
         inputs = self._inputs(image)
         pixels = mx.array(np.asarray(inputs["pixel_values"])).astype(self.dtype)
         return self.vision(pixels, mx.array(np.asarray(inputs["image_grid_thw"])), output_hidden_states=False)
 
+    def features(self, image) -> mx.array:
+        """[image tokens, text hidden] for one PIL image, as mlx-vlm's get_input_embeddings makes them."""
+        return self._tower(image)
 
-def load(folder: Path, config: dict) -> Qwen25VLTower:
-    return Qwen25VLTower(folder, config)
+
+def load(folder: Path, config: dict) -> QwenVLTower:
+    return QwenVLTower(folder, config, "qwen2_5_vl", "Qwen2_5_VLProcessor")
