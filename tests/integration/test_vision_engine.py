@@ -1,6 +1,8 @@
 """Vision-language models served by the engine (one rank), a family that places a fixed number of image tokens
-(Gemma 3) and one whose count follows the picture's size (Mistral 3): text alone works, an image request answers
-with mlx-vlm's own greedy tokens for the same image, and the prefix cache tells images apart by content.
+(Gemma 3), one whose count follows the picture's size (Mistral 3) and two whose image tokens take M-RoPE positions
+(Qwen2.5-VL; Qwen3-VL with DeepStack): text alone works, an image request answers with mlx-vlm's own greedy tokens
+for the same image, also in its next turn after a prefix cache hit and batched with others, and the prefix cache
+tells images apart by content.
 
 Frames carry the canonical image part the gateway sends (ipc Generate.messages), built here directly.
 """
