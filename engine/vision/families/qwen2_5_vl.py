@@ -44,9 +44,13 @@ class QwenVLTower:
         self.image_token_id = loaded.image_token_id
         self.merge = self.image_processor.merge_size
         self.dtype = self.vision.patch_embed.proj.weight.dtype
+        self._last = None  # (picture, its processor outputs)
 
     def _inputs(self, image):
-        return self.image_processor(images=[image])
+        # expansion, grid and features each ask for the same picture in turn: process it once
+        if self._last is None or self._last[0] is not image:
+            self._last = (image, self.image_processor(images=[image]))
+        return self._last[1]
 
     def grid(self, image) -> tuple[int, int]:
         """Rows and columns of the picture's image tokens."""
