@@ -37,37 +37,44 @@ def config(vocab: dict[str, int]) -> dict:
 
 
 def generate(out: Path) -> dict:
-    import mlx.core as mx
-    import numpy as np
-    from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_vlm.models import qwen2_5_vl
-    from mlx_vlm.utils import update_module_configs
-
-    from engine.zoo.weights import _value
-
-    markers = ((START, True), (END, True), (IMAGE, True), (VIDEO, True))
-    vocab = write_tokenizer(out, VOCAB, 0, CONTEXT, extra=markers, template=template(START + IMAGE + END))
-    write_json(out / "preprocessor_config.json", {
+    return write(out, "qwen2_5_vl", config, {
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
         "patch_size": PATCH, "merge_size": MERGE, "temporal_patch_size": 2, "min_pixels": 4 * (PATCH * MERGE) ** 2,
         "max_pixels": MAX_PIXELS, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
         "do_convert_rgb": True})
+
+
+def write(out: Path, family: str, config, preprocessor: dict) -> dict:
+    """A Qwen-VL zoo model of mlx-vlm's models.<family>: the tokenizer with the vision markers, the processor's
+    config, config(vocab) and random weights from mlx-vlm's own Model."""
+    import importlib
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_vlm.utils import update_module_configs
+
+    from engine.zoo.weights import _value
+
+    module = importlib.import_module(f"mlx_vlm.models.{family}")
+    markers = ((START, True), (END, True), (IMAGE, True), (VIDEO, True))
+    vocab = write_tokenizer(out, VOCAB, 0, CONTEXT, extra=markers, template=template(START + IMAGE + END))
+    write_json(out / "preprocessor_config.json", preprocessor)
     cfg = config(vocab)
-    read = dict(cfg)  # from_dict adds the text_config it reads to the dict, as mlx-vlm's load does
-    model = qwen2_5_vl.Model(update_module_configs(qwen2_5_vl.ModelConfig.from_dict(read), qwen2_5_vl, read,
-                                                   ["text", "vision"]))
+    read = dict(cfg)  # from_dict may add the text_config it reads to the dict, as mlx-vlm's load does
+    model = module.Model(update_module_configs(module.ModelConfig.from_dict(read), module, read, ["text", "vision"]))
     quiet = quiet_ids(vocab, tuple(text for text, _ in markers))
 
     def draw(name: str, shape: tuple[int, ...]):
         if len(shape) == 1 and "bias" not in name:  # every vector of these classes but biases is a norm's scale
             return np.ones(shape, dtype=np.float32)
-        return _value("qwen2_5_vl-vision", name, shape, TEXT_HIDDEN, quiet)
+        return _value(f"{family}-vision", name, shape, TEXT_HIDDEN, quiet)
 
     params = sorted(tree_flatten(model.parameters()))
     model.update(tree_unflatten([(n, mx.array(draw(n, tuple(p.shape)))) for n, p in params]))
     tensors = dict(sorted(tree_flatten(model.parameters())))
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
     write_json(out / "config.json", cfg)
-    return {"model_type": "qwen2_5_vl", "vocab_size": len(vocab), "eos_token_id": vocab[IM_END],
+    return {"model_type": family, "vocab_size": len(vocab), "eos_token_id": vocab[IM_END],
             "parameters": sum(v.size for v in tensors.values()), "dtype": "float32", "quantization": None}

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.modelgen.store import write_json
-from engine.modelgen.tokenizer import ENDOFTEXT, IM_END, quiet_ids, write_tokenizer
-from engine.zoo.vision import CONTEXT, VOCAB, template
-from engine.zoo.vision_qwen2_5_vl import END, IMAGE, MAX_PIXELS, MERGE, PATCH, START, VIDEO
+from engine.modelgen.tokenizer import ENDOFTEXT, IM_END
+from engine.zoo.vision import CONTEXT
+from engine.zoo.vision_qwen2_5_vl import END, HEADS, IMAGE, MAX_PIXELS, MERGE, PATCH, START, TEXT_HIDDEN, VIDEO, write
 
-TEXT_HIDDEN, HEADS, HEAD_DIM = 64, 4, 16
+HEAD_DIM = 16
 
 
 def config(vocab: dict[str, int]) -> dict:
@@ -34,37 +33,9 @@ def config(vocab: dict[str, int]) -> dict:
 
 
 def generate(out: Path) -> dict:
-    import mlx.core as mx
-    import numpy as np
-    from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_vlm.models import qwen3_vl
-    from mlx_vlm.utils import update_module_configs
-
-    from engine.zoo.weights import _value
-
-    markers = ((START, True), (END, True), (IMAGE, True), (VIDEO, True))
-    vocab = write_tokenizer(out, VOCAB, 0, CONTEXT, extra=markers, template=template(START + IMAGE + END))
-    write_json(out / "preprocessor_config.json", {
+    return write(out, "qwen3_vl", config, {
         "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
         "patch_size": PATCH, "merge_size": MERGE, "temporal_patch_size": 2,
         "size": {"shortest_edge": 4 * (PATCH * MERGE) ** 2, "longest_edge": MAX_PIXELS}, "do_rescale": True,
         "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True})
-    cfg = config(vocab)
-    read = dict(cfg)
-    model = qwen3_vl.Model(update_module_configs(qwen3_vl.ModelConfig.from_dict(read), qwen3_vl, read,
-                                                 ["text", "vision"]))
-    quiet = quiet_ids(vocab, tuple(text for text, _ in markers))
-
-    def draw(name: str, shape: tuple[int, ...]):
-        if len(shape) == 1 and "bias" not in name:  # every vector of these classes but biases is a norm's scale
-            return np.ones(shape, dtype=np.float32)
-        return _value("qwen3_vl-vision", name, shape, TEXT_HIDDEN, quiet)
-
-    params = sorted(tree_flatten(model.parameters()))
-    model.update(tree_unflatten([(n, mx.array(draw(n, tuple(p.shape)))) for n, p in params]))
-    tensors = dict(sorted(tree_flatten(model.parameters())))
-    mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "mlx"})
-    write_json(out / "config.json", cfg)
-    return {"model_type": "qwen3_vl", "vocab_size": len(vocab), "eos_token_id": vocab[IM_END],
-            "parameters": sum(v.size for v in tensors.values()), "dtype": "float32", "quantization": None}
