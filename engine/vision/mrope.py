@@ -28,6 +28,7 @@ class Positions:
 
     def __init__(self):
         self.current: mx.array | None = None
+        self.layer = 1 << 30  # the first attention layer: its cache's offset is where a pass starts
 
 
 class MRope(nn.Module):
@@ -48,9 +49,11 @@ def install(model: Any, make_rotary, table) -> None:
     """Give every attention layer of the text model an MRope reading one Positions, kept on the table."""
     positions = Positions()
     layers = model.layers if hasattr(model, "layers") else model.language_model.model.layers
-    for layer in layers:
-        attn = layer.self_attn
-        attn.rope = MRope(attn.rope, make_rotary(attn), positions)
+    for i, layer in enumerate(layers):
+        attn = getattr(layer, "self_attn", None)  # linear attention layers (Qwen3.5) take no positions
+        if attn is not None:
+            attn.rope = MRope(attn.rope, make_rotary(attn), positions)
+            positions.layer = min(positions.layer, i)
     table.positions = positions
 
 
@@ -166,7 +169,7 @@ def _positions(deltas: _Deltas, batch, inputs: mx.array, cache) -> mx.array | No
     if not deltas.table.grids:
         return None
     ids = np.array(inputs)
-    offset = cache[0].offset if cache else 0
+    offset = cache[deltas.table.positions.layer].offset if cache else 0
     starts = np.broadcast_to(np.array(offset), (ids.shape[0],)).tolist()
     rows = [deltas.row(uid, history, start, chunk)
             for uid, history, start, chunk in zip(batch.uids, batch.tokens, starts, ids)]

@@ -32,10 +32,14 @@ def config(vocab: dict[str, int]) -> dict:
             "torch_dtype": "float32"}
 
 
+def preprocessor() -> dict:
+    """preprocessor_config.json as Qwen3-VL's (and Qwen3.5's) checkpoints have it."""
+    return {"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+            "patch_size": PATCH, "merge_size": MERGE, "temporal_patch_size": 2,
+            "size": {"shortest_edge": 4 * (PATCH * MERGE) ** 2, "longest_edge": MAX_PIXELS}, "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True}
+
+
 def generate(out: Path) -> dict:
-    return write(out, "qwen3_vl", config, {
-        "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
-        "patch_size": PATCH, "merge_size": MERGE, "temporal_patch_size": 2,
-        "size": {"shortest_edge": 4 * (PATCH * MERGE) ** 2, "longest_edge": MAX_PIXELS}, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True})
+    return write(out, "qwen3_vl", config, preprocessor())

@@ -1,6 +1,6 @@
 """Vision-language models served by the engine (one rank), a family that places a fixed number of image tokens
-(Gemma 3), one whose count follows the picture's size (Mistral 3) and two whose image tokens take M-RoPE positions
-(Qwen2.5-VL; Qwen3-VL with DeepStack): text alone works, an image request answers with mlx-vlm's own greedy tokens
+(Gemma 3), one whose count follows the picture's size (Mistral 3) and three whose image tokens take M-RoPE
+positions (Qwen2.5-VL; Qwen3-VL with DeepStack; Qwen3.5 with linear attention): text alone works, an image request answers with mlx-vlm's own greedy tokens
 for the same image, also in its next turn after a prefix cache hit and batched with others, and the prefix cache
 tells images apart by content.
 
@@ -19,7 +19,7 @@ from ipc import Delta, Error, Finish, Generate, SamplingParams, Tokenize
 from tests import wire
 from tests.harness import MODEL_CACHE, Stack
 
-MODELS = ("gemma3-vision", "mistral3-vision", "qwen2_5_vl-vision", "qwen3_vl-vision")
+MODELS = ("gemma3-vision", "mistral3-vision", "qwen2_5_vl-vision", "qwen3_vl-vision", "qwen3_5-vision")
 MAX_TOKENS = 12
 QUESTION = "Describe the picture."
 

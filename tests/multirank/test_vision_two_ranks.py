@@ -13,9 +13,10 @@ from tests.integration.test_vision_engine import QUESTION, ask, image_part, png,
 
 pytestmark = pytest.mark.multirank
 
-# mlx-lm's gemma3 cannot be split over ranks; these text models can: Llama-style, and Qwen3 with M-RoPE positions
-# and DeepStack rows (Qwen2.5-VL's positions take the same path, so it runs on one rank only, to keep CI short)
-MODELS = ("mistral3-vision", "qwen3_vl-vision")
+# mlx-lm's gemma3 cannot be split over ranks; these text models can: Llama-style, Qwen3 with M-RoPE positions and
+# DeepStack rows, Qwen3.5 with linear attention and M-RoPE on part of each head (Qwen2.5-VL's positions take Qwen3-VL's
+# path, so it runs on one rank only, to keep CI short)
+MODELS = ("mistral3-vision", "qwen3_vl-vision", "qwen3_5-vision")
 
 
 @pytest.mark.parametrize("model", MODELS)

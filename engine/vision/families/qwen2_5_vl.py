@@ -33,9 +33,9 @@ def text_rotary(cls, config: dict):
 class QwenVLTower:
     """A Qwen-VL tower of mlx-vlm's models.<package> (its VisionModel, its processor class)."""
 
-    def __init__(self, folder: Path, config: dict, package: str, processor: str):
+    def __init__(self, folder: Path, config: dict, package: str, processor: str, processing: str = ""):
         module = importlib.import_module(f"mlx_vlm.models.{package}")
-        processing = importlib.import_module(f"mlx_vlm.models.{package}.processing_{package}")
+        processing = importlib.import_module(processing or f"mlx_vlm.models.{package}.processing_{package}")
         self.vision = module.VisionModel(module.VisionConfig.from_dict(config["vision_config"]))
         self.weight_bytes = load_prefixed(folder, {"vision_tower.": self.vision}, self.vision.sanitize)
         loaded = getattr(processing, processor).from_pretrained(str(folder))
