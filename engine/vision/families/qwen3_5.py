@@ -12,7 +12,7 @@ from engine.vision.families.qwen2_5_vl import QwenVLTower
 
 
 def matches(config: dict) -> bool:
-    return config.get("model_type") in ("qwen3_5", "qwen3_5_moe") and bool(config.get("vision_config"))
+    return config.get("model_type") == "qwen3_5" and bool(config.get("vision_config"))
 
 
 def rotary(config: dict):
