@@ -8,6 +8,7 @@ stream's token gaps (client side, median / p95 / max) alone and beside the helpe
 
     python -m bench.helper_steps                                  # demo-small served, demo-small as the embedder
     python -m bench.helper_steps --budgets 128,512,2048 --inputs 256
+    python -m bench.helper_steps --ranks 2 --helper-rank 1 --budgets 512   # the embedder on rank 1 of two
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def ms(values: list[float], q: float) -> float:
 def measure(args, budget: int) -> dict:
     s = Stack(extra={"MODEL": args.model, "EMBEDDING_MODEL": args.embedder, "HELPER_TOKENS_PER_STEP": str(budget),
                      "WATCHDOG_TIMEOUT": "600", "MAX_TOKENS_DEFAULT": "0"})
-    procs = [s.start_engine(timeout=600), s.start_api()]
+    # HOSTS names the ranks for the engine alone here, so the API (one host) is not told of a helper rank
+    procs = [s.start_engine(ranks=args.ranks, timeout=600, HELPER_RANK=str(args.helper_rank)), s.start_api()]
     try:
         batch = texts(args.inputs, args.words)
         stream_gaps(s.base_url, 8)  # warm up both paths
@@ -93,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs", type=int, default=256, help="inputs per embeddings request")
     parser.add_argument("--words", type=int, default=80, help="words per input (~1.3 tokens each)")
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--ranks", type=int, default=1, help="local ranks of the engine (mlx.launch over the ring)")
+    parser.add_argument("--helper-rank", type=int, default=0, help="HELPER_RANK: the rank the embedder runs on")
     args = parser.parse_args(argv)
     rows = [measure(args, int(b)) for b in args.budgets.split(",")]
-    print(f"\nserved {args.model}, embedder {args.embedder}, {args.inputs} inputs of {args.words} words per request, "
+    print(f"\nserved {args.model} on {args.ranks} rank(s), embedder {args.embedder} on rank {args.helper_rank}, "
+          f"{args.inputs} inputs of {args.words} words per request, "
           f"stream of {args.max_tokens} tokens\n")
     print("| HELPER_TOKENS_PER_STEP | gap alone ms (median / p95 / max) | gap beside helper ms (median / p95 / max) "
           "| decode tok/s alone | beside | helper inputs/s | helper tokens/s |")

@@ -114,15 +114,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ENGINE_RESTART: Literal["never", "always"] = "never"
     DRAIN_TIMEOUT: Seconds = 10.0
     ENGINE_START_TIMEOUT: Seconds = 600.0
-    MAX_FRAME_BYTES: Annotated[int, Meta(ge=MIN_FRAME_BYTES)] = 8 * 1024 * 1024
-    MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    # room for an agent's turn with screenshots: Anthropic's own request cap is 32 MB, and images travel as base64 in
+    # the body and as files (3/4 of that) on the engine's socket
+    MAX_FRAME_BYTES: Annotated[int, Meta(ge=MIN_FRAME_BYTES)] = 32 * 1024 * 1024
+    MAX_REQUEST_BYTES: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     MAX_MESSAGES: Positive = 2048
     BODY_READ_TIMEOUT: Seconds = 30.0
     # images in requests (docs/vision.md): at most MAX_IMAGES_PER_REQUEST (0: none taken), each within
     # MAX_IMAGE_BYTES as a file and MAX_IMAGE_PIXELS as its header declares (checked before any pixel is decoded)
     MAX_IMAGES_PER_REQUEST: Annotated[int, Meta(ge=0)] = 16
     MAX_IMAGE_PIXELS: Positive = 33554432
-    MAX_IMAGE_BYTES: Positive = 5242880
+    MAX_IMAGE_BYTES: Positive = 10 * 1024 * 1024  # a 4K PNG screenshot is 3-8 MB
     # http(s) image URLs: off (only data URLs and base64 are taken) or on (fetched from public addresses only,
     # within IMAGE_URL_TIMEOUT seconds and MAX_IMAGE_BYTES)
     IMAGE_URL_FETCH: Literal["off", "on"] = "off"
@@ -276,7 +278,7 @@ HINTS = {
     "MAX_IMAGE_BYTES": "a positive integer of bytes (one image file)",
     "IMAGE_URL_FETCH": "one of off, on (fetch http(s) image URLs from public addresses)",
     "IMAGE_URL_TIMEOUT": "a number of seconds > 0",
-    "HELPER_RANK": "0 (the helpers run on rank 0)",
+    "HELPER_RANK": "an integer >= 0 (the rank that loads and runs the helper models; 0 by default)",
     "HELPER_TOKENS_PER_STEP": "an integer >= 16 (helper input tokens between two steps of the served model)",
     "HELPER_MAX_INPUTS": "a positive integer (inputs or documents per request)",
 }
@@ -402,7 +404,7 @@ def _check(s: Settings, rank: int = 0) -> None:
     _check_pipeline_layers(s)
     _check_hub_caches(s)
     _check_speculative(s)
-    _check_helpers(s)
+    _check_helpers(s, rank)
     if not _listen_host(s.API_HOST):
         raise ConfigError(f"API_HOST={s.API_HOST!r} is not valid: give the host name or IP address to listen on, "
                           "without a scheme, port or brackets (the port is API_PORT), e.g. 127.0.0.1, 0.0.0.0 or ::")
@@ -436,11 +438,23 @@ def _check_speculative(s: Settings) -> None:
                           "a repo id, a demo or zoo name), or set SPECULATIVE=ngram, which needs no second model")
 
 
-def _check_helpers(s: Settings) -> None:
-    # Requests reach rank 0 alone, and no path carries helper work to another rank yet.
-    if s.HELPER_RANK != 0:
-        raise ConfigError(f"HELPER_RANK={s.HELPER_RANK} is not supported yet: helper models run on rank 0, the rank "
-                          "that answers requests; set HELPER_RANK=0 (or remove it)")
+def _check_helpers(s: Settings, rank: int = 0) -> None:
+    """HELPER_RANK must name one of the engine's ranks: HOSTS' count, or the hostfile's (read on rank 0 alone)."""
+    ranks, where = s.ranks, f"HOSTS={s.HOSTS!r}"
+    if s.HOSTFILE:
+        ranks, where = (_hostfile_ranks(s) if rank == 0 else 0), f"HOSTFILE={s.HOSTFILE!r}"
+    if ranks and s.HELPER_RANK >= ranks:
+        raise ConfigError(f"HELPER_RANK={s.HELPER_RANK} names no rank: {where} starts {ranks} rank(s), numbered from 0; "
+                          f"set HELPER_RANK to one from 0 to {ranks - 1} (or remove it: rank 0)")
+
+
+def _hostfile_ranks(s: Settings) -> int:
+    """The hostfile's entries (0 when it cannot be read: _check_hostfile and `launch.sh check` say why)."""
+    try:
+        doc = json.loads(_resolve(s.HOSTFILE).read_text())
+        return len(doc["hosts"] if isinstance(doc, dict) else doc)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def _check_hub_caches(s: Settings) -> None:

@@ -64,7 +64,8 @@ class Joined:
     size: int
     loaded: Any  # engine.model.LoadedModel
     started: float
-    helpers: dict = field(default_factory=dict)  # rank 0's helper models by kind (engine/helpers/load.py Loaded)
+    helpers: dict = field(default_factory=dict)  # HELPER_RANK's helper models by kind (engine/helpers/load.py Loaded)
+    remote: Any = None  # rank 0, HELPER_RANK > 0: its forwarder to that rank (engine/rank0/helper_remote.py)
 
 
 def main() -> int:
@@ -133,6 +134,7 @@ def _join(settings, watchdog) -> Joined:
     import mlx.core as mx
 
     from engine.loading import load
+    from engine.model import ModelError
 
     group, rank = None, _rank_from_env()
     if "MLX_RANK" in os.environ:
@@ -140,6 +142,9 @@ def _join(settings, watchdog) -> Joined:
         group = mx.distributed.init(strict=True, backend=settings.BACKEND)
         rank = group.rank()
     size = group.size() if group is not None else 1
+    if settings.HELPER_RANK >= size:  # every rank alike, before minutes of loading
+        raise ModelError(f"HELPER_RANK={settings.HELPER_RANK} names no rank: this engine runs {size} rank(s), "
+                         f"numbered from 0; set HELPER_RANK to one from 0 to {size - 1}")
     started = time.time()
     helpers = {}
     if rank == settings.HELPER_RANK:
@@ -189,6 +194,7 @@ def _with_heads(settings, loaded, group, rank: int):
 def _build(settings, joined: Joined, watchdog):
     """The step loop of this rank, and on rank 0 the socket server that feeds it."""
     from engine.decoding.constrained import Grammars
+    from engine.helpers.load import configured
     from engine.kv_measure import measure_or_none
     from engine.lockstep.batch import LockstepBatch
     from engine.lockstep.channel import PlanChannel
@@ -224,6 +230,11 @@ def _build(settings, joined: Joined, watchdog):
     if joined.size > 1:
         watchdog.beat("connecting the doorbell")  # idle ranks sleep on it instead of meeting in a collective
         doorbell = open_doorbell(joined.rank, joined.size, channel.gather, port=settings.doorbell_port)
+    side = None
+    if joined.size > 1 and settings.HELPER_RANK and configured(settings):
+        from engine.helpers.rank_setup import open_link
+
+        side, joined.remote = open_link(settings, joined.rank, joined.helpers, channel.gather, doorbell, watchdog.beat)
     links = LinkProbes(joined.size, settings.BACKEND, hosts)  # the same pairs on every rank
     speculating = _can_speculate(settings, joined, channel)
     proposer = _speculation(settings, joined, channel, watchdog) if speculating else None
@@ -238,7 +249,7 @@ def _build(settings, joined: Joined, watchdog):
         from engine.disk_tier import open_in_background
 
         open_in_background(settings, joined.loaded, joined.rank, joined.size, lambda tier: _open_disk(batch, tier))
-        return StepLoop(batch, channel, watchdog, doorbell, links.pairs), None
+        return StepLoop(batch, channel, watchdog, doorbell, links.pairs, side), None
     return _rank0(settings, joined, watchdog, grammars, batch, channel, hosts, announced, doorbell, kv_rows, links,
                   proposer, pace, kv_dtype)
 
@@ -335,8 +346,9 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
     loaded, tokenizer = joined.loaded, joined.loaded.tokenizer
     counters, stats, reports = Counters(), LoopStats(), RankReports(hosts)
     helpers = joined.helpers or {}
-    reports.helper_bytes = {settings.HELPER_RANK: sum(h.weight_bytes for h in helpers.values())}
-    helper_states = [h.state(settings.HELPER_RANK) for h in helpers.values()]
+    # the helpers' states: rank 0's own, or what HELPER_RANK told at startup (its memory reports include them)
+    helper_states = joined.remote.states if joined.remote else [h.state(0) for h in helpers.values()]
+    reports.helper_bytes = {settings.HELPER_RANK: sum(h.weight_bytes for h in helper_states)}
     helper_work = HelperWork(settings.HELPER_TOKENS_PER_STEP, watchdog.beat)
     reports.update(announced)
     inbound: queue.SimpleQueue = queue.SimpleQueue()
@@ -394,7 +406,7 @@ def _rank0(settings, joined: Joined, watchdog, grammars, batch, channel, hosts, 
                     vision=loaded.image_table is not None, model=settings.model_name)
     prompter = Prompter(tokenizer, limits, grammars, kv, vision=vision_prompts(settings, loaded),
                         model_name=settings.model_name)
-    desk = HelperDesk(helpers, inbound, settings.HELPER_MAX_INPUTS, settings.REQUEST_TIMEOUT)
+    desk = joined.remote or HelperDesk(helpers, inbound, settings.HELPER_MAX_INPUTS, settings.REQUEST_TIMEOUT)
     server = EngineServer(settings, prompter, counters, inbound, info, desk)
     if joined.size > 1:
         server.direct_limit = MULTIRANK_DIRECT_CONNECTIONS

@@ -68,12 +68,39 @@ class Model(llama.Model):
         return self.model.pipeline_layers
 
 
+_wrappers: dict[type, type] = {}
+
+
+def pipelined_wrapper(base: type) -> type:
+    """A vision-language wrapper (mistral3: its text model in .language_model) that pipelines: its llama text model
+    swapped for the pipelined one, and the stack (.model) and this rank's layers seen through it, as a text
+    model's are. Its vision tower is not in mlx-lm's classes: rank 0 holds it (engine/vision)."""
+    if base not in _wrappers:
+        def __init__(self, args: Any) -> None:
+            base.__init__(self, args)
+            if type(self.language_model) is llama.Model:
+                self.language_model = Model(self.language_model.args)
+
+        _wrappers[base] = type(f"Pipelined{base.__name__}", (base,), {
+            "__init__": __init__,
+            "model": property(lambda self: self.language_model.model),
+            "layers": property(lambda self: self.language_model.layers)})
+    return _wrappers[base]
+
+
 def model_classes(config: dict) -> tuple[type, type]:
-    """mlx-lm's classes for `config`, with llama's Model swapped for the pipelined one (for load_model)."""
+    """mlx-lm's classes for `config`, with llama's Model swapped for the pipelined one (for load_model), inside a
+    vision-language wrapper too."""
     from mlx_lm.utils import _get_classes
 
+    from engine.vision.shard import WRAPPERS
+
     model, args = _get_classes(config)
-    return (Model, args) if model is llama.Model else (model, args)
+    if model is llama.Model:
+        return Model, args
+    if model.__module__.rsplit(".", 1)[-1] in WRAPPERS and not hasattr(model, "model"):
+        return pipelined_wrapper(model), args
+    return model, args
 
 
 def load_model(path: Any, **kwargs: Any) -> tuple[Any, dict]:

@@ -46,8 +46,7 @@ def abilities(model: Any, config: dict, ranks: int) -> Abilities:
     asked as sharded_load asks it, and whether shard() divides it evenly over them."""
     from engine.split_probe import unsplit
 
-    if hasattr(getattr(model, "language_model", None), "shard"):
-        delegate_shard()
+    delegate_shard()  # the shard()s the engine gives (vision wrappers, Gemma 3): before shard() is asked for
     inner = getattr(model, "model", None)
     pipeline = getattr(inner, "pipeline", None)
     uneven = pipeline is not None and "split" in inspect.signature(pipeline).parameters

@@ -98,7 +98,9 @@ class FramedStream:
         self._buffer = bytearray()
         self.last_frame_bytes = 0  # the size of the last frame recv() returned
         self.unsent: memoryview | bytes = b""  # the rest of a send that was cancelled after it began
-        self._sock = stream.extra(SocketAttribute.raw_socket, None)  # None: not a socket
+        sock = stream.extra(SocketAttribute.raw_socket, None)
+        # None: not a socket of our own to write to (anyio's TCP streams on asyncio wrap theirs in a transport)
+        self._sock = sock if isinstance(sock, socket.socket) else None
 
     async def readable(self, timeout: float) -> bool:
         """Wait at most timeout seconds for bytes to receive; consumes none, so it is safe to cancel."""

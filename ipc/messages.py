@@ -423,6 +423,21 @@ class Reranked(Msg):
     prompt_tokens: int
 
 
+class HelperHello(Msg):
+    """Rank 0's first frame to the helper rank's listener (HELPER_RANK): the protocol version and the token the
+    ranks agreed at startup; a connection without the right token is dropped."""
+
+    version: int
+    token: int
+
+
+class HelperWelcome(Msg):
+    """The helper rank's answer to HelperHello: the helpers it serves. Then one Embed or Rerank per connection."""
+
+    version: int
+    helpers: list[HelperState] = []
+
+
 class Error(Msg):
     """A failure; the API rebuilds its own error class from status and code (each dialect names the type)."""
 
@@ -434,4 +449,4 @@ class Error(Msg):
 
 
 Message = Union[Hello, Welcome, InfoRequest, Info, Generate, Started, Delta, Finish, Tokenize, Tokenized, Detokenize,
-                Detokenized, Embed, Embedded, Rerank, Reranked, Error]
+                Detokenized, Embed, Embedded, Rerank, Reranked, HelperHello, HelperWelcome, Error]

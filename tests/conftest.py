@@ -20,8 +20,10 @@ def anyio_backend() -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """needs_tool(present, what): skip where the tool is missing; under CI=true, where .ci/run installs it, fail, so
+    """slow: skipped unless CI_SLOW=1. needs_tool(present, what): skip where the tool is missing; under CI=true, where .ci/run installs it, fail, so
     that a run without it cannot pass green."""
+    if item.get_closest_marker("slow") is not None and os.environ.get("CI_SLOW") != "1":
+        pytest.skip("a further case of a long matrix, of a kind CI already covers: CI_SLOW=1 runs it")
     for mark in item.iter_markers("needs_tool"):
         present, what = mark.args
         if present:

@@ -29,6 +29,17 @@ def noise_png(size: tuple[int, int]) -> bytes:
     return out.getvalue()
 
 
+def screenshot_png(size: tuple[int, int] = (3840, 2160), busy_rows: int = 600) -> bytes:
+    """A 4K screenshot as a PNG of about 7 MB (about 9.3 MB as base64): flat window chrome around a band of
+    photo-like rows that barely compress."""
+    width, height = size
+    busy = random.Random(1).randbytes(width * busy_rows * 3)
+    flat = bytes([236, 236, 236]) * (width * (height - busy_rows))
+    out = io.BytesIO()
+    Image.frombytes("RGB", size, busy + flat).save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
 def animated_gif(size: tuple[int, int] = (4, 3), frames: int = 3) -> bytes:
     images = [Image.new("P", size, i * 40) for i in range(frames)]
     out = io.BytesIO()

@@ -189,6 +189,8 @@ function renderTopology(state) {
       memoryBar(r),
       el("div", { class: "meta" },
         `MLX ${bytes(r.active_memory)} (+${bytes(r.cache_memory)} cache, peak ${bytes(r.peak_memory)})`),
+      // the helper models pinned on this rank (HELPER_RANK), inside its MLX memory
+      r.helper_bytes ? el("div", { class: "meta helpers" }, `helpers ${bytes(r.helper_bytes)} of it`) : "",
       el("div", { class: "meta" },
         `host ${bytes(r.host_memory_total - r.host_memory_available)} / ${bytes(r.host_memory_total)} · ` +
         `report ${seconds(r.report_age)} ago`),

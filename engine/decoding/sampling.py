@@ -14,6 +14,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logi
 from engine.decoding.constrained import GrammarError, Grammars
 from engine.decoding.penalties import OutputPenalties
 from engine.lockstep.plan import Insert
+from engine.vision.ids import FIRST, has_images
 from ipc.test_hooks import hook
 
 
@@ -89,7 +90,7 @@ def make_processors(ins: Insert, grammars: Grammars | None) -> list:
         logit_bias=ins.logit_bias or None,
         repetition_penalty=ins.repetition_penalty,
     )
-    if ins.repetition_penalty and ins.images:
+    if ins.repetition_penalty and has_images(ins.tokens):  # ins.images leaves out those a prefix hit holds
         # it reads the logits at the last prompt tokens, and an image's tokens have ids past the vocabulary
         processors = [_text_only(p) if i == len(processors) - 1 else p for i, p in enumerate(processors)]
     if ins.presence_penalty or ins.frequency_penalty:
@@ -103,7 +104,6 @@ def make_processors(ins: Insert, grammars: Grammars | None) -> list:
 
 def _text_only(processor):
     """A processor of the context that sees image tokens (engine/vision/ids.py) as token 0: never out of range."""
-    from engine.vision.ids import FIRST
 
     def call(tokens, logits):
         tokens = tokens if isinstance(tokens, mx.array) else mx.array(tokens)

@@ -19,6 +19,7 @@ from engine.lockstep.prompt_logprobs import PromptLogprobs
 from engine.lockstep.results import StepResults
 from engine.speculative.rollback import can_verify
 from engine.speculative.verify import verify
+from engine.vision.ids import carried
 from engine.vision.mrope import attach as attach_positions
 from engine.vision.table import FeatureTable
 
@@ -326,6 +327,10 @@ class LockstepBatch:
         for ins in inserts:
             if ins.rid in self.uid_of:  # rank 0 never plans this; a second sequence would orphan the first
                 self.failed[ins.rid] = "another sequence already runs under this request id"
+                continue
+            if ins.cache_len and ins.cache_id not in self.prefix.entries and not carried(ins.images, ins.tokens):
+                # its images' features stayed on rank 0 for the entry's KV, and no rank kept that entry
+                self.failed[ins.rid] = "its prefix cache entry is gone with its images' features; send it again"
                 continue
             try:
                 sampler, procs = make_sampler(ins), make_processors(ins, self.grammars)

@@ -143,9 +143,15 @@ class Bell:
         self.sock = sock
         self.rank = rank
 
-    def wait(self, timeout: float) -> bytes | None:
-        """RING or REPORT once rank 0 sends one; None after timeout seconds without (the caller beats its
-        watchdog and waits again). Raises DoorbellError when rank 0 closed the connection or it broke."""
+    def wait(self, timeout: float, wake: int | None = None) -> bytes | None:
+        """RING or REPORT once rank 0 sends one; None after timeout seconds without, or as soon as the file
+        descriptor wake is readable (this rank's own work arrived: engine/helpers/inbox.py). Raises DoorbellError
+        when rank 0 closed the connection or it broke."""
+        if wake is not None:
+            ready, _, _ = select.select([self.sock, wake], [], [], timeout)
+            if self.sock not in ready:
+                return None
+            timeout = 0.0  # readable: recv returns at once
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
+from engine.helpers.inbox import HelperInbox
 from engine.lockstep.batch import LockstepBatch
 from engine.lockstep.channel import Pending, PlanChannel
 from engine.lockstep.doorbell import RING, Bell, Doorbell
@@ -32,7 +33,8 @@ class StepLoop:
     """One rank's loop as every rank but rank 0 runs it; rank 0's (engine/leader.py) makes the plans."""
 
     def __init__(self, batch: LockstepBatch, channel: PlanChannel, watchdog: Watchdog,
-                 doorbell: Doorbell | Bell | None = None, pairs: list[tuple[int, int]] = ()):
+                 doorbell: Doorbell | Bell | None = None, pairs: list[tuple[int, int]] = (),
+                 side: HelperInbox | None = None):
         self.batch = batch
         self.channel = channel
         self.watchdog = watchdog
@@ -40,6 +42,9 @@ class StepLoop:
         self.pairs = list(pairs)  # the rank pairs a link probe measures (engine/lockstep/link_pairs.py)
         self.rank = channel.rank
         self.stopping_since: float | None = None
+        # helper models pinned on this rank (HELPER_RANK): their work, never in a plan, one bounded slice between two
+        # steps and slice after slice while asleep (None: this rank serves none)
+        self.side = side
 
     def request_stop(self) -> None:
         """Signal-safe: the next iteration starts draining (rank 0) or waits for rank 0's shutdown plan."""
@@ -75,12 +80,22 @@ class StepLoop:
             # else it comes after this step, drafts continuing what the step samples: broadcast at the loop's top
             self.watchdog.beat(f"step {plan.step}")
             self.batch.step(drafts=plan.drafts, chain=plan.chain)
+            if self.side is not None and self.side.pending():
+                # rank 0 and the other ranks wait in the next plan's collective meanwhile: at most one slice
+                # (HELPER_TOKENS_PER_STEP), as rank 0's own helper work delays a step
+                self.side.run_slice()
 
     def _sleep(self, step: int) -> None:
         """Until rank 0 rings for its next plan, answering its report requests meanwhile."""
         while True:
             self.watchdog.beat("idle, waiting for rank 0's doorbell")
-            kind = self.doorbell.wait(IDLE_WAIT_SECONDS)
+            if self.side is None:
+                kind = self.doorbell.wait(IDLE_WAIT_SECONDS)
+            else:  # helper work: a slice at a time, the doorbell looked at between them (rank 0 waits one at most)
+                busy = self.side.pending()
+                kind = self.doorbell.wait(0.0 if busy else IDLE_WAIT_SECONDS, wake=self.side.fileno())
+                if kind is None and busy:
+                    self.side.run_slice()
             if kind == RING:
                 return
             if kind is not None:

@@ -71,7 +71,8 @@ class HelperDesk:
             except TimeoutError:
                 reply = [errors.timed_out(rid)]
             tg.cancel_scope.cancel()
-        if job is not None and not settled.done():
+        # awaiting the future and cancelled (the client left) cancels the future too: that is no answer either
+        if job is not None and (not settled.done() or settled.cancelled()):
             job.cancelled.set()  # the client left, or time ran out: its slices are not computed
         return complaint[:1] if complaint else reply
 

@@ -22,6 +22,7 @@ from engine.rank0.piece import Piece
 from engine.rank0.prompt_logprobs import ENTRIES_PER_EVENT, entries, first_entry
 from engine.rank0.prefix_index import PARTIAL_MIN_TOKENS, SHARE_MIN_TOKENS, PrefixIndex, common_prefix, token_bytes
 from engine.rank0.requests import Counters, Request, append_logprobs
+from engine.vision.ids import needed
 from ipc import Delta, Error, Finish
 from ipc.messages import TokenLogprob
 
@@ -147,8 +148,14 @@ class Scheduler:
                 # extends the prompt, not the answer as it was sampled
                 whole = not self.prefix.cuts.can_cut(len(req.insert.tokens) + req.insert.max_tokens)
                 parting = self._parting(req, reuse) if whole else 0
+                # an image wholly inside the reused prefix is not embedded again, so its features stay on rank 0,
+                # where the ranks confirmed holding the entry (its bytes known): one stored by this plan may be dropped
+                held = self.prefix.entries.get(entry)
+                images = req.insert.images
+                if reuse and images and held is not None and held.nbytes:
+                    images = needed(images, req.insert.tokens, reuse)
                 req.insert = msgspec.structs.replace(req.insert, cache_id=entry, cache_len=reuse, keep=True,
-                                                     keep_prompt=whole, keep_at=parting)
+                                                     keep_prompt=whole, keep_at=parting, images=images)
             else:
                 self.prefix.count(req.insert.tokens)
             inserts.append(req.insert)

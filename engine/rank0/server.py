@@ -8,11 +8,9 @@ a token costs one non-blocking write, not a wake of this thread.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +24,10 @@ from engine.rank0.admission import Prompter
 from engine.rank0.errors import Refused, invalid_request
 from engine.rank0.helper_desk import HelperDesk
 from engine.rank0.lanes import TokenizerLanes
+from engine.rank0.loop_thread import LoopThread
 from engine.rank0.outbox import DONE, Outbox
+from engine.rank0.peer import send_answer, watch_peer
+from engine.rank0.peer import send_quietly as _send
 from engine.rank0.requests import Counters, Submit, Withdraw
 from ipc import (
     ConnectionClosed,
@@ -43,7 +44,6 @@ from ipc import (
     Started,
     Tokenize,
     TruncatedFrame,
-    ignore_settled_wakeups,
     serve_unix,
 )
 from ipc.connection import HANDSHAKE_TIMEOUT
@@ -56,15 +56,14 @@ log = logging.getLogger(__name__)
 # 1.14 from one run to the next. One rank writes every connection directly: 9-11 % faster at 1 and 8 streams.
 MULTIRANK_DIRECT_CONNECTIONS = 0
 FLUSH_SECONDS = 1.0  # at stop, how long open generations get to receive their last event
-EXTRA_FRAME = ("this connection already carries a request: send each request on a connection of its own "
-               "(closing a connection cancels its request)")
 
 
-class EngineServer:
+class EngineServer(LoopThread):
     """Serves the Unix socket from a background thread on behalf of the step loop."""
 
     def __init__(self, settings: Settings, prompter: Prompter, counters: Counters,
                  inbound: queue.SimpleQueue, info: Callable[[], Info], desk: HelperDesk | None = None):
+        super().__init__("engine-socket")
         self.settings = settings
         self.desk = desk if desk is not None else HelperDesk({}, inbound, settings.HELPER_MAX_INPUTS,
                                                              settings.REQUEST_TIMEOUT)
@@ -75,24 +74,7 @@ class EngineServer:
         self.direct_limit: int | None = None  # connections a step's events are written to directly (None: all)
         self.accepting = True
         self._live: set[str] = set()  # request ids with an open generation; touched on the event loop only
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: anyio.Event | None = None
         self._lanes: TokenizerLanes | None = None  # made on the event loop
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="engine-socket", daemon=True)
-
-    # -- lifecycle (called from the main thread) --------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-        self._ready.wait()
-        if self._failure is not None:
-            raise self._failure
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=5)
 
     def post(self, events: list) -> None:
         """Step thread: deliver one step's events, one write per generation; what cannot be written now
@@ -109,20 +91,8 @@ class EngineServer:
         if queued:
             self._loop.call_soon_threadsafe(_dispatch, queued)
 
-    def _run(self) -> None:
-        try:
-            anyio.run(self._main)
-        except BaseException as exc:  # surfaced to start() or logged: the thread must not die silently
-            if not self._ready.is_set():
-                self._failure = exc
-                self._ready.set()
-            else:
-                log.exception("socket server failed")
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        ignore_settled_wakeups(self._loop)
-        self._stop = anyio.Event()
+    async def serve(self) -> None:
+        """The event loop's work (engine/rank0/loop_thread.py: start and stop come from the step thread)."""
         self._lanes = TokenizerLanes()
         async with anyio.create_task_group() as tg:
             await tg.start(lambda task_status: serve_unix(
@@ -174,19 +144,12 @@ class EngineServer:
             await _send(conn, errors.shutting_down(rid, "the engine is shutting down; retry shortly"))
             return
         try:
-            frames = await self.desk.answer(conn, msg, self._lanes, self._watch_peer)
+            frames = await self.desk.answer(conn, msg, self._lanes, watch_peer)
         except Exception:  # a bug, not the client's fault: answer it, keep serving everyone else
             log.exception("%s %s failed", type(msg).__name__.lower(), rid)
             frames = [errors.generation_failed(rid, "the engine failed this request (see the engine log); other "
                                                     "requests are unaffected")]
-        try:
-            for frame in frames:
-                await conn.send(frame)
-        except FrameTooLarge:
-            await _send(conn, invalid_request(f"the answer is larger than the engine's socket allows (MAX_FRAME_BYTES="
-                                              f"{conn.max_frame}); send fewer or shorter documents", request_id=rid))
-        except ConnectionClosed:
-            pass
+        await send_answer(conn, frames, rid)
 
     async def _tokenizer_work(self, conn: FramedStream, work: Callable[[Any], Msg], msg: Msg, param: str) -> None:
         """Answer a Tokenize or Detokenize from a worker thread; the plan and the other ranks never see it.
@@ -196,7 +159,7 @@ class EngineServer:
         reply: Msg | None = None
         complaint: list[Msg] = []
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_peer, conn, "", tg.cancel_scope, complaint)
+            tg.start_soon(watch_peer, conn, "", tg.cancel_scope, complaint)
             try:
                 reply = await self._lanes.run(work, msg, size)
             except Refused as exc:
@@ -276,7 +239,7 @@ class EngineServer:
         try:
             async with anyio.create_task_group() as tg:
                 outbox.scope = tg.cancel_scope
-                tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
+                tg.start_soon(watch_peer, conn, rid, tg.cancel_scope, complaint)
                 finished = await self._relay(conn, receive, outbox, rid, complaint)
                 tg.cancel_scope.cancel()
         except ConnectionClosed:
@@ -304,7 +267,7 @@ class EngineServer:
         complaint: list[Msg] = []
         async with anyio.create_task_group() as tg:
             # A client that leaves while its prompt waits for a tokenizer slot takes it out of the queue.
-            tg.start_soon(self._watch_peer, conn, rid, tg.cancel_scope, complaint)
+            tg.start_soon(watch_peer, conn, rid, tg.cancel_scope, complaint)
             try:
                 tokens = await self._lanes.run(self.prompter.tokens, gen, conn.last_frame_bytes)
             except Refused as exc:
@@ -347,19 +310,6 @@ class EngineServer:
                 outbox.resume()
         return False
 
-    async def _watch_peer(self, conn: FramedStream, rid: str, scope: anyio.CancelScope,
-                          complaint: list[Msg]) -> None:
-        """The peer closing its connection (even half: shutdown for writing) ends the request. It sends nothing
-        else: a frame (or broken framing) ends the request too, and complaint says why."""
-        try:
-            await conn.recv()
-            complaint.append(invalid_request(EXTRA_FRAME, code="bad_frame", request_id=rid))
-        except ConnectionClosed:
-            pass
-        except FrameError as exc:
-            complaint.append(invalid_request(f"{exc}; {EXTRA_FRAME}", code="bad_frame", request_id=rid))
-        scope.cancel()
-
 
 def _dispatch(events: list) -> None:
     for outbox, msg in events:
@@ -378,9 +328,3 @@ async def _complain(conn: FramedStream, outbox: Outbox, message: Msg) -> None:
         except ConnectionClosed:
             pass
 
-
-async def _send(conn: FramedStream, msg) -> None:
-    try:
-        await conn.send(msg)
-    except ConnectionClosed:
-        pass

@@ -23,6 +23,7 @@ import msgspec
 from config import Settings
 from engine.mlx_compat import hf_tokenizer
 from engine.model import ModelError, load_errors_explained, refuse_broken_folder, remote_code, resolve
+from engine.vision.ids import FIRST
 
 # A first call may carry a whole agent prompt: fed in chunks, as mlx-lm prefills, so the draft's activations
 # stay bounded.
@@ -149,6 +150,8 @@ class DraftProposer:
             del seq.fed[keep:]
 
     def _feed(self, seq: _Sequence, tokens: list[int]) -> mx.array:
-        logits = self.model(mx.array(tokens, dtype=mx.uint32)[None], cache=seq.cache)[0]
+        # the draft model sees no picture: an image's ids (past every vocabulary) are fed as token 0
+        logits = self.model(mx.array([0 if t >= FIRST else t for t in tokens], dtype=mx.uint32)[None],
+                            cache=seq.cache)[0]
         seq.fed.extend(tokens)
         return logits

@@ -6,6 +6,7 @@ reuses the turn before's KV, while another image of the same size gets other ids
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 # Above every vocabulary (the largest are about 262,000 ids) and below 2**31 (token arrays are int32).
@@ -19,6 +20,29 @@ def is_image(token: int) -> bool:
 
 def has_images(tokens: list[int]) -> bool:
     return any(t >= FIRST for t in tokens)
+
+
+def needed(images: list, tokens: list[int], start: int) -> list:
+    """The images (each with .first and .rows, as the plan carries them) that a token of tokens[start:] belongs
+    to: those wholly before `start` are in a prefix cache entry's KV already, so no rank embeds them again."""
+    later = sorted({t for t in tokens[start:] if t >= FIRST})
+    return [image for image in images if _any_in(later, image.first, image.first + image.rows)]
+
+
+def carried(images: list, tokens: list[int]) -> bool:
+    """Whether every image id among tokens has its features among images."""
+    spans = sorted((image.first, image.first + image.rows) for image in images)
+    starts = [low for low, _ in spans]
+    for t in {t for t in tokens if t >= FIRST}:
+        at = bisect_right(starts, t) - 1
+        if at < 0 or t >= spans[at][1]:
+            return False
+    return True
+
+
+def _any_in(ordered: list[int], low: int, high: int) -> bool:
+    at = bisect_left(ordered, low)
+    return at < len(ordered) and ordered[at] < high
 
 
 class ImageIds:

@@ -14,7 +14,7 @@ from engine.zoo.names import (FORMAT_MODELS, MTP_MODELS, QUANTIZED_SUFFIX, SERVE
 
 # Part of the directory name: bump it whenever anything in this package or engine/modelgen changes
 # the generated files, so an old cached copy is never mistaken for the current one.
-VERSION = 1
+VERSION = 2
 MARKER_FILE = "zoo-model.json"
 PREFIX = "zoo-"
 # demo-tiny's tokenizer exactly, so token ids compare between the demo model and every zoo model.

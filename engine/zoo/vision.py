@@ -1,8 +1,8 @@
 """Zoo vision-language models: tiny random-weight checkpoints built from mlx-vlm's own classes, written as a
 Hugging Face-style folder that mlx-vlm loads whole (tower, projector, processor) and mlx-lm loads the text part of.
 
-gemma3-vision (engine/zoo/vision_gemma3.py): a fixed number of image tokens per image, no M-RoPE; mlx-lm's gemma3
-cannot be split over ranks. mistral3-vision (engine/zoo/vision_mistral3.py): a Pixtral tower whose token count
+gemma3-vision (engine/zoo/vision_gemma3.py): a fixed number of image tokens per image, no M-RoPE; its text model
+shards with engine/shard_gemma3.py. mistral3-vision (engine/zoo/vision_mistral3.py): a Pixtral tower whose token count
 follows the picture's size (rows of [IMG] ending in [IMG_BREAK], then [IMG_END]) and a Llama-style text model that
 mlx-lm shards. qwen2_5_vl-vision (engine/zoo/vision_qwen2_5_vl.py): a windowed ViT and a Qwen2 text model whose
 image tokens take M-RoPE positions; qwen3_vl-vision (engine/zoo/vision_qwen3_vl.py) adds DeepStack;

@@ -5,16 +5,15 @@ last token after <|endoftext|>, L2-normalized), while a chat generation runs bes
 
 from __future__ import annotations
 
-import json
 import threading
-from pathlib import Path
 
 import httpx
-import mlx.core as mx
 import numpy as np
 import pytest
 
+from tests import qwen3_embedding
 from tests.harness import serving
+from tests.qwen3_embedding import cosines
 
 EMBEDDER = "zoo-qwen3-embedding"
 TEXTS = ["hello world", "The cat sat on the mat, and then it slept for a long time.", "x",
@@ -30,32 +29,8 @@ def stack():
 @pytest.fixture(scope="module")
 def reference(stack):
     """texts -> [n, 64] embeddings computed in this process from the model folder the engine loaded."""
-    from mlx_lm.models import qwen3
-    from transformers import AutoTokenizer
-
     s, _ = stack
-    folder = next(h["path"] for h in httpx.get(s.base_url + "/health").json()["helpers"])
-    config = json.loads(Path(folder, "config.json").read_text())
-    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
-    model.load_weights([(f"model.{k}", v) for k, v in mx.load(f"{folder}/model.safetensors").items()])
-    tok = AutoTokenizer.from_pretrained(folder)
-    eos = tok.convert_tokens_to_ids("<|endoftext|>")
-
-    def embed(texts: list[str]) -> tuple[np.ndarray, int]:
-        rows, count = [], 0
-        for text in texts:
-            ids = tok.encode(text) + [eos]
-            count += len(ids)
-            last = model.model(mx.array([ids]))[0, -1].astype(mx.float32)
-            rows.append(np.array(last / mx.linalg.norm(last)))
-        return np.stack(rows), count
-
-    return embed
-
-
-def cosines(a, b) -> np.ndarray:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return qwen3_embedding.reference(next(h["path"] for h in httpx.get(s.base_url + "/health").json()["helpers"]))
 
 
 def test_the_sdks_get_the_reference_embeddings_while_a_chat_runs(stack, reference):

@@ -113,7 +113,7 @@ def test_engine_killed_ends_open_streams_within_2s_then_503_until_it_returns(own
 
 # ---- hostile frames on the engine socket (the shared engine of this session)
 
-MAX_FRAME = 8 * 1024 * 1024  # the default MAX_FRAME_BYTES the session's engine runs with
+MAX_FRAME = 32 * 1024 * 1024  # the default MAX_FRAME_BYTES the session's engine runs with
 HELLO = encode_frame(Hello(version=PROTOCOL_VERSION, client="hostile"))
 NESTED = deeply_nested_generate(200_000)
 

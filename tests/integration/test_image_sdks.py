@@ -8,7 +8,7 @@ import ollama
 import openai
 import pytest
 
-from tests.images import PNG, b64, data_url
+from tests.images import PNG, b64, data_url, screenshot_png
 
 REFUSAL = "does not take images; serve a vision-language model (docs/vision.md) or send text only"
 
@@ -49,6 +49,19 @@ def test_anthropic_image_block(claude):
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}},
             {"type": "text", "text": "what is this?"}]}])
     assert info.value.status_code == 400 and info.value.body["error"]["type"] == "invalid_request_error"
+    assert REFUSAL in info.value.body["error"]["message"]
+
+
+def test_a_4k_screenshot_in_an_agent_turn_passes_the_default_size_limits(claude):
+    """A 4K PNG screenshot (about 7 MB, 9.3 MB as base64) after a long conversation, as an agent sends it: the
+    default MAX_REQUEST_BYTES, MAX_IMAGE_BYTES and MAX_FRAME_BYTES let it reach the engine (here the demo model's
+    refusal), where a 413 or a 400 on its size would have stopped it."""
+    shot = screenshot_png()
+    history = [{"role": "user", "content": "read the file " * 2000}, {"role": "assistant", "content": "done " * 2000}]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.messages.create(model="default", max_tokens=4, messages=history + [{"role": "user", "content": [
+            {"type": "text", "text": "what does the screen show?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(shot)}}]}])
     assert REFUSAL in info.value.body["error"]["message"]
 
 

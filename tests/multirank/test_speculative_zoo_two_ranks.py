@@ -13,11 +13,13 @@ pytestmark = pytest.mark.multirank
 
 
 @pytest.mark.parametrize("name, settings", [
-    ("llama-4bit", {}),  # plain KV, quantized, tensor parallel
-    ("qwen3-moe", {}),  # MoE, tensor parallel
+    # plain KV and MoE verify as the linear-attention and MLA cases do: CI_SLOW=1 runs them
+    pytest.param("llama-4bit", {}, marks=pytest.mark.slow),  # plain KV, quantized, tensor parallel
+    pytest.param("qwen3-moe", {}, marks=pytest.mark.slow),  # MoE, tensor parallel
     ("deepseek-v3-4bit", {"PARALLEL": "pipeline"}),  # MLA, each rank verifying with its own layers
     ("qwen3.5-4bit", {}),  # linear attention, tensor parallel: each rank records its own shard of the heads
-    ("gpt-oss", {}),  # sliding window: plain decoding
+    # sliding window: plain decoding, as on one rank (tests/integration/test_speculative_zoo.py)
+    pytest.param("gpt-oss", {}, marks=pytest.mark.slow),
 ])
 def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, settings: dict) -> None:
     plain = zoo_answers(name, 2, "off", **settings)
@@ -31,13 +33,13 @@ def test_ngram_on_two_ranks_answers_as_plain_decoding_on_them(name: str, setting
 
 @pytest.mark.parametrize("name, parallel", [
     # tensor parallel: the heads are sharded as the main layers, their all_sums meet at the end of every step
-    ("deepseek-v3-mtp-trained", "tensor"),
+    pytest.param("deepseek-v3-mtp-trained", "tensor", marks=pytest.mark.slow),  # as Qwen3.5's below, CI_SLOW=1
     # Qwen3.5's heads sharded by mlx-lm's qwen3_5 shard(), its Gated DeltaNet layers too
     ("qwen3.5-mtp-trained", "tensor"),
     # pipeline: the heads sit whole on the last stage (rank 0), beside the final hidden state; rank 1 holds none,
     # and the drafts they chain there travel in the plan. The trained head keeps drafts; GLM's random one proposes
     ("deepseek-v3-mtp-trained", "pipeline"),
-    ("glm4-moe-mtp", "pipeline"),
+    pytest.param("glm4-moe-mtp", "pipeline", marks=pytest.mark.slow),  # as DeepSeek's above, CI_SLOW=1
 ])
 def test_mtp_heads_on_two_ranks_answer_as_plain_decoding(name: str, parallel: str) -> None:
     plain = zoo_answers(name, 2, "off", PARALLEL=parallel)

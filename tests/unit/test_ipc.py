@@ -29,6 +29,9 @@ from ipc import (
     Detokenized,
     Embed,
     Embedded,
+    HelperHello,
+    HelperState,
+    HelperWelcome,
     EngineUnavailable,
     Error,
     Finish,
@@ -108,6 +111,8 @@ SAMPLES: list[Msg] = [
     Embedded(request_id="emb-1", embeddings=[b"\x00\x00\x80?" * 2], prompt_tokens=5, dimensions=2, more=True),
     Rerank(request_id="rr-1", query="q", documents=["a", ""]),
     Reranked(request_id="rr-1", scores=[0.25, 1.0], prompt_tokens=9),
+    HelperHello(version=PROTOCOL_VERSION, token=(1 << 62) - 1),
+    HelperWelcome(version=PROTOCOL_VERSION, helpers=[HelperState(kind="embedding", name="e", rank=1, weight_bytes=7)]),
     Error(status=429, message="queue full", code="overloaded", request_id="chatcmpl-1"),
 ]
 

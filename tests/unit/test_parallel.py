@@ -16,7 +16,7 @@ from engine.rank0.kv_budget import token_bytes
 BOTH = Abilities("deepseek_v3", tensor=True, pipeline=True, uneven=True)
 SHARD_ONLY = Abilities("gpt_oss", tensor=True, pipeline=False)
 PIPELINE_ONLY = Abilities("qwen3_next", tensor=False, pipeline=True, uneven=True)
-NEITHER = Abilities("gemma3_text", tensor=False, pipeline=False)
+NEITHER = Abilities("gemma3n", tensor=False, pipeline=False)
 # what shard() divides unevenly, as engine/split_probe.py words it (SmolLM2's shape on 2 ranks)
 NINE_HEADS = ("tensor parallel needs 9 attention heads (self_attn.n_heads) and 3 KV heads (self_attn.n_kv_heads) "
               "divisible by 2 ranks")
@@ -51,7 +51,7 @@ def test_a_model_that_can_do_neither_is_refused_with_the_architecture_why_and_wh
             choose(requested, 2, NEITHER)
         text = str(refused.value)
         assert text.count(". ") == 0 and "\n" not in text  # one sentence
-        assert "gemma3_text cannot run on 2 ranks" in text
+        assert "gemma3n cannot run on 2 ranks" in text
         assert "no shard()" in text and "no pipeline()" in text
         assert "serve it on one host (HOSTS with a single entry)" in text
 
