@@ -67,11 +67,11 @@ class _Deltas:
     def image(self, token: int) -> tuple[int, int, int]:
         """(index of the token in its image, the image's rows, columns) of an image token."""
         firsts = sorted(self.table.grids)
-        first = firsts[int(np.searchsorted(firsts, token, side="right")) - 1] if firsts else None
-        if first is None or token - first >= self.table.rows[first].shape[0]:
+        at = int(np.searchsorted(firsts, token, side="right")) - 1
+        rows, columns = self.table.grids[firsts[at]] if at >= 0 else (0, 0)
+        if at < 0 or token - firsts[at] >= rows * columns:
             raise KeyError(f"image token {token} has no grid on this rank")
-        rows, columns = self.table.grids[first]
-        return token - first, rows, columns
+        return token - firsts[at], rows, columns
 
     def after(self, token: int) -> int:
         """What the image ending at this token (else 0) adds to the delta."""

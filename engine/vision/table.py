@@ -29,17 +29,18 @@ class FeatureTable:
 
     def add(self, rid: str, images: list[ImageRows]) -> None:
         for image in images:
-            if image.first not in self.rows:
+            if image.grid:
+                self.grids[image.first] = (image.grid[0], image.grid[1])
+            if image.data and image.first not in self.rows:  # without data: its grid alone (engine/vision/ids.py)
                 self.rows[image.first] = decode(image)
                 self._stacked = None
-                if image.grid:
-                    self.grids[image.first] = (image.grid[0], image.grid[1])
             self.owners.setdefault(image.first, set()).add(rid)
 
     def keep_only(self, rids: set[str]) -> None:
         """Let go of the features no running request carries."""
         for first in [f for f, owners in self.owners.items() if not owners & rids]:
-            del self.owners[first], self.rows[first]
+            del self.owners[first]
+            self.rows.pop(first, None)
             self.grids.pop(first, None)
             self._stacked = None
         for owners in self.owners.values():
