@@ -24,8 +24,11 @@ GEMMA3 = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 2
           "patch_size": 14, "image_size": 896}
 PIXTRAL = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
            "head_dim": 64, "patch_size": 14, "image_size": 1540}
+QWEN3_VL = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "patch_size": 16,
+            "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [8, 16, 24]}
 REAL = (("Gemma 3 4B", "gemma3", 2560, GEMMA3), ("Gemma 3 27B", "gemma3", 5376, GEMMA3),
-        ("Mistral Small 3.1 24B", "mistral3", 5120, PIXTRAL))
+        ("Mistral Small 3.1 24B", "mistral3", 5120, PIXTRAL), ("Qwen3-VL 8B", "qwen3_vl", 4096, QWEN3_VL))
 BF16 = 2
 
 
@@ -101,6 +104,13 @@ def real_row(label: str, family: str, text_hidden: int, vision: dict) -> dict:
                   "vision_config": {"model_type": "siglip_vision_model", **vision}}
         from mlx_vlm.models.gemma3.gemma3 import Gemma3MultiModalProjector as Projector
         tokens = 256
+    elif family == "qwen3_vl":  # the merger is the tower's last part; DeepStack rows go with the input rows
+        vision_tower = module.VisionModel(module.VisionConfig.from_dict({"out_hidden_size": text_hidden, **vision}))
+        count = sum(v.size for _, v in tree_flatten(vision_tower.parameters()))
+        tokens = (1024 // (vision["patch_size"] * 2)) ** 2
+        columns = text_hidden * (1 + len(vision["deepstack_visual_indexes"]))
+        return {"model": label, "tower_bytes": count * BF16, "image_tokens": tokens,
+                "plan_bytes": tokens * columns * BF16, "tower_ms": None, "added_ms": None}
     else:
         config = {"model_type": "mistral3", "spatial_merge_size": 2,
                   "text_config": {"model_type": "mistral", "hidden_size": text_hidden, "num_hidden_layers": 1,

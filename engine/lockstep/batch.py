@@ -20,6 +20,7 @@ from engine.lockstep.results import StepResults
 from engine.speculative.rollback import can_verify
 from engine.speculative.verify import verify
 from engine.vision.ids import carried
+from engine.vision.mrope import attach as attach_positions
 from engine.vision.table import FeatureTable
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class LockstepBatch:
             prefill_step_size=self.prefill_budget,
         )
         mlx_compat.tap_prefill(gen, self.prompt_logprobs.on_logits)
+        attach_positions(gen, self.images)  # a family whose images change positions (M-RoPE)
         return gen
 
     def reset(self, reason: str) -> None:

@@ -34,6 +34,8 @@ class ImageRows(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     rows: int
     dtype: str  # numpy's name: float32, float16, bfloat16 travels as its uint16 bits
     data: bytes
+    # (rows, columns) of image tokens, for a family whose image tokens take 2-D positions (engine/vision/mrope.py)
+    grid: list[int] = []
 
 
 class Insert(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
+import msgspec
+
 # Above every vocabulary (the largest are about 262,000 ids) and below 2**31 (token arrays are int32).
 FIRST = 1 << 24
 LIMIT = 1 << 31
@@ -24,14 +26,22 @@ def has_images(tokens: list[int]) -> bool:
 
 def needed(images: list, tokens: list[int], start: int) -> list:
     """The images (each with .first and .rows, as the plan carries them) that a token of tokens[start:] belongs
-    to: those wholly before `start` are in a prefix cache entry's KV already, so no rank embeds them again."""
+    to: those wholly before `start` are in a prefix cache entry's KV already, so no rank embeds them again. One of
+    those with a grid still goes, without its features: the positions after it follow from its grid
+    (engine/vision/mrope.py)."""
     later = sorted({t for t in tokens[start:] if t >= FIRST})
-    return [image for image in images if _any_in(later, image.first, image.first + image.rows)]
+    out = []
+    for image in images:
+        if _any_in(later, image.first, image.first + image.rows):
+            out.append(image)
+        elif getattr(image, "grid", None):
+            out.append(msgspec.structs.replace(image, data=b""))
+    return out
 
 
 def carried(images: list, tokens: list[int]) -> bool:
     """Whether every image id among tokens has its features among images."""
-    spans = sorted((image.first, image.first + image.rows) for image in images)
+    spans = sorted((image.first, image.first + image.rows) for image in images if image.data)
     starts = [low for low, _ in spans]
     for t in {t for t in tokens if t >= FIRST}:
         at = bisect_right(starts, t) - 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,22 @@ log = logging.getLogger(__name__)
 
 def image_hook(model: Any, config: dict) -> FeatureTable | None:
     """Every rank: a vision-language model's embedding reads image features from the table returned."""
-    if family(config) is None:
+    name = family(config)
+    if name is None:
         return None
     table = FeatureTable()
-    return table if install(model, table) else None
+    if not install(model, table):
+        return None
+    module = importlib.import_module(f"engine.vision.families.{name}")
+    if hasattr(module, "rotary"):  # its image tokens take 3-D positions (M-RoPE)
+        from engine.vision.mrope import install as install_mrope
+
+        install_mrope(model, lambda attn: module.rotary(config), table)
+    if getattr(module, "deepstack_levels", None) and module.deepstack_levels(config):
+        from engine.vision.deepstack import install as install_deepstack
+
+        install_deepstack(model, table, module.deepstack_levels(config))
+    return table
 
 
 def vision_prompts(settings: Any, loaded: Any):

@@ -64,7 +64,9 @@ class VisionPrompts:
             with self._lock:
                 ids = self.ids.ids(part["sha256"], image.count)
                 if image.rows is None or image.rows.first != ids[0]:
-                    image.rows = self.run(lambda: encode(self.tower.features(image.image), ids[0]))
+                    grid = getattr(self.tower, "grid", None)  # a family whose image tokens take 2-D positions
+                    image.rows = self.run(lambda: encode(self.tower.features(image.image), ids[0],
+                                                         grid(image.image) if grid else None))
                 self.rows[ids[0]] = image.rows
                 self.rows.move_to_end(ids[0])
                 while len(self.rows) > self.remembered:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 
 # wrapper modules of mlx_lm.models whose Model keeps the text model in .language_model
-WRAPPERS = ("mistral3", "qwen3_vl", "gemma3")
+WRAPPERS = ("mistral3", "qwen3_vl", "gemma3", "qwen2_vl")
 
 
 def _shard(self, group=None):

@@ -20,11 +20,18 @@ class FeatureTable:
     def __init__(self):
         self.rows: dict[int, mx.array] = {}
         self.owners: dict[int, set[str]] = {}
+        self.grids: dict[int, tuple[int, int]] = {}  # first id -> (rows, columns) of its image tokens
+        self.positions = None  # engine/vision/mrope.py Positions, for a family whose images change positions
+        # a family whose features go into its first layers too (engine/vision/deepstack.py): where the forward pass
+        # running now holds image tokens (flat indices) and their rows for those layers [tokens, layers, hidden]
+        self.deep: tuple[mx.array, mx.array] | None = None
         self._stacked: tuple[np.ndarray, np.ndarray, mx.array] | None = None  # firsts, starts, every row
 
     def add(self, rid: str, images: list[ImageRows]) -> None:
         for image in images:
-            if image.first not in self.rows:
+            if image.grid:
+                self.grids[image.first] = (image.grid[0], image.grid[1])
+            if image.data and image.first not in self.rows:  # without data: its grid alone (engine/vision/ids.py)
                 self.rows[image.first] = decode(image)
                 self._stacked = None
             self.owners.setdefault(image.first, set()).add(rid)
@@ -32,7 +39,9 @@ class FeatureTable:
     def keep_only(self, rids: set[str]) -> None:
         """Let go of the features no running request carries."""
         for first in [f for f, owners in self.owners.items() if not owners & rids]:
-            del self.owners[first], self.rows[first]
+            del self.owners[first]
+            self.rows.pop(first, None)
+            self.grids.pop(first, None)
             self._stacked = None
         for owners in self.owners.values():
             owners &= rids
@@ -54,14 +63,14 @@ class FeatureTable:
         return rows[mx.array((starts[at] + offset).astype(np.uint32))]
 
 
-def encode(features: mx.array, first: int) -> ImageRows:
-    """One image's features [rows, hidden] for the plan."""
+def encode(features: mx.array, first: int, grid: tuple[int, int] | None = None) -> ImageRows:
+    """One image's features [rows, hidden] for the plan (grid: its tokens' rows and columns, where they matter)."""
     if features.dtype == mx.bfloat16:
         data, dtype = np.array(features.view(mx.uint16)).tobytes(), "bfloat16"
     else:
         data = np.array(features).tobytes()
         dtype = str(np.array(features[:0]).dtype)
-    return ImageRows(first=first, rows=features.shape[0], dtype=dtype, data=data)
+    return ImageRows(first=first, rows=features.shape[0], dtype=dtype, data=data, grid=list(grid or ()))
 
 
 def decode(image: ImageRows) -> mx.array:
@@ -102,6 +111,7 @@ def find_embedding(model):
 def _embed_with_images(self, x: mx.array) -> mx.array:
     table: FeatureTable = object.__getattribute__(self, "_image_table")
     base_call = type(self).__mro__[1].__call__
+    table.deep = None
     if not table.rows:
         return base_call(self, x)
     mask = x >= FIRST
@@ -113,5 +123,8 @@ def _embed_with_images(self, x: mx.array) -> mx.array:
     # the image rows in order of their positions, scattered back into the token grid
     flat = h.reshape(-1, h.shape[-1])
     where = mx.array(np.flatnonzero(ids.reshape(-1) >= FIRST).astype(np.uint32))
+    if rows.shape[-1] > h.shape[-1]:  # the input rows, then one row per DeepStack layer
+        table.deep = (where, rows[:, h.shape[-1]:].reshape(rows.shape[0], -1, h.shape[-1]))
+        rows = rows[:, :h.shape[-1]]
     flat[where] = rows
     return flat.reshape(h.shape)

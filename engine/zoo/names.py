@@ -33,6 +33,6 @@ MTP_MODELS = {"deepseek-v3-mtp": "deepseek-v3", "glm4-moe-mtp": "glm4-moe", "dee
               "qwen3.5-moe-mtp": "qwen3.5-moe",  # qwen3.5-moe: a family served with heads only (configs.py)
               "deepseek-v3-wide-mtp-trained": "deepseek-v3"}
 # Vision-language models built from mlx-vlm's classes (engine/zoo/vision.py). Generated on request only.
-VISION_MODELS = ("gemma3-vision", "mistral3-vision")
+VISION_MODELS = ("gemma3-vision", "mistral3-vision", "qwen2_5_vl-vision", "qwen3_vl-vision", "qwen3_5-vision")
 # Every name MODEL=zoo-... accepts (a wide mtp one is both wide and mtp).
 SERVED_MODELS = tuple(dict.fromkeys(ZOO_MODELS + tuple(WIDE_MODELS) + tuple(MTP_MODELS) + VISION_MODELS))

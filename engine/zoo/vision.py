@@ -4,7 +4,9 @@ Hugging Face-style folder that mlx-vlm loads whole (tower, projector, processor)
 gemma3-vision (engine/zoo/vision_gemma3.py): a fixed number of image tokens per image, no M-RoPE; its text model
 shards with engine/shard_gemma3.py. mistral3-vision (engine/zoo/vision_mistral3.py): a Pixtral tower whose token count
 follows the picture's size (rows of [IMG] ending in [IMG_BREAK], then [IMG_END]) and a Llama-style text model that
-mlx-lm shards.
+mlx-lm shards. qwen2_5_vl-vision (engine/zoo/vision_qwen2_5_vl.py): a windowed ViT and a Qwen2 text model whose
+image tokens take M-RoPE positions; qwen3_vl-vision (engine/zoo/vision_qwen3_vl.py) adds DeepStack;
+qwen3_5-vision (engine/zoo/vision_qwen3_5.py) has linear attention layers and M-RoPE on part of each head.
 """
 
 from __future__ import annotations

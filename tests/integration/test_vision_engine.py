@@ -1,6 +1,8 @@
 """Vision-language models served by the engine (one rank), a family that places a fixed number of image tokens
-(Gemma 3) and one whose count follows the picture's size (Mistral 3): text alone works, an image request answers
-with mlx-vlm's own greedy tokens for the same image, and the prefix cache tells images apart by content.
+(Gemma 3), one whose count follows the picture's size (Mistral 3) and three whose image tokens take M-RoPE
+positions (Qwen2.5-VL; Qwen3-VL with DeepStack; Qwen3.5 with linear attention): text alone works, an image request answers with mlx-vlm's own greedy tokens
+for the same image, also in its next turn after a prefix cache hit and batched with others, and the prefix cache
+tells images apart by content.
 
 Frames carry the canonical image part the gateway sends (ipc Generate.messages), built here directly.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,7 +19,7 @@ from ipc import Delta, Error, Finish, Generate, SamplingParams, Tokenize
 from tests import wire
 from tests.harness import MODEL_CACHE, Stack
 
-MODELS = ("gemma3-vision", "mistral3-vision")
+MODELS = ("gemma3-vision", "mistral3-vision", "qwen2_5_vl-vision", "qwen3_vl-vision", "qwen3_5-vision")
 MAX_TOKENS = 12
 QUESTION = "Describe the picture."
 
@@ -57,9 +60,9 @@ def ask(stack: Stack, messages: list[dict], rid: str) -> tuple[list[bytes], Fini
     return [bytes(lp.bytes) for f in frames if isinstance(f, (Delta, Finish)) for lp in f.logprobs], finish
 
 
-def reference(model_name: str, data: bytes, tmp_path) -> tuple[list[bytes], int]:
-    """mlx-vlm's own greedy tokens (each one's bytes) for the same chat and image, in this process, and its prompt
-    length."""
+def reference(model_name: str, data: bytes, tmp_path, messages: list[dict] | None = None) -> tuple[list[bytes], int]:
+    """mlx-vlm's own greedy tokens (each one's bytes) for the same chat (by default QUESTION and the image; else
+    `messages`, whose image parts are this image) in this process, and its prompt length."""
     from mlx_lm.utils import load_tokenizer
     from mlx_vlm import generate, load
 
@@ -69,9 +72,11 @@ def reference(model_name: str, data: bytes, tmp_path) -> tuple[list[bytes], int]
     folder = ensure_zoo_model(model_name, MODEL_CACHE)
     model, processor = load(str(folder))
     tokenizer = processor.tokenizer
-    text = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": QUESTION},
-                                                                       {"type": "image"}]}],
-                                         tokenize=False, add_generation_prompt=True)
+    if messages is None:
+        messages = [{"role": "user", "content": [{"type": "text", "text": QUESTION}, {"type": "image"}]}]
+    messages = [{**m, "content": [{"type": "image"} if p.get("type") == "image" else p for p in m["content"]]}
+                if isinstance(m["content"], list) else m for m in messages]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     path = tmp_path / "image.png"
     path.write_bytes(data)
     result = generate(model, processor, text, image=[str(path)], max_tokens=MAX_TOKENS, temperature=0.0,
@@ -101,18 +106,33 @@ def test_an_image_answers_as_mlx_vlm_does_and_counts_its_tokens(stack, tmp_path)
     assert other != text  # the answer depends on the picture
 
 
-def test_the_prefix_cache_reuses_the_same_image_and_not_another_of_its_size(stack):
+def test_the_prefix_cache_reuses_the_same_image_and_not_another_of_its_size(stack, tmp_path):
     first, second = png(3), png(4)
     turn = [{"role": "user", "content": [image_part(first), {"type": "text", "text": QUESTION}]}]
     _, before = ask(stack, turn, "turn-1")
     reply = {"role": "assistant", "content": "It is a picture."}
-    _, again = ask(stack, turn + [reply, {"role": "user", "content": "And the colours?"}], "turn-2")
+    follow = turn + [reply, {"role": "user", "content": "And the colours?"}]
+    text, again = ask(stack, follow, "turn-2")
     # everything up to the first turn's end was computed once: the image's tokens included
     assert again.cached_tokens >= before.prompt_tokens - 2
+    # and the tokens after it sit where mlx-vlm puts them (for M-RoPE: past the image's positions)
+    assert text == reference(stack.model, first, tmp_path, follow)[0]
     swapped = [{"role": "user", "content": [image_part(second), {"type": "text", "text": QUESTION}]}]
     _, other = ask(stack, swapped + [reply, {"role": "user", "content": "And the colours?"}], "turn-3")
     # the same size, another picture: only the tokens before it are reused
     assert other.cached_tokens < 8
+
+
+def test_images_and_text_batched_together_answer_as_each_does_alone(stack):
+    """Sequences with images of two sizes and one without share the batch (for M-RoPE: each keeps its own
+    positions), and each answers as it does alone."""
+    chats = [[{"role": "user", "content": [{"type": "text", "text": QUESTION}, image_part(png(7))]}],
+             [{"role": "user", "content": [image_part(png(8, 64, 32)), {"type": "text", "text": QUESTION}]}],
+             [{"role": "user", "content": "And the colours?"}]]
+    alone = [ask(stack, chat, f"alone-{i}")[0] for i, chat in enumerate(chats)]
+    with ThreadPoolExecutor(len(chats)) as pool:
+        together = list(pool.map(lambda i: ask(stack, chats[i], f"together-{i}")[0], range(len(chats))))
+    assert together == alone
 
 
 def test_an_unreadable_image_is_a_400_naming_it_and_the_engine_serves_on(stack):

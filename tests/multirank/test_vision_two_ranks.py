@@ -2,7 +2,10 @@
 ranks' prefill reads them, so an image request answers with mlx-vlm's own greedy tokens (as one rank does) and a
 second turn with the same image reuses the first's KV on every rank. Each family and parallel mode once: Mistral 3
 in tensor parallel, in pipeline parallel with prompt lookup drafting (its drafts copy the prompt's image tokens),
-and Gemma 3 in tensor parallel (its text model sharded by engine/shard_gemma3.py)."""
+Gemma 3 in tensor parallel (its text model sharded by engine/shard_gemma3.py), and in tensor parallel the Qwen families
+whose image tokens take M-RoPE positions: Qwen3-VL (DeepStack rows on every rank) and Qwen3.5 (linear attention).
+Qwen2.5-VL's positions take Qwen3-VL's path, so it runs on one rank only, to keep CI short. The second turn answers
+as mlx-vlm does too (for M-RoPE: its tokens sit past the image's positions on every rank)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ pytestmark = pytest.mark.multirank
 
 RUNS = [("mistral3-vision", "tensor", {}),
         ("mistral3-vision", "pipeline", {"PARALLEL": "pipeline", "SPECULATIVE": "ngram"}),
-        ("gemma3-vision", "tensor", {})]
+        ("gemma3-vision", "tensor", {}), ("qwen3_vl-vision", "tensor", {}), ("qwen3_5-vision", "tensor", {})]
 
 
 @pytest.mark.parametrize(("model", "parallel", "settings"), RUNS, ids=[f"{m}-{p}" for m, p, _ in RUNS])
@@ -32,8 +35,9 @@ def test_two_ranks_answer_an_image_as_mlx_vlm_does(tmp_path, model, parallel, se
         tokens, finish = ask(stack, turn, "two-ranks-1")
         assert tokens == expected and finish.prompt_tokens == prompt_tokens
         follow = turn + [{"role": "assistant", "content": "A picture."}, {"role": "user", "content": "More?"}]
-        _, again = ask(stack, follow, "two-ranks-2")
+        text, again = ask(stack, follow, "two-ranks-2")
         assert again.cached_tokens >= prompt_tokens - 2  # the image's features were not sent again (a KeyError)
+        assert text == reference(model, data, tmp_path, follow)[0]
         assert wire.info(stack.socket).spec_mode == settings.get("SPECULATIVE", "off")
     finally:
         engine.stop()
