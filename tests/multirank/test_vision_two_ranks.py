@@ -1,7 +1,8 @@
 """Vision-language models on two real ranks: rank 0 alone runs the tower, the features travel in the plan, and both
 ranks' prefill reads them, so an image request answers with mlx-vlm's own greedy tokens (as one rank does) and a
 second turn with the same image reuses the first's KV on every rank. Each family and parallel mode once: Mistral 3
-in tensor parallel (CI_SLOW=1), in pipeline parallel with prompt lookup drafting (its drafts copy the prompt's image tokens),
+in tensor parallel (CI_SLOW=1), in pipeline parallel with prompt lookup drafting (its drafts copy the prompt's image
+tokens),
 Gemma 3 in tensor parallel (its text model sharded by engine/shard_gemma3.py), and in tensor parallel the Qwen families
 whose image tokens take M-RoPE positions: Qwen3-VL (DeepStack rows on every rank) and Qwen3.5 (linear attention).
 Qwen2.5-VL's positions take Qwen3-VL's path, so it runs on one rank only, to keep CI short. The second turn answers
@@ -22,8 +23,10 @@ RUNS = [pytest.param("mistral3-vision", "tensor", {}, marks=pytest.mark.slow),
         ("mistral3-vision", "pipeline", {"PARALLEL": "pipeline", "SPECULATIVE": "ngram"}),
         ("gemma3-vision", "tensor", {}), ("qwen3_vl-vision", "tensor", {}), ("qwen3_5-vision", "tensor", {})]
 
+IDS = [f"{m}-{p}" for m, p, _ in (getattr(run, "values", run) for run in RUNS)]
 
-@pytest.mark.parametrize(("model", "parallel", "settings"), RUNS, ids=[f"{m}-{p}" for m, p, _ in (getattr(r, "values", r) for r in RUNS)])
+
+@pytest.mark.parametrize(("model", "parallel", "settings"), RUNS, ids=IDS)
 def test_two_ranks_answer_an_image_as_mlx_vlm_does(tmp_path, model, parallel, settings):
     stack = Stack()
     engine = stack.start_engine(ranks=2, MODEL=f"zoo-{model}", **settings)
