@@ -5,7 +5,6 @@ QuantizedKVCache, and no rank falls out of step."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 from itertools import islice
 
 import httpx
@@ -19,8 +18,7 @@ pytestmark = pytest.mark.multirank
 # group mx.quantize takes, and 8 query and 4 KV heads that split in two; SmolLM2 (Llama, head vectors of 64) runs
 # in pipeline stages, which takes minutes on two CPU ranks: only with CI_SLOW=1
 CASES = [("demo-small", "tensor", 32),
-         pytest.param("smollm2-135m", "pipeline", 64, marks=pytest.mark.skipif(
-             os.environ.get("CI_SLOW") != "1", reason="SmolLM2 on two CPU ranks takes minutes; CI_SLOW=1 runs it"))]
+         pytest.param("smollm2-135m", "pipeline", 64, marks=pytest.mark.slow)]
 PROMPTS = [[7, 99, 13, 250, 31, 8, 8, 1000, 42], [5, 6], list(range(300, 340))]
 MAX_TOKENS = 10
 
