@@ -1,8 +1,8 @@
 """`python -m bench.needle`: a fact buried in a long prompt, asked at the end, answered in words, on 1 and 2 ranks.
 
-A needle ("The secret code is 4417.") sits in filler prose at a depth of the prompt (`--design`: `late-primed`,
-the default, puts it 90 % of the way in and starts the assistant's answer with "The secret code is", which
-SmolLM2-135M needs to find it at 8k; `third` is the first design, a third of the way in, the answer unprimed).
+A needle ("The secret code is 4417.") sits in filler prose at a depth of the prompt (`--design`: `late`, the
+default, 90 % of the way in, where SmolLM2-135M finds it at 8k; `late-primed` also starts the assistant's answer with
+"The secret code is"; `third`, the first design, a third of the way in, which it misses from 4k on).
 For each rank count (`--ranks 1,2`; 2 is `mlx.launch --backend ring`, where a model whose heads do not divide
 pipelines itself) and each prompt length (`--lengths`, tokens of the chat-templated prompt), one greedy request
 through our API (`/v1/completions` on the templated token ids, the prefix cache off: every prefill is cold): whether
@@ -58,6 +58,7 @@ class Design:
 
 
 DESIGNS = {
+    "late": Design(0.9, "", "90 % of the way in, a fresh assistant turn"),
     "late-primed": Design(0.9, "The secret code is", "90 % of the way in, the answer begun with \"The secret code is\""),
     "third": Design(1 / 3, "", "a third of the way in, a fresh assistant turn"),
 }
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--lengths", default="8000", help="prompt tokens, comma-separated")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="late-primed")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="late")
     parser.add_argument("--no-reference", action="store_true", help="skip mlx-lm's stream_generate in-process")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/mlx-cluster-serve").expanduser())
