@@ -1,13 +1,16 @@
 """`python -m bench.needle`: a fact buried in a long prompt, asked at the end, answered in words, on 1 and 2 ranks.
 
-A needle sentence ("The secret code is 4417.") sits a third of the way into filler prose; the question comes last.
+A needle ("The secret code is 4417.") sits in filler prose at a depth of the prompt (`--design`: `late`, the
+default, 90 % of the way in, where SmolLM2-135M finds it at 8k; `late-primed` also starts the assistant's answer with
+"The secret code is"; `third`, the first design, a third of the way in, which it misses from 4k on).
 For each rank count (`--ranks 1,2`; 2 is `mlx.launch --backend ring`, where a model whose heads do not divide
-pipelines itself) and each prompt length (`--lengths`, tokens of the chat-templated prompt), one greedy chat
-request through our API with the prefix cache off (every prefill is cold): whether the answer contains the code,
-the time to its first token (the prefill) and the answer itself.
+pipelines itself) and each prompt length (`--lengths`, tokens of the chat-templated prompt), one greedy request
+through our API (`/v1/completions` on the templated token ids, the prefix cache off: every prefill is cold): whether
+the answer contains the code, the time to its first token (the prefill) and the answer itself. mlx-lm's own
+`stream_generate` in-process answers the same ids first, as the reference (`--no-reference` skips it).
 
-    python -m bench.needle --model smollm2-135m --cache-dir ~/.cache/mlx-cluster-serve
-    python -m bench.needle --model smollm2-135m --lengths 8000 --ranks 2
+    python -m bench.needle --model smollm2-135m --lengths 8000
+    python -m bench.needle --model smollm2-135m --lengths 1000 --ranks 2 --design third --no-reference
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -46,22 +50,39 @@ FILLER = [
 ]
 
 
-def haystack(tokenizer, length: int, depth: float = 1 / 3) -> list[dict]:
-    """Chat messages whose templated prompt is about `length` tokens, the needle at `depth` of the filler."""
-    def size(text: str) -> int:
-        return len(tokenizer.apply_chat_template([{"role": "user", "content": text + "\n\n" + QUESTION}],
-                                                 add_generation_prompt=True, tokenize=True))
+@dataclass(frozen=True)
+class Design:
+    depth: float  # where the needle sits in the filler, 0 first .. 1 last
+    prime: str  # the start of the assistant's answer, continued by the model ("" = a fresh assistant turn)
+    about: str
+
+
+DESIGNS = {
+    "late": Design(0.9, "", "90 % of the way in, a fresh assistant turn"),
+    "late-primed": Design(0.9, "The secret code is", "90 % of the way in, the answer begun with \"The secret code is\""),
+    "third": Design(1 / 3, "", "a third of the way in, a fresh assistant turn"),
+}
+
+
+def prompt_ids(tokenizer, length: int, design: Design) -> list[int]:
+    """The chat-templated prompt of about `length` tokens (the prime included), the needle at the design's depth."""
+    def ids(body: str) -> list[int]:
+        messages = [{"role": "user", "content": body + "\n\n" + QUESTION}]
+        if not design.prime:
+            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        return list(tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": design.prime}],
+                                                  continue_final_message=True, tokenize=True))
 
     sentences, i = [], 0
     per = len(tokenizer.encode(FILLER[0]))
-    while size("".join(sentences)) + per < length:  # grow by a batch, then trim sentence by sentence
-        batch = max(1, (length - size("".join(sentences))) // (per + 2))
+    while len(ids("".join(sentences))) + per < length:  # grow by a batch, then trim sentence by sentence
+        batch = max(1, (length - len(ids("".join(sentences)))) // (per + 2))
         sentences += [FILLER[(i + k) % len(FILLER)] for k in range(batch)]
         i += batch
-    while len(sentences) > 1 and size("".join(sentences) + NEEDLE) > length:
+    while len(sentences) > 1 and len(ids("".join(sentences) + NEEDLE)) > length:
         sentences.pop()
-    sentences.insert(int(len(sentences) * depth), NEEDLE)
-    return [{"role": "user", "content": "".join(sentences) + "\n\n" + QUESTION}]
+    sentences.insert(int(len(sentences) * design.depth), NEEDLE)
+    return ids("".join(sentences))
 
 
 def progress(base_url: str, length: int, stop: threading.Event, every: float) -> None:
@@ -82,15 +103,28 @@ def progress(base_url: str, length: int, stop: threading.Event, every: float) ->
               f"({per_step} a step), load average {cpu.load_average():.1f}", file=sys.stderr, flush=True)
 
 
-def ask(base_url: str, messages: list[dict], max_tokens: int) -> dict:
-    """One streamed greedy chat request: the answer, its prompt tokens and the time to the first token."""
-    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
-    out = stream(base_url + "/v1/chat/completions", body, lambda choice: (choice.get("delta") or {}).get("content"))
+def ask(base_url: str, ids: list[int], max_tokens: int) -> dict:
+    """One streamed greedy completion of the prompt's ids: the answer, its prompt tokens and the time to its first
+    token."""
+    body = {"model": "default", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0}
+    out = stream(base_url + "/v1/completions", body, lambda choice: choice.get("text"))
     if "error" in out:
         return out
-    usage = out["usage"]
-    return {"answer": out["text"], "found": CODE in out["text"], "prompt_tokens": usage.get("prompt_tokens"),
-            "ttft_s": out["ttft_s"], "total_s": out["total_s"]}
+    return {"answer": out["text"], "prompt_tokens": out["usage"].get("prompt_tokens"), "ttft_s": out["ttft_s"],
+            "total_s": out["total_s"]}
+
+
+def in_process(model_path: Path, ids: list[int], max_tokens: int) -> dict:
+    """The reference: mlx-lm's own `stream_generate` in this process, greedy, on the same ids."""
+    from mlx_lm import load, stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = load(str(model_path))
+    t0, first, text = time.perf_counter(), None, ""
+    for response in stream_generate(model, tokenizer, ids, max_tokens=max_tokens, sampler=make_sampler(0.0)):
+        first = first or time.perf_counter()
+        text += response.text
+    return {"answer": text, "prompt_tokens": len(ids), "ttft_s": first - t0, "total_s": time.perf_counter() - t0}
 
 
 def stream(url: str, body: dict, piece: Callable[[dict], str | None]) -> dict:
@@ -121,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.needle", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--ranks", default="1,2")
-    parser.add_argument("--lengths", default="1000,2000,4000,8000", help="prompt tokens, comma-separated")
+    parser.add_argument("--lengths", default="8000", help="prompt tokens, comma-separated")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="late")
+    parser.add_argument("--no-reference", action="store_true", help="skip mlx-lm's stream_generate in-process")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/mlx-cluster-serve").expanduser())
     parser.add_argument("--out", type=Path, default=servers.REPO / "bench" / "results")
@@ -132,14 +168,28 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path, model_name = resolve_model(args.model, args.cache_dir)
     tokenizer = load_tokenizer(model_path)
+    design = DESIGNS[args.design]
     lengths = [int(n) for n in args.lengths.split(",") if n]
-    prompts = {n: haystack(tokenizer, n) for n in lengths}
-    work, rows = servers.Workdir(), []
+    prompts = {n: prompt_ids(tokenizer, n, design) for n in lengths}
+    rows = []
+
+    def record(who: str, n: int, answer: dict, load0: float) -> None:
+        if "answer" in answer:
+            answer = {**answer, "answer": design.prime + answer["answer"], "found": CODE in answer["answer"]}
+        rows.append({"ranks": who, "length": n, **answer, "load_average": load0})
+        print(f"[needle] {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+
+    if not args.no_reference:
+        for n in lengths:
+            load0 = cpu.load_average()
+            record("mlx-lm in-process", n, in_process(model_path, prompts[n], args.max_tokens), load0)
+    work = servers.Workdir()
     try:
         for ranks in [int(r) for r in args.ranks.split(",") if r]:
             server = servers.start_ours(work, model_name, args.cache_dir, ranks, PROMPT_CACHE_BYTES="0",
                                         REQUEST_TIMEOUT=str(REQUEST_TIMEOUT))
             try:
+                parallel = httpx.get(server.base_url + "/health", timeout=10).json().get("parallel") or "single"
                 for n in lengths:
                     load0, stop = cpu.load_average(), threading.Event()
                     watcher = threading.Thread(target=progress, args=(server.base_url, n, stop, args.progress_every),
@@ -149,15 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                         answer = ask(server.base_url, prompts[n], args.max_tokens)
                     finally:
                         stop.set()
-                    row = {"ranks": ranks, "length": n, **answer, "load_average": load0}
-                    print(f"[needle] {json.dumps(row)}", file=sys.stderr, flush=True)
-                    rows.append(row)
+                    record(f"{ranks} ({parallel})", n, answer, load0)
             finally:
                 server.stop()
     finally:
         work.finish(args.keep_logs)
-    print(f"## Needle: {model_name}, \"{NEEDLE.strip()}\" at a third of the prompt, prefix cache off, greedy\n")
-    print("| ranks | prompt tokens | answer contains 4417 | prefill (TTFT) s | load average | answer |")
+    print(f"## Needle: {model_name}, \"{NEEDLE.strip()}\" {design.about}, prefix cache off, greedy\n")
+    print(f"| ranks | prompt tokens | answer contains {CODE} | prefill (TTFT) s | load average | answer |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
