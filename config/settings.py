@@ -140,8 +140,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # id in the cache or a zoo name (resolved as MODEL is); empty: none of that kind
     EMBEDDING_MODEL: str = ""
     RERANK_MODEL: str = ""
-    # the rank the helpers are pinned on (0 only for now: requests reach rank 0 alone)
+    # the rank the helpers are pinned on; another than 0 serves rank 0's forwarded requests on a TCP port
     HELPER_RANK: Annotated[int, Meta(ge=0)] = 0
+    # that rank's port (0: a free one it picks at start), fixed for hosts that filter traffic by port
+    HELPER_PORT: Annotated[int, Meta(ge=0, le=65535)] = 0
     # while generations run, at most this many input tokens (padding included) of helper work between two steps
     HELPER_TOKENS_PER_STEP: Annotated[int, Meta(ge=16)] = 512
     # the most inputs (embeddings) or documents (rerank) one request may send
@@ -279,6 +281,7 @@ HINTS = {
     "IMAGE_URL_FETCH": "one of off, on (fetch http(s) image URLs from public addresses)",
     "IMAGE_URL_TIMEOUT": "a number of seconds > 0",
     "HELPER_RANK": "an integer >= 0 (the rank that loads and runs the helper models; 0 by default)",
+    "HELPER_PORT": "a TCP port from 0 to 65535 (0: a free one the helper rank picks at start)",
     "HELPER_TOKENS_PER_STEP": "an integer >= 16 (helper input tokens between two steps of the served model)",
     "HELPER_MAX_INPUTS": "a positive integer (inputs or documents per request)",
 }

@@ -35,9 +35,10 @@ def open_link(settings: Settings, rank: int, helpers: dict[str, Any], gather: Ga
         assert isinstance(bell, Bell)
         host = bell.sock.getsockname()[0]  # the interface this rank reached rank 0 from: rank 0 reaches it there
         try:
-            mine = Address(host, server.listen(host), token)
+            mine = Address(host, server.listen(host, settings.HELPER_PORT), token)
         except OSError as exc:
-            why = f"{host}: {exc.strerror or exc}"
+            port = f":{settings.HELPER_PORT} (HELPER_PORT)" if settings.HELPER_PORT else ""
+            why = f"{host}{port}: {exc.strerror or exc}"
     address = exchange(gather, k, mine, why)
     if rank != 0:
         return inbox, None

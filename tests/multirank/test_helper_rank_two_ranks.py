@@ -1,9 +1,10 @@
 """HELPER_RANK=1 on two ranks spawned by mlx.launch: the embedder loads on rank 1 alone (its memory in rank 1's
-report, not rank 0's), rank 0 forwards /v1/embeddings there and gets what an in-process reference computes, and a
-chat stream keeps receiving tokens while a large embedding request runs."""
+report, not rank 0's; its listener on HELPER_PORT), rank 0 forwards /v1/embeddings there and gets what an
+in-process reference computes, and a chat stream keeps receiving tokens while a large embedding request runs."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import httpx
@@ -12,6 +13,7 @@ import openai
 import pytest
 
 from tests import qwen3_embedding
+from ops.procs import free_port
 from tests.harness import Stack
 
 pytestmark = pytest.mark.multirank
@@ -23,7 +25,8 @@ TEXTS = ["hello world", "The cat sat on the mat, and then it slept for a long ti
 
 def test_helpers_on_rank_1_are_served_through_rank_0_and_chat_keeps_streaming():
     s = Stack()
-    procs = [s.start_engine(ranks=2, EMBEDDING_MODEL=EMBEDDER, HELPER_RANK="1")]
+    port = free_port()  # a fixed HELPER_PORT, as hosts that filter by port set it
+    procs = [s.start_engine(ranks=2, EMBEDDING_MODEL=EMBEDDER, HELPER_RANK="1", HELPER_PORT=str(port))]
     client = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
     try:
         procs.append(s.start_api())
@@ -34,6 +37,7 @@ def test_helpers_on_rank_1_are_served_through_rank_0_and_chat_keeps_streaming():
         assert (r0["helper_bytes"], r1["helper_bytes"]) == (0, helper["weight_bytes"])
         # both ranks hold the same half of the served model: rank 1's MLX memory holds the helper's weights on top
         assert r1["active_memory"] - r0["active_memory"] >= 0.9 * helper["weight_bytes"]
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # rank 1 listens where it was told
 
         want, tokens = qwen3_embedding.reference(helper["path"])(TEXTS)
         got = client.embeddings.create(model=EMBEDDER, input=TEXTS)
