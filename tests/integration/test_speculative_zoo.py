@@ -10,8 +10,10 @@ from tests.speculative_zoo import assert_answers_equal, zoo_answers
 
 # plain KV; MLA's latent (4-bit: the tiny bf16 one never repeats itself, so nothing would be proposed); MoE;
 # 4-bit weights; linear attention beside full attention (Qwen3.5 4-bit, as its bf16 one never repeats itself;
-# Qwen3-Next with experts). Then a sliding window, which decodes plainly.
-VERIFYING = ["qwen3", "deepseek-v3-4bit", "qwen3-moe", "llama-4bit", "qwen3.5-4bit", "qwen3-next"]
+# Qwen3-Next with experts). Then a sliding window, which decodes plainly. Qwen3's plain KV takes Llama's path and
+# Qwen3-Next's linear attention Qwen3.5's: CI_SLOW=1 runs them.
+VERIFYING = [pytest.param("qwen3", marks=pytest.mark.slow), "deepseek-v3-4bit", "qwen3-moe", "llama-4bit",
+             "qwen3.5-4bit", pytest.param("qwen3-next", marks=pytest.mark.slow)]
 FALLBACK = ["gpt-oss"]
 
 
@@ -20,7 +22,7 @@ def test_ngram_answers_equal_plain_decoding_on_every_cache_kind(name: str) -> No
     plain = zoo_answers(name, 1, "off")
     spec = zoo_answers(name, 1, "ngram")
     assert_answers_equal(spec, plain)
-    if name in VERIFYING:
+    if name not in FALLBACK:
         assert spec["mode"] == "ngram"
         assert spec["counters"]["mcs_spec_accepted_tokens_total"] > 0  # the repeated text was proposed and kept
     else:
